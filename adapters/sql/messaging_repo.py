@@ -1,0 +1,173 @@
+"""Outbox, inbox, leader lease, API tokens and the audit log."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from adapters.sql.tables import ApiTokenRow, AuditRow, InboxRow, LeaderLeaseRow, OutboxRow
+from controlplane.service.views import TokenView
+
+
+class SqlOutbox:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None:
+        self.s.add(OutboxRow(id=event_id, subject=subject, payload=payload, created_at=now, attempts=0))
+
+    def unpublished(self, limit: int) -> list[tuple[str, str, str]]:
+        rows = self.s.execute(
+            select(OutboxRow.id, OutboxRow.subject, OutboxRow.payload)
+            .where(OutboxRow.published_at.is_(None))
+            .order_by(OutboxRow.seq)
+            .limit(limit)
+        )
+        return list(rows)
+
+    def mark_published(self, event_ids: Sequence[str], now: datetime) -> None:
+        self.s.execute(
+            update(OutboxRow)
+            .where(OutboxRow.id.in_(list(event_ids)))
+            .values(published_at=now, attempts=OutboxRow.attempts + 1)
+            .execution_options(synchronize_session=False)
+        )
+
+    def record_failure(self, event_id: str, error: str) -> None:
+        self.s.execute(
+            update(OutboxRow)
+            .where(OutboxRow.id == event_id)
+            .values(attempts=OutboxRow.attempts + 1, last_error=error[:2000])
+            .execution_options(synchronize_session=False)
+        )
+
+    def backlog(self) -> int:
+        return int(self.s.scalar(select(func.count()).where(OutboxRow.published_at.is_(None))) or 0)
+
+
+class SqlInbox:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def first_time(self, consumer: str, msg_id: str, now: datetime) -> bool:
+        if self.s.get(InboxRow, (consumer, msg_id)) is not None:
+            return False
+        try:
+            with self.s.begin_nested():
+                self.s.add(InboxRow(consumer=consumer, msg_id=msg_id, processed_at=now))
+                self.s.flush()
+        except IntegrityError:
+            return False
+        return True
+
+
+class SqlLeases:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def acquire(self, name: str, holder: str, now: datetime, ttl_seconds: float) -> int | None:
+        row = self.s.scalars(select(LeaderLeaseRow).where(LeaderLeaseRow.name == name).with_for_update()).first()
+        expires = now + timedelta(seconds=ttl_seconds)
+        if row is None:
+            try:
+                with self.s.begin_nested():
+                    self.s.add(LeaderLeaseRow(name=name, holder=holder, epoch=1, expires_at=expires))
+                    self.s.flush()
+            except IntegrityError:
+                return None
+            return 1
+        if row.holder == holder and row.expires_at > now:
+            row.expires_at = expires
+            return row.epoch
+        if row.expires_at > now:
+            return None
+        row.holder, row.epoch, row.expires_at = holder, row.epoch + 1, expires
+        self.s.flush()
+        return row.epoch
+
+    def renew(self, name: str, holder: str, epoch: int, now: datetime, ttl_seconds: float) -> bool:
+        result = self.s.execute(
+            update(LeaderLeaseRow)
+            .where(LeaderLeaseRow.name == name, LeaderLeaseRow.holder == holder, LeaderLeaseRow.epoch == epoch)
+            .values(expires_at=now + timedelta(seconds=ttl_seconds))
+            .execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def release(self, name: str, holder: str, epoch: int) -> None:
+        # Expire rather than delete: the epoch must keep rising across terms.
+        self.s.execute(
+            update(LeaderLeaseRow)
+            .where(LeaderLeaseRow.name == name, LeaderLeaseRow.holder == holder, LeaderLeaseRow.epoch == epoch)
+            .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
+            .execution_options(synchronize_session=False)
+        )
+
+
+class SqlTokens:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    @staticmethod
+    def _view(row: ApiTokenRow) -> TokenView:
+        return TokenView(row.id, row.name, row.role, row.team_id, row.created_at, row.revoked_at)
+
+    def add(self, view: TokenView, token_hash: str) -> None:
+        self.s.add(
+            ApiTokenRow(
+                id=view.id,
+                name=view.name,
+                role=view.role,
+                team_id=view.team_id,
+                token_hash=token_hash,
+                created_at=view.created_at,
+            )
+        )
+        self.s.flush()
+
+    def by_hash(self, token_hash: str) -> TokenView | None:
+        row = self.s.scalars(select(ApiTokenRow).where(ApiTokenRow.token_hash == token_hash)).first()
+        return self._view(row) if row else None
+
+    def get(self, token_id: str) -> TokenView | None:
+        row = self.s.get(ApiTokenRow, token_id)
+        return self._view(row) if row else None
+
+    def list(self, team_id: str | None) -> list[TokenView]:
+        query = select(ApiTokenRow).order_by(ApiTokenRow.created_at)
+        if team_id:
+            query = query.where(ApiTokenRow.team_id == team_id)
+        return [self._view(r) for r in self.s.scalars(query)]
+
+    def revoke(self, token_id: str, now: datetime) -> None:
+        self.s.execute(
+            update(ApiTokenRow)
+            .where(ApiTokenRow.id == token_id, ApiTokenRow.revoked_at.is_(None))
+            .values(revoked_at=now)
+            .execution_options(synchronize_session=False)
+        )
+
+    def count_admin(self) -> int:
+        return int(
+            self.s.scalar(select(func.count()).where(ApiTokenRow.role == "admin", ApiTokenRow.revoked_at.is_(None)))
+            or 0
+        )
+
+
+class SqlAudit:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def record(
+        self, actor: str, action: str, object_type: str, object_id: str, detail: Mapping[str, Any], now: datetime
+    ) -> None:
+        self.s.add(
+            AuditRow(
+                at=now, actor=actor, action=action, object_type=object_type, object_id=object_id, detail=dict(detail)
+            )
+        )

@@ -1,0 +1,122 @@
+"""Runs as the dispatcher and the cluster-status handler see them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from controlplane.service.ports import PodOrder, RunOrder, RunStatus, Teardown
+
+LIVE = ("admitted", "dispatching", "running")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class SqlRunRepository:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def to_dispatch(self, limit: int) -> list[RunOrder]:
+        rows = self.s.execute(
+            select(RunRow, WorkloadRow, ClusterRow.name, QueueRow.name, TeamRow.name)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
+            .where(RunRow.dispatch_state == "pending", RunRow.state.in_(LIVE))
+            .order_by(RunRow.created_at, RunRow.id)
+            .limit(limit)
+        ).all()
+        node_ids = {a.node_id for run, *_ in rows for a in run.assignments}
+        nodes = (
+            {
+                nid: (name, pool)
+                for nid, name, pool in self.s.execute(
+                    select(NodeRow.id, NodeRow.name, NodePoolRow.name)
+                    .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
+                    .where(NodeRow.id.in_(node_ids))
+                )
+            }
+            if node_ids
+            else {}
+        )
+        return [
+            RunOrder(
+                run_id=run.id,
+                workload_id=wl.id,
+                workload_name=wl.name,
+                team=team,
+                queue=queue,
+                cluster=cluster,
+                epoch=run.epoch,
+                attempt=run.attempt,
+                priority_class=wl.priority_class,
+                min_available=wl.min_available,
+                pods=tuple(
+                    PodOrder(a.pod_set, a.pod_index, nodes[a.node_id][0], nodes[a.node_id][1], dict(a.demand))
+                    for a in run.assignments
+                ),
+                duration_seconds=wl.duration_seconds,
+                container=dict(wl.container),
+            )
+            for run, wl, cluster, queue, team in rows
+        ]
+
+    def to_teardown(self, limit: int) -> list[Teardown]:
+        rows = self.s.execute(
+            select(RunRow.id, ClusterRow.name)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .where(RunRow.dispatch_state == "teardown")
+            .order_by(RunRow.id)
+            .limit(limit)
+        )
+        return [Teardown(run_id, cluster) for run_id, cluster in rows]
+
+    def set_dispatch_state(self, run_id: str, from_state: str, to_state: str, now: datetime) -> bool:
+        values: dict[str, Any] = {"dispatch_state": to_state}
+        if to_state == "applied":
+            values["dispatched_at"] = now
+        result = self.s.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.dispatch_state == from_state)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def status(self, run_id: str) -> RunStatus | None:
+        row = self.s.execute(
+            select(RunRow.id, RunRow.workload_id, QueueRow.name, RunRow.state, WorkloadRow.min_available)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .where(RunRow.id == run_id)
+        ).first()
+        return RunStatus(*row) if row else None
+
+    def set_state(self, run_id: str, from_states: Sequence[str], to_state: str, message: str, now: datetime) -> bool:
+        values: dict[str, Any] = {"state": to_state, "message": message}
+        if to_state == "running":
+            values["started_at"] = now
+        query = update(RunRow).where(RunRow.id == run_id, RunRow.state.in_(list(from_states)))
+        if to_state in TERMINAL:
+            values["finished_at"] = now
+            # A finished run's objects are removed from its cluster by the dispatcher.
+            result = self.s.execute(
+                query.values(**values, dispatch_state="teardown").execution_options(synchronize_session=False)
+            )
+        else:
+            result = self.s.execute(query.values(**values).execution_options(synchronize_session=False))
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def live_run_ids(self, cluster: str) -> set[str]:
+        return set(
+            self.s.scalars(
+                select(RunRow.id)
+                .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+                .where(ClusterRow.name == cluster, RunRow.state.in_(LIVE))
+            )
+        )

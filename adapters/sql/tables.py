@@ -1,0 +1,269 @@
+"""SQLAlchemy 2.x models: the one source of truth for gpufleet's state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on every backend (SQLite stores no offset)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:  # noqa: ARG002
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# Integer primary keys that autoincrement on SQLite too (BIGINT is not a rowid alias there).
+AutoId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
+
+
+class QuotaColumns:
+    guaranteed: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    limit: Mapped[dict[str, Any]] = mapped_column("limit_", default=dict)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+
+
+class CohortRow(QuotaColumns, Base):
+    __tablename__ = "cohorts"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    created_at: Mapped[datetime]
+
+
+class TeamRow(QuotaColumns, Base):
+    __tablename__ = "teams"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    cohort_id: Mapped[str | None] = mapped_column(ForeignKey("cohorts.id", ondelete="RESTRICT"))
+    created_at: Mapped[datetime]
+
+
+class QueueRow(QuotaColumns, Base):
+    __tablename__ = "queues"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="RESTRICT"), index=True)
+    created_at: Mapped[datetime]
+
+
+class PriorityClassRow(Base):
+    __tablename__ = "priority_classes"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[int] = mapped_column(Integer)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    min_runtime_seconds: Mapped[int] = mapped_column(Integer, default=0)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ClusterRow(Base):
+    __tablename__ = "clusters"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    provider: Mapped[str] = mapped_column(String(20))
+    region: Mapped[str] = mapped_column(String(63), default="")
+    created_at: Mapped[datetime]
+    pools: Mapped[list[NodePoolRow]] = relationship(
+        back_populates="cluster", cascade="all, delete-orphan", order_by="NodePoolRow.name"
+    )
+
+
+class NodePoolRow(Base):
+    __tablename__ = "node_pools"
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    gpu_model: Mapped[str] = mapped_column(String(40))
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    cpu_millis: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    sharing: Mapped[str] = mapped_column(String(80), default="exclusive")
+    taints: Mapped[list[Any]] = mapped_column(default=list)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    price_per_gpu_hour: Mapped[float] = mapped_column(Float, default=0.0)
+    spot: Mapped[bool] = mapped_column(Boolean, default=False)
+    node_count: Mapped[int] = mapped_column(Integer)
+    cluster: Mapped[ClusterRow] = relationship(back_populates="pools")
+    nodes: Mapped[list[NodeRow]] = relationship(cascade="all, delete-orphan", order_by="NodeRow.name")
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    pool_id: Mapped[str] = mapped_column(ForeignKey("node_pools.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(253))
+    schedulable: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class WorkloadRow(Base):
+    __tablename__ = "workloads"
+    __table_args__ = (
+        UniqueConstraint("team_id", "idempotency_key"),
+        Index("ix_workloads_state_queue", "state", "queue_id"),
+    )
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="RESTRICT"), index=True)
+    queue_id: Mapped[str] = mapped_column(ForeignKey("queues.id", ondelete="RESTRICT"))
+    name: Mapped[str] = mapped_column(String(63))
+    priority_class: Mapped[str] = mapped_column(ForeignKey("priority_classes.name", ondelete="RESTRICT"))
+    priority: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(20))
+    requires_isolation: Mapped[bool] = mapped_column(Boolean, default=False)
+    min_available: Mapped[int] = mapped_column(Integer)
+    tolerations: Mapped[list[Any]] = mapped_column(default=list)
+    duration_seconds: Mapped[float | None] = mapped_column(Float)
+    container: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    queue_position: Mapped[int | None] = mapped_column(Integer)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_seq: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    pod_sets: Mapped[list[PodSetRow]] = relationship(
+        cascade="all, delete-orphan", order_by="PodSetRow.ordinal", lazy="selectin"
+    )
+
+
+class PodSetRow(Base):
+    __tablename__ = "pod_sets"
+    workload_id: Mapped[str] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True)
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    replicas: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    mig_profile: Mapped[str | None] = mapped_column(String(20))
+    gpu_fraction: Mapped[float | None] = mapped_column(Float)
+    cpu_millis: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    gpu_models: Mapped[list[Any]] = mapped_column(default=list)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("workload_id", "attempt"), Index("ix_runs_state", "state"))
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    workload_id: Mapped[str] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="RESTRICT"))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(20))
+    # pending -> applied; teardown -> removed. Drives the dispatcher; never changed inside a call.
+    dispatch_state: Mapped[str] = mapped_column(String(20), default="pending")
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime]
+    dispatched_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    assignments: Mapped[list[RunAssignmentRow]] = relationship(
+        cascade="all, delete-orphan", order_by="RunAssignmentRow.ordinal", lazy="selectin"
+    )
+
+
+class RunAssignmentRow(Base):
+    __tablename__ = "run_assignments"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pod_set: Mapped[str] = mapped_column(String(63))
+    pod_index: Mapped[int] = mapped_column(Integer)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    demand: Mapped[dict[str, Any]] = mapped_column()
+
+
+class OutboxRow(Base):
+    __tablename__ = "outbox"
+    seq: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    subject: Mapped[str] = mapped_column(String(255))
+    payload: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    published_at: Mapped[datetime | None] = mapped_column(index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class InboxRow(Base):
+    __tablename__ = "inbox"
+    consumer: Mapped[str] = mapped_column(String(63), primary_key=True)
+    msg_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    processed_at: Mapped[datetime]
+
+
+class LeaderLeaseRow(Base):
+    __tablename__ = "leader_leases"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime]
+
+
+class ApiTokenRow(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    role: Mapped[str] = mapped_column(String(10))
+    team_id: Mapped[str | None] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+
+class AuditRow(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(63))
+    object_type: Mapped[str] = mapped_column(String(40))
+    object_id: Mapped[str] = mapped_column(String(100))
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)

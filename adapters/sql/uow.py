@@ -1,0 +1,68 @@
+"""The SQL unit of work: one transaction; nested `with` blocks become savepoints."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+
+from adapters.sql.admin_repo import SqlAdminRepository
+from adapters.sql.messaging_repo import SqlAudit, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
+from adapters.sql.run_repo import SqlRunRepository
+from adapters.sql.snapshot_repo import SqlSnapshotReader
+from adapters.sql.workload_repo import SqlWorkloadRepository
+
+
+class SqlUnitOfWork:
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
+        self._factory = session_factory
+        self._session: Session | None = None
+        self._levels: list[tuple[SessionTransaction | None, bool]] = []
+
+    @property
+    def session(self) -> Session:
+        assert self._session is not None, "use the unit of work inside a `with` block"
+        return self._session
+
+    def __enter__(self) -> Self:
+        if self._session is None:
+            self._session = self._factory()
+            self._levels.append((None, False))
+            s = self._session
+            self.admin = SqlAdminRepository(s)
+            self.workloads = SqlWorkloadRepository(s)
+            self.runs = SqlRunRepository(s)
+            self.outbox = SqlOutbox(s)
+            self.inbox = SqlInbox(s)
+            self.leases = SqlLeases(s)
+            self.tokens = SqlTokens(s)
+            self.audit = SqlAudit(s)
+            self.snapshots = SqlSnapshotReader(s)
+        else:
+            self._levels.append((self._session.begin_nested(), False))
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        savepoint, committed = self._levels.pop()
+        if savepoint is None:
+            try:
+                if not committed:
+                    self.session.rollback()
+            finally:
+                self.session.close()
+                self._session = None
+            return
+        if savepoint.is_active:
+            if committed and exc_type is None:
+                savepoint.commit()
+            else:
+                savepoint.rollback()
+
+    def commit(self) -> None:
+        savepoint, _ = self._levels[-1]
+        if savepoint is None:
+            self.session.commit()
+        self._levels[-1] = (savepoint, True)

@@ -1,0 +1,303 @@
+"""Workloads, pod sets and their runs in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from adapters.sql.convert import pod_set_dict
+from adapters.sql.tables import (
+    ClusterRow,
+    NodePoolRow,
+    NodeRow,
+    PodSetRow,
+    QueueRow,
+    RunAssignmentRow,
+    RunRow,
+    TeamRow,
+    WorkloadRow,
+)
+from controlplane.core.snapshot import Admission, PendingReason
+from controlplane.domain.model import Workload, WorkloadState
+from controlplane.service.errors import DuplicateKey
+from controlplane.service.ports import WorkloadFilter, WorkloadHead
+from controlplane.service.views import AssignmentView, RunView, WorkloadView
+
+LIVE = ("admitted", "dispatching", "running")
+
+
+class SqlWorkloadRepository:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add(
+        self,
+        workload: Workload,
+        *,
+        container: Mapping[str, Any],
+        labels: Mapping[str, str],
+        idempotency_key: str | None,
+        now: datetime,
+    ) -> None:
+        row = WorkloadRow(
+            id=workload.id,
+            team_id=workload.team_id,
+            queue_id=workload.queue_id,
+            name=workload.name,
+            priority_class=workload.priority_class,
+            priority=workload.priority,
+            kind=str(workload.kind),
+            requires_isolation=workload.requires_isolation,
+            min_available=workload.min_available,
+            tolerations=[
+                {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect}
+                for t in workload.tolerations
+            ],
+            duration_seconds=workload.duration_seconds,
+            container=dict(container),
+            labels=dict(labels),
+            idempotency_key=idempotency_key,
+            state=WorkloadState.QUEUED,
+            reason="waiting for the next cycle",
+            version=1,
+            created_seq=workload.created_seq,
+            created_at=now,
+            updated_at=now,
+        )
+        row.pod_sets = [
+            PodSetRow(
+                ordinal=i,
+                name=p.name,
+                replicas=p.replicas,
+                gpus=p.gpus,
+                mig_profile=p.mig_profile,
+                gpu_fraction=p.gpu_fraction,
+                cpu_millis=p.cpu_millis,
+                memory_mib=p.memory_mib,
+                gpu_models=list(p.gpu_models),
+            )
+            for i, p in enumerate(workload.pod_sets)
+        ]
+        try:
+            with self.s.begin_nested():
+                self.s.add(row)
+                self.s.flush()
+        except IntegrityError as exc:
+            raise DuplicateKey(f"idempotency key {idempotency_key!r} was used concurrently") from exc
+
+    def by_idempotency_key(self, team_id: str, key: str) -> str | None:
+        return self.s.scalar(
+            select(WorkloadRow.id).where(WorkloadRow.team_id == team_id, WorkloadRow.idempotency_key == key)
+        )
+
+    def head(self, workload_id: str) -> WorkloadHead | None:
+        row = self.s.execute(
+            select(WorkloadRow.id, WorkloadRow.team_id, QueueRow.name, WorkloadRow.state, WorkloadRow.version)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .where(WorkloadRow.id == workload_id)
+        ).first()
+        if row is None:
+            return None
+        live = self.s.scalar(select(RunRow.id).where(RunRow.workload_id == workload_id, RunRow.state.in_(LIVE)))
+        return WorkloadHead(row[0], row[1], row[2], row[3], row[4], live)
+
+    def _views(self, rows: Sequence[WorkloadRow]) -> list[WorkloadView]:
+        if not rows:
+            return []
+        ids = [r.id for r in rows]
+        queues = dict(self.s.execute(select(QueueRow.id, QueueRow.name)).all())
+        teams = dict(self.s.execute(select(TeamRow.id, TeamRow.name)).all())
+        runs = self.s.scalars(select(RunRow).where(RunRow.workload_id.in_(ids)).order_by(RunRow.attempt)).all()
+        node_ids = {a.node_id for run in runs for a in run.assignments}
+        nodes = (
+            {
+                n_id: (n_name, p_name)
+                for n_id, n_name, p_name in self.s.execute(
+                    select(NodeRow.id, NodeRow.name, NodePoolRow.name)
+                    .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
+                    .where(NodeRow.id.in_(node_ids))
+                )
+            }
+            if node_ids
+            else {}
+        )
+        clusters = dict(self.s.execute(select(ClusterRow.id, ClusterRow.name)).all())
+        by_workload: dict[str, list[RunView]] = {}
+        for run in runs:
+            by_workload.setdefault(run.workload_id, []).append(
+                RunView(
+                    id=run.id,
+                    attempt=run.attempt,
+                    cluster=clusters.get(run.cluster_id, run.cluster_id),
+                    epoch=run.epoch,
+                    state=run.state,
+                    message=run.message,
+                    created_at=run.created_at,
+                    dispatched_at=run.dispatched_at,
+                    started_at=run.started_at,
+                    finished_at=run.finished_at,
+                    assignments=[
+                        AssignmentView(a.pod_set, a.pod_index, *nodes.get(a.node_id, (a.node_id, "")))
+                        for a in run.assignments
+                    ],
+                )
+            )
+        views = []
+        for row in rows:
+            run_views = by_workload.get(row.id, [])
+            current = run_views[-1] if run_views and row.state != WorkloadState.QUEUED else None
+            views.append(
+                WorkloadView(
+                    id=row.id,
+                    name=row.name,
+                    team=teams.get(row.team_id, row.team_id),
+                    queue=queues.get(row.queue_id, row.queue_id),
+                    priority_class=row.priority_class,
+                    priority=row.priority,
+                    kind=row.kind,
+                    state=row.state,
+                    reason=row.reason,
+                    queue_position=row.queue_position if row.state == WorkloadState.QUEUED else None,
+                    min_available=row.min_available,
+                    requires_isolation=row.requires_isolation,
+                    pod_sets=[pod_set_dict(p) for p in row.pod_sets],
+                    duration_seconds=row.duration_seconds,
+                    idempotency_key=row.idempotency_key,
+                    labels=dict(row.labels),
+                    created_at=row.created_at,
+                    updated_at=row.updated_at,
+                    finished_at=row.finished_at,
+                    cluster=current.cluster if current else None,
+                    nodes=sorted({a.node for a in current.assignments}) if current else [],
+                    runs=run_views,
+                )
+            )
+        return views
+
+    def view(self, workload_id: str) -> WorkloadView | None:
+        row = self.s.get(WorkloadRow, workload_id, populate_existing=True)
+        return self._views([row])[0] if row else None
+
+    def list(self, flt: WorkloadFilter) -> list[WorkloadView]:
+        query = select(WorkloadRow)
+        if flt.team_id:
+            query = query.where(WorkloadRow.team_id == flt.team_id)
+        if flt.queue:
+            query = query.join(QueueRow, QueueRow.id == WorkloadRow.queue_id).where(QueueRow.name == flt.queue)
+        if flt.states:
+            query = query.where(WorkloadRow.state.in_(flt.states))
+        if flt.name:
+            query = query.where(WorkloadRow.name == flt.name)
+        query = query.order_by(WorkloadRow.created_seq.desc(), WorkloadRow.id).limit(flt.limit).offset(flt.offset)
+        return self._views(self.s.scalars(query).all())
+
+    def set_state(
+        self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
+    ) -> bool:
+        values: dict[str, Any] = {
+            "state": to_state,
+            "reason": reason,
+            "updated_at": now,
+            "version": WorkloadRow.version + 1,
+        }
+        if WorkloadState(to_state).terminal:
+            values["finished_at"] = now
+        result = self.s.execute(
+            update(WorkloadRow)
+            .where(WorkloadRow.id == workload_id, WorkloadRow.state.in_(list(from_states)))
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def admit(self, admission: Admission, epoch: int, now: datetime) -> str | None:
+        moved = self.s.execute(
+            update(WorkloadRow)
+            .where(WorkloadRow.id == admission.workload_id, WorkloadRow.state == WorkloadState.QUEUED)
+            .values(
+                state=WorkloadState.ADMITTED,
+                reason="admitted",
+                queue_position=None,
+                updated_at=now,
+                version=WorkloadRow.version + 1,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if not moved.rowcount:  # type: ignore[attr-defined]
+            return None
+        attempt = (
+            self.s.scalar(select(func.max(RunRow.attempt)).where(RunRow.workload_id == admission.workload_id)) or 0
+        ) + 1
+        run = RunRow(
+            id=f"run-{admission.workload_id[3:]}-{attempt}",
+            workload_id=admission.workload_id,
+            attempt=attempt,
+            cluster_id=admission.cluster_id,
+            epoch=epoch,
+            state="admitted",
+            dispatch_state="pending",
+            created_at=now,
+        )
+        run.assignments = [
+            RunAssignmentRow(ordinal=i, pod_set=a.pod_set, pod_index=a.index, node_id=a.node_id, demand=dict(a.demand))
+            for i, a in enumerate(admission.assignments)
+        ]
+        self.s.add(run)
+        self.s.flush()
+        return self.s.scalar(
+            select(QueueRow.name)
+            .join(WorkloadRow, WorkloadRow.queue_id == QueueRow.id)
+            .where(WorkloadRow.id == admission.workload_id)
+        )
+
+    def record_pending(self, reasons: Sequence[PendingReason]) -> int:
+        if not reasons:
+            return 0
+        current = {
+            wid: (reason, pos)
+            for wid, reason, pos in self.s.execute(
+                select(WorkloadRow.id, WorkloadRow.reason, WorkloadRow.queue_position).where(
+                    WorkloadRow.state == WorkloadState.QUEUED
+                )
+            )
+        }
+        changed = [
+            {"wid": r.workload_id, "reason": r.reason, "pos": r.queue_position}
+            for r in reasons
+            if r.workload_id in current and current[r.workload_id] != (r.reason, r.queue_position)
+        ]
+        if changed:
+            self.s.connection().execute(
+                update(WorkloadRow.__table__)  # type: ignore[arg-type]
+                .where(
+                    WorkloadRow.__table__.c.id == bindparam("wid"),
+                    WorkloadRow.__table__.c.state == WorkloadState.QUEUED.value,
+                )
+                .values(reason=bindparam("reason"), queue_position=bindparam("pos")),
+                changed,
+            )
+        return len(changed)
+
+    def event_data(self, workload_id: str) -> dict[str, Any]:
+        row = self.s.execute(
+            select(
+                WorkloadRow.id,
+                WorkloadRow.name,
+                TeamRow.name,
+                QueueRow.name,
+                WorkloadRow.state,
+                WorkloadRow.reason,
+                WorkloadRow.priority_class,
+                WorkloadRow.version,
+            )
+            .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .where(WorkloadRow.id == workload_id)
+        ).one()
+        keys = ("workload_id", "name", "team", "queue", "state", "reason", "priority_class", "version")
+        return dict(zip(keys, row, strict=True))

@@ -1,0 +1,22 @@
+"""What the REST API needs from the composition root."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from controlplane.service.ports import UnitOfWorkFactory
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class ApiContext:
+    uow_factory: UnitOfWorkFactory
+    subject_prefix: str = "gpufleet"
+    clock: Callable[[], datetime] = utc_now
+    # Named readiness checks (database reachable, NATS connected, ...): each returns None or an error.
+    readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)

@@ -1,0 +1,161 @@
+"""Admin routes: clusters, the queue tree, priority classes and API tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from fastapi import APIRouter, HTTPException, Response, status
+
+from controlplane.api.security import Admin, Caller, Ctx
+from controlplane.service import admin as svc
+from controlplane.service import auth
+from controlplane.service.commands import (
+    ClusterSpec,
+    ClusterUpdate,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+    QuotaUpdate,
+    TeamSpec,
+    TokenSpec,
+)
+from controlplane.service.views import ClusterView, PriorityClassView, TokenView, TreeNodeView
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/clusters", status_code=201, response_model=ClusterView, tags=["fleet"])
+def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx) -> ClusterView:
+    return svc.create_cluster(ctx.uow_factory(), spec, who.token_id, ctx.clock())
+
+
+@router.get("/clusters", response_model=list[ClusterView], tags=["fleet"])
+def list_clusters(who: Caller, ctx: Ctx) -> list[ClusterView]:
+    return svc.list_clusters(ctx.uow_factory())
+
+
+@router.get("/clusters/{ref}", response_model=ClusterView, tags=["fleet"])
+def get_cluster(ref: str, who: Caller, ctx: Ctx) -> ClusterView:
+    return svc.get_cluster(ctx.uow_factory(), ref)
+
+
+@router.patch("/clusters/{ref}", response_model=ClusterView, tags=["fleet"])
+def update_cluster(ref: str, update: ClusterUpdate, who: Admin, ctx: Ctx) -> ClusterView:
+    return svc.update_cluster(ctx.uow_factory(), ref, update, who.token_id, ctx.clock())
+
+
+@router.delete("/clusters/{ref}", status_code=204, tags=["fleet"])
+def delete_cluster(ref: str, who: Admin, ctx: Ctx) -> Response:
+    svc.delete_cluster(ctx.uow_factory(), ref, who.token_id, ctx.clock())
+    return Response(status_code=204)
+
+
+def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec | QueueSpec]) -> None:
+    tag: list[str | Enum] = ["queue tree"]
+
+    def create(spec: CohortSpec, who: Admin, ctx: Ctx) -> TreeNodeView:
+        return svc.create_tree_node(ctx.uow_factory(), level, spec, who.token_id, ctx.clock())
+
+    create.__annotations__["spec"] = spec_type  # the body model differs per level
+
+    def update(ref: str, update: QuotaUpdate, who: Admin, ctx: Ctx) -> TreeNodeView:
+        return svc.update_tree_node(ctx.uow_factory(), level, ref, update, who.token_id, ctx.clock())
+
+    def delete(ref: str, who: Admin, ctx: Ctx) -> Response:
+        svc.delete_tree_node(ctx.uow_factory(), level, ref, who.token_id, ctx.clock())
+        return Response(status_code=204)
+
+    router.add_api_route(
+        f"/{plural}",
+        create,
+        methods=["POST"],
+        status_code=201,
+        response_model=TreeNodeView,
+        tags=tag,
+        name=f"create_{level}",
+    )
+    router.add_api_route(
+        f"/{plural}/{{ref}}", update, methods=["PATCH"], response_model=TreeNodeView, tags=tag, name=f"update_{level}"
+    )
+    router.add_api_route(
+        f"/{plural}/{{ref}}", delete, methods=["DELETE"], status_code=204, tags=tag, name=f"delete_{level}"
+    )
+
+
+_tree_routes("cohort", "cohorts", CohortSpec)
+_tree_routes("team", "teams", TeamSpec)
+_tree_routes("queue", "queues", QueueSpec)
+
+
+@router.get("/cohorts", response_model=list[TreeNodeView], tags=["queue tree"])
+def list_cohorts(who: Admin, ctx: Ctx) -> list[TreeNodeView]:
+    return svc.list_tree_nodes(ctx.uow_factory(), "cohort")
+
+
+@router.get("/teams", response_model=list[TreeNodeView], tags=["queue tree"])
+def list_teams(who: Admin, ctx: Ctx) -> list[TreeNodeView]:
+    return svc.list_tree_nodes(ctx.uow_factory(), "team")
+
+
+@router.get("/teams/{ref}", response_model=TreeNodeView, tags=["queue tree"])
+def get_team(ref: str, who: Admin, ctx: Ctx) -> TreeNodeView:
+    return svc.get_tree_node(ctx.uow_factory(), "team", ref)
+
+
+@router.get("/queues", response_model=list[TreeNodeView], tags=["queue tree"])
+def list_queues(who: Caller, ctx: Ctx) -> list[TreeNodeView]:
+    """Admins see every queue; a team sees only its own."""
+    return svc.list_tree_nodes(ctx.uow_factory(), "queue", None if who.is_admin else who.team_id)
+
+
+@router.get("/queues/{ref}", response_model=TreeNodeView, tags=["queue tree"])
+def get_queue(ref: str, who: Caller, ctx: Ctx) -> TreeNodeView:
+    queue = svc.get_tree_node(ctx.uow_factory(), "queue", ref)
+    if not who.is_admin and queue.parent_id != who.team_id:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no queue {ref}")
+    return queue
+
+
+@router.post("/priority-classes", status_code=201, response_model=PriorityClassView, tags=["priority classes"])
+def put_priority_class(spec: PriorityClassSpec, who: Admin, ctx: Ctx) -> PriorityClassView:
+    """Create or replace a priority class."""
+    return svc.put_priority_class(ctx.uow_factory(), spec, who.token_id, ctx.clock())
+
+
+@router.get("/priority-classes", response_model=list[PriorityClassView], tags=["priority classes"])
+def list_priority_classes(who: Caller, ctx: Ctx) -> list[PriorityClassView]:
+    return svc.list_priority_classes(ctx.uow_factory())
+
+
+@router.delete("/priority-classes/{name}", status_code=204, tags=["priority classes"])
+def delete_priority_class(name: str, who: Admin, ctx: Ctx) -> Response:
+    svc.delete_priority_class(ctx.uow_factory(), name, who.token_id, ctx.clock())
+    return Response(status_code=204)
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str
+    """The secret. It is shown once and stored only as a hash."""
+    id: str
+    name: str
+    role: str
+    team_id: str | None
+
+
+@router.post("/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"])
+def issue_token(spec: TokenSpec, who: Admin, ctx: Ctx) -> IssuedToken:
+    view, raw = auth.issue_token(ctx.uow_factory(), spec, who.token_id, ctx.clock())
+    return IssuedToken(raw, view.id, view.name, view.role, view.team_id)
+
+
+@router.get("/tokens", response_model=list[TokenView], tags=["tokens"])
+def list_tokens(who: Admin, ctx: Ctx, team: str | None = None) -> list[TokenView]:
+    return auth.list_tokens(ctx.uow_factory(), team)
+
+
+@router.delete("/tokens/{token_id}", status_code=204, tags=["tokens"])
+def revoke_token(token_id: str, who: Admin, ctx: Ctx) -> Response:
+    auth.revoke_token(ctx.uow_factory(), token_id, who.token_id, ctx.clock())
+    return Response(status_code=204)

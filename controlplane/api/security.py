@@ -1,0 +1,44 @@
+"""Bearer-token authentication and the admin role check."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from controlplane.api.context import ApiContext
+from controlplane.service.auth import authenticate
+from controlplane.service.views import Principal
+
+bearer = HTTPBearer(auto_error=False, description="a gpufleet API token (gpf_...)")
+
+
+def context(request: Request) -> ApiContext:
+    ctx: ApiContext = request.app.state.ctx
+    return ctx
+
+
+def principal(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ctx: Annotated[ApiContext, Depends(context)],
+) -> Principal:
+    found = authenticate(ctx.uow_factory(), credentials.credentials) if credentials else None
+    if found is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing, unknown or revoked API token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return found
+
+
+def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
+    if not who.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this operation needs an admin token")
+    return who
+
+
+Caller = Annotated[Principal, Depends(principal)]
+Admin = Annotated[Principal, Depends(admin)]
+Ctx = Annotated[ApiContext, Depends(context)]

@@ -1,0 +1,20 @@
+"""The `gpufleet` command: run the control plane, or talk to its REST API."""
+
+from __future__ import annotations
+
+import click
+
+from controlplane.cli import client_commands, server_commands
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpufleet")
+def main() -> None:
+    """gpufleet: one queue and one quota ledger for a fleet of GPU clusters."""
+
+
+server_commands.register(main)
+client_commands.register(main)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Commands that run gpufleet: `up` (everything on one machine) and each part on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import signal
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import click
+
+from controlplane import bootstrap
+from controlplane.cli import demo
+from controlplane.config import Settings
+from controlplane.service.auth import issue_token
+from controlplane.service.commands import TokenSpec
+
+log = logging.getLogger("gpufleet")
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    return Settings.load(config, **overrides)
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("nats").setLevel(logging.WARNING)
+
+
+def _run_until_signal(main: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
+    async def runner() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main
+
+    asyncio.run(runner())
+
+
+config_option = click.option(
+    "--config",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    envvar="GPUFLEET_CONFIG",
+    help="YAML file of settings (keys as in GPUFLEET_* without the prefix)",
+)
+
+
+def _component_command(name: str) -> click.Command:
+    @click.command(name=name, help=f"Run the {name} against GPUFLEET_DATABASE_URL and GPUFLEET_NATS_URL.")
+    @config_option
+    @click.option("-v", "--verbose", is_flag=True)
+    def command(config: Path | None, verbose: bool) -> None:
+        _logging(verbose)
+        settings = _settings(config)
+        stop = asyncio.Event()
+        _run_until_signal(bootstrap.run_components(settings, (name,), stop), stop)
+
+    return command
+
+
+@click.command()
+@config_option
+@click.option("--host", default=None, help="address to bind (default 127.0.0.1)")
+@click.option("--port", type=int, default=None, help="port to bind (default 8080)")
+@click.option("-v", "--verbose", is_flag=True)
+def serve(config: Path | None, host: str | None, port: int | None, verbose: bool) -> None:
+    """Run the REST API."""
+    _logging(verbose)
+    settings = _settings(config, api_host=host, api_port=port)
+    stop = asyncio.Event()
+    _run_until_signal(bootstrap.run_components(settings, ("api",), stop), stop)
+
+
+@click.command()
+@config_option
+def migrate(config: Path | None) -> None:
+    """Bring the database to the newest schema (Alembic upgrade head)."""
+    settings = _settings(config)
+    bootstrap.migrate(settings)
+    click.echo("database at head")
+
+
+@click.command(name="create-admin-token")
+@config_option
+@click.option("--name", default="admin", show_default=True)
+def create_admin_token(config: Path | None, name: str) -> None:
+    """Issue an admin API token directly in the database and print it once."""
+    wiring = bootstrap.Wiring(_settings(config))
+    _, raw = issue_token(wiring.uow(), TokenSpec(name=name, role="admin"), "cli", bootstrap.utc_now())
+    click.echo(raw)
+
+
+@click.command(name="nats-topology")
+@click.option("--prefix", default="gpufleet", show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="write streams.json into this directory instead of printing",
+)
+def nats_topology(prefix: str, out: Path | None) -> None:
+    """Print the JetStream streams and consumers gpufleet declares."""
+    text = json.dumps(bootstrap.topology_json(prefix), indent=2, sort_keys=True) + "\n"
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "jetstream.json").write_text(text)
+
+
+@click.command()
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="where the SQLite file, NATS data and tokens live (default ~/.gpufleet)",
+)
+@click.option("--port", type=int, default=8080, show_default=True, help="REST API port on 127.0.0.1")
+@click.option("--nats-port", type=int, default=4333, show_default=True, help="port of the embedded nats-server")
+@click.option("--demo", "demo_flag", is_flag=True, help="also run a workload generator so gangs flow at once")
+@click.option("-v", "--verbose", is_flag=True)
+def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbose: bool) -> None:
+    """Run all of gpufleet on this machine: SQLite, nats-server, API, workers and a simulated fleet."""
+    _logging(verbose)
+    settings = Settings.load(
+        None,
+        state_dir=state_dir,
+        api_port=port,
+        api_host="127.0.0.1",
+        nats_url=f"nats://127.0.0.1:{nats_port}",
+        database_url="",
+    )
+    state = settings.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    lock = (state / "gpufleet.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise click.ClickException(f"another gpufleet up is running on {state} (SQLite has one writer)") from None
+    nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log")
+    nats.start()
+    try:
+        bootstrap.migrate(settings)
+        wiring = bootstrap.Wiring(settings)
+        admin_token = demo.ensure_admin_token_file(wiring, state / "admin.token")
+        (state / "nats.url").write_text(settings.nats_url + "\n")
+        demo.seed_defaults(wiring)
+        added = bootstrap.register_default_fleet(wiring)
+        extra: list[Coroutine[Any, Any, None]] = []
+        stop = asyncio.Event()
+        extra.append(demo.report_progress(wiring, stop))
+        if demo_flag:
+            team_token = demo.ensure_demo_team(wiring, state / "demo.token")
+            extra.append(demo.generate(settings, team_token, stop))
+        wiring.close()
+        click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
+        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'})")
+        click.echo(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
+        click.echo(f"  database    {settings.effective_database_url}")
+        if added:
+            click.echo(f"  registered {added} simulated clusters: eks, aks, gke and oke flavours")
+        click.echo("Ctrl-C stops everything; running `gpufleet up` again resumes where it stopped.")
+        _run_until_signal(bootstrap.run_components(settings, bootstrap.COMPONENTS, stop, extra), stop)
+    finally:
+        nats.stop()
+        lock.close()
+        click.echo("gpufleet stopped")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(up)
+    group.add_command(serve)
+    group.add_command(migrate)
+    group.add_command(create_admin_token)
+    group.add_command(nats_topology)
+    for name in ("scheduler", "dispatcher", "ingest", "relay"):
+        group.add_command(_component_command(name))

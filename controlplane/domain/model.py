@@ -1,0 +1,262 @@
+"""The domain vocabulary of DESIGN.md as plain, immutable values (no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from fractions import Fraction
+
+from controlplane.domain.sharing import (
+    SharingKind,
+    SharingMode,
+    mig_gpu_eq,
+    shares_for_fraction,
+)
+
+# Capacity dimensions of a node. MIG slices are `mig:<profile>`.
+GPU = "gpu"
+SHARE = "share"
+CPU = "cpu"  # millicores
+MEM = "mem"  # MiB
+
+# Taints that mark a node as a GPU node; gpufleet adds the toleration for the one of the pool it
+# chooses, any other taint must be tolerated by the workload itself.
+GPU_TAINT_KEYS = frozenset({"nvidia.com/gpu", "sku"})
+
+Resources = Mapping[str, int]
+EXCLUSIVE = SharingMode(SharingKind.EXCLUSIVE)
+
+
+class WorkloadState(StrEnum):
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    DISPATCHING = "dispatching"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (WorkloadState.SUCCEEDED, WorkloadState.FAILED, WorkloadState.CANCELLED)
+
+    @property
+    def holds_capacity(self) -> bool:
+        return self in (WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
+
+
+class RunState(StrEnum):
+    ADMITTED = "admitted"
+    DISPATCHING = "dispatching"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def live(self) -> bool:
+        return self in (RunState.ADMITTED, RunState.DISPATCHING, RunState.RUNNING)
+
+
+class WorkloadKind(StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty tolerates every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.key != taint.key or (self.effect and self.effect != taint.effect):
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True)
+class NodePool:
+    id: str
+    cluster_id: str
+    name: str
+    gpu_model: str
+    gpus_per_node: int
+    cpu_millis: int
+    memory_mib: int
+    sharing: SharingMode = EXCLUSIVE
+    taints: tuple[Taint, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    price_per_gpu_hour: float = 0.0
+    spot: bool = False
+    node_count: int = 0
+
+    def node_capacity(self) -> dict[str, int]:
+        capacity = {CPU: self.cpu_millis, MEM: self.memory_mib}
+        if self.sharing.kind is SharingKind.EXCLUSIVE:
+            capacity[GPU] = self.gpus_per_node
+        elif self.sharing.kind is SharingKind.MIG:
+            for profile, count in self.sharing.mig_slices_per_gpu(self.gpu_model).items():
+                capacity[f"mig:{profile}"] = count * self.gpus_per_node
+        else:
+            capacity[SHARE] = self.gpus_per_node * self.sharing.replicas
+        return capacity
+
+    def untolerated_taints(self, tolerations: tuple[Toleration, ...]) -> list[Taint]:
+        return [
+            taint
+            for taint in self.taints
+            if taint.key not in GPU_TAINT_KEYS and not any(t.tolerates(taint) for t in tolerations)
+        ]
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    cluster_id: str
+    pool_id: str
+    name: str
+    schedulable: bool = True
+
+
+@dataclass(frozen=True)
+class Cluster:
+    id: str
+    name: str
+    provider: str
+    region: str = ""
+    pools: tuple[NodePool, ...] = ()
+
+
+@dataclass(frozen=True)
+class PodSet:
+    name: str
+    replicas: int
+    gpus: int = 0
+    mig_profile: str | None = None
+    gpu_fraction: float | None = None
+    cpu_millis: int = 1000
+    memory_mib: int = 4096
+    gpu_models: tuple[str, ...] = ()
+
+    def gpu_eq_per_pod(self) -> Fraction:
+        if self.mig_profile:
+            return mig_gpu_eq(self.mig_profile)
+        if self.gpu_fraction:
+            return Fraction(self.gpu_fraction).limit_denominator(1000)
+        return Fraction(self.gpus)
+
+    def demand_on(self, pool: NodePool) -> dict[str, int] | None:
+        """What one pod takes from a node of `pool`, or None when the pool cannot serve it."""
+        if self.gpu_models and pool.gpu_model not in self.gpu_models:
+            return None
+        demand = {CPU: self.cpu_millis, MEM: self.memory_mib}
+        kind = pool.sharing.kind
+        if self.mig_profile:
+            if kind is not SharingKind.MIG:
+                return None
+            key = f"mig:{self.mig_profile}"
+            if key not in pool.node_capacity():
+                return None
+            demand[key] = 1
+        elif self.gpu_fraction:
+            if not pool.sharing.shared:
+                return None
+            demand[SHARE] = shares_for_fraction(self.gpu_fraction, pool.sharing.replicas)
+        elif self.gpus:
+            if kind is not SharingKind.EXCLUSIVE:
+                return None
+            demand[GPU] = self.gpus
+        return demand
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Per GPU model and/or model-agnostic `gpu-eq` amounts; a missing key means unbounded."""
+
+    amounts: Mapping[str, float] = field(default_factory=dict)
+
+    def exceeded_by(self, usage: Mapping[str, Fraction]) -> str | None:
+        for key, bound in sorted(self.amounts.items()):
+            if usage.get(key, Fraction(0)) > Fraction(bound).limit_denominator(10**6):
+                return key
+        return None
+
+
+GPU_EQ = "gpu-eq"
+
+
+@dataclass(frozen=True)
+class QueueNode:
+    """A node of the queue tree: a cohort, a team or a leaf queue."""
+
+    id: str
+    name: str
+    parent_id: str | None
+    guaranteed: Quota = Quota()
+    limit: Quota = Quota()
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    name: str
+    value: int
+    preemptible: bool = True
+    min_runtime_seconds: int = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    id: str
+    team_id: str
+    queue_id: str
+    name: str
+    priority_class: str
+    priority: int
+    kind: WorkloadKind
+    pod_sets: tuple[PodSet, ...]
+    min_available: int
+    requires_isolation: bool = False
+    tolerations: tuple[Toleration, ...] = ()
+    duration_seconds: float | None = None
+    created_seq: int = 0
+
+    @property
+    def total_pods(self) -> int:
+        return sum(ps.replicas for ps in self.pod_sets)
+
+    def gpu_eq(self) -> Fraction:
+        return sum((ps.gpu_eq_per_pod() * ps.replicas for ps in self.pod_sets), Fraction(0))
+
+
+@dataclass(frozen=True)
+class PodAssignment:
+    pod_set: str
+    index: int
+    node_id: str
+    demand: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    workload_id: str
+    attempt: int
+    cluster_id: str
+    epoch: int
+    state: RunState
+    assignments: tuple[PodAssignment, ...]
+    created_at: datetime | None = None

@@ -1,0 +1,222 @@
+"""Platform-admin operations: the fleet, the queue tree, priority classes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from controlplane.domain.model import Cluster, Node, NodePool, Taint
+from controlplane.domain.sharing import SharingMode
+from controlplane.service.commands import (
+    ClusterSpec,
+    ClusterUpdate,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+    QuotaUpdate,
+    TeamSpec,
+)
+from controlplane.service.errors import Conflict, Invalid, NotFound
+from controlplane.service.ids import new_id
+from controlplane.service.ports import UnitOfWork
+from controlplane.service.views import ClusterView, PriorityClassView, TreeNodeView
+
+LEVELS = ("cohort", "team", "queue")
+
+
+def _build_fleet(cluster_id: str, spec: ClusterSpec, region: str) -> tuple[Cluster, list[Node]]:
+    pools: list[NodePool] = []
+    nodes: list[Node] = []
+    for pool_spec in spec.pools:
+        pool = NodePool(
+            id=new_id("pool"),
+            cluster_id=cluster_id,
+            name=pool_spec.name,
+            gpu_model=pool_spec.gpu_model,
+            gpus_per_node=pool_spec.gpus_per_node,
+            cpu_millis=pool_spec.cpu_millis,
+            memory_mib=pool_spec.memory_mib,
+            sharing=SharingMode.parse(pool_spec.sharing),
+            taints=tuple(Taint(t.key, t.value, t.effect) for t in pool_spec.taints),
+            labels=dict(pool_spec.labels),
+            price_per_gpu_hour=pool_spec.price_per_gpu_hour,
+            spot=pool_spec.spot,
+            node_count=pool_spec.node_count,
+        )
+        pools.append(pool)
+        nodes.extend(
+            Node(new_id("node"), cluster_id, pool.id, f"{spec.name}-{pool.name}-{i}")
+            for i in range(pool_spec.node_count)
+        )
+    return Cluster(cluster_id, spec.name, spec.provider, region, tuple(pools)), nodes
+
+
+def create_cluster(uow: UnitOfWork, spec: ClusterSpec, actor: str, now: datetime) -> ClusterView:
+    with uow:
+        if uow.admin.get_cluster(spec.name) is not None:
+            raise Conflict(f"cluster {spec.name} already exists")
+        cluster, nodes = _build_fleet(new_id("cl"), spec, spec.region)
+        uow.admin.add_cluster(cluster, nodes, now)
+        uow.audit.record(actor, "cluster.create", "cluster", cluster.id, spec.model_dump(), now)
+        uow.commit()
+    return get_cluster(uow, spec.name)
+
+
+def update_cluster(uow: UnitOfWork, ref: str, update: ClusterUpdate, actor: str, now: datetime) -> ClusterView:
+    with uow:
+        current = uow.admin.get_cluster(ref)
+        if current is None:
+            raise NotFound(f"no cluster {ref}")
+        if update.pools is not None:
+            if uow.admin.cluster_has_live_runs(current.id):
+                raise Conflict(f"cluster {current.name} has live runs; drain it before changing its pools")
+            spec = ClusterSpec(name=current.name, provider="sim", region=current.region, pools=update.pools)
+            cluster, nodes = _build_fleet(current.id, spec, update.region or current.region)
+            uow.admin.replace_pools(cluster, nodes)
+        elif update.region is not None:
+            uow.admin.set_cluster_region(current.id, update.region)
+        uow.audit.record(actor, "cluster.update", "cluster", current.id, update.model_dump(exclude_none=True), now)
+        uow.commit()
+    return get_cluster(uow, current.id)
+
+
+def get_cluster(uow: UnitOfWork, ref: str) -> ClusterView:
+    with uow:
+        view = uow.admin.get_cluster(ref)
+    if view is None:
+        raise NotFound(f"no cluster {ref}")
+    return view
+
+
+def list_clusters(uow: UnitOfWork) -> list[ClusterView]:
+    with uow:
+        return uow.admin.list_clusters()
+
+
+def delete_cluster(uow: UnitOfWork, ref: str, actor: str, now: datetime) -> None:
+    with uow:
+        view = uow.admin.get_cluster(ref)
+        if view is None:
+            raise NotFound(f"no cluster {ref}")
+        if uow.admin.cluster_has_live_runs(view.id):
+            raise Conflict(f"cluster {view.name} has live runs; cancel or drain them first")
+        uow.admin.delete_cluster(view.id)
+        uow.audit.record(actor, "cluster.delete", "cluster", view.id, {"name": view.name}, now)
+        uow.commit()
+
+
+def _parent_ref(spec: CohortSpec | TeamSpec | QueueSpec) -> tuple[str | None, str | None]:
+    if isinstance(spec, QueueSpec):
+        return "team", spec.team
+    if isinstance(spec, TeamSpec) and spec.cohort:
+        return "cohort", spec.cohort
+    return None, None
+
+
+def create_tree_node(
+    uow: UnitOfWork, level: str, spec: CohortSpec | TeamSpec | QueueSpec, actor: str, now: datetime
+) -> TreeNodeView:
+    with uow:
+        if uow.admin.get_tree_node(level, spec.name) is not None:
+            raise Conflict(f"{level} {spec.name} already exists")
+        parent_id = None
+        parent_level, parent_name = _parent_ref(spec)
+        if parent_level and parent_name:
+            parent = uow.admin.get_tree_node(parent_level, parent_name)
+            if parent is None:
+                raise Invalid(f"unknown {parent_level} {parent_name!r}")
+            parent_id = parent.id
+        view = TreeNodeView(
+            id=new_id({"cohort": "co", "team": "tm", "queue": "q"}[level]),
+            name=spec.name,
+            parent_id=parent_id,
+            guaranteed=dict(spec.guaranteed),
+            limit=dict(spec.limit),
+            weight=spec.weight,
+            created_at=now,
+        )
+        _check_guarantee_within_limit(view)
+        uow.admin.add_tree_node(level, view)
+        uow.audit.record(actor, f"{level}.create", level, view.id, spec.model_dump(), now)
+        uow.commit()
+    return view
+
+
+def _check_guarantee_within_limit(view: TreeNodeView) -> None:
+    for key, amount in view.guaranteed.items():
+        bound = view.limit.get(key)
+        if bound is not None and amount > bound:
+            raise Invalid(f"guaranteed {key} ({amount:g}) is above its limit ({bound:g})")
+
+
+def update_tree_node(
+    uow: UnitOfWork, level: str, ref: str, update: QuotaUpdate, actor: str, now: datetime
+) -> TreeNodeView:
+    with uow:
+        current = uow.admin.get_tree_node(level, ref)
+        if current is None:
+            raise NotFound(f"no {level} {ref}")
+        view = TreeNodeView(
+            id=current.id,
+            name=current.name,
+            parent_id=current.parent_id,
+            guaranteed=dict(update.guaranteed) if update.guaranteed is not None else current.guaranteed,
+            limit=dict(update.limit) if update.limit is not None else current.limit,
+            weight=update.weight if update.weight is not None else current.weight,
+            created_at=current.created_at,
+        )
+        _check_guarantee_within_limit(view)
+        uow.admin.update_tree_node(level, view)
+        uow.audit.record(actor, f"{level}.update", level, view.id, update.model_dump(exclude_none=True), now)
+        uow.commit()
+    return view
+
+
+def get_tree_node(uow: UnitOfWork, level: str, ref: str) -> TreeNodeView:
+    with uow:
+        view = uow.admin.get_tree_node(level, ref)
+    if view is None:
+        raise NotFound(f"no {level} {ref}")
+    return view
+
+
+def list_tree_nodes(uow: UnitOfWork, level: str, parent_id: str | None = None) -> list[TreeNodeView]:
+    with uow:
+        return uow.admin.list_tree_nodes(level, parent_id)
+
+
+def delete_tree_node(uow: UnitOfWork, level: str, ref: str, actor: str, now: datetime) -> None:
+    with uow:
+        view = uow.admin.get_tree_node(level, ref)
+        if view is None:
+            raise NotFound(f"no {level} {ref}")
+        blocker = uow.admin.tree_node_in_use(level, view.id)
+        if blocker:
+            raise Conflict(f"{level} {view.name} is still in use: {blocker}")
+        uow.admin.delete_tree_node(level, view.id)
+        uow.audit.record(actor, f"{level}.delete", level, view.id, {"name": view.name}, now)
+        uow.commit()
+
+
+def put_priority_class(uow: UnitOfWork, spec: PriorityClassSpec, actor: str, now: datetime) -> PriorityClassView:
+    view = PriorityClassView(spec.name, spec.value, spec.preemptible, spec.min_runtime_seconds, spec.is_default)
+    with uow:
+        uow.admin.put_priority_class(view)
+        uow.audit.record(actor, "priority_class.put", "priority_class", spec.name, spec.model_dump(), now)
+        uow.commit()
+    return view
+
+
+def list_priority_classes(uow: UnitOfWork) -> list[PriorityClassView]:
+    with uow:
+        return uow.admin.list_priority_classes()
+
+
+def delete_priority_class(uow: UnitOfWork, name: str, actor: str, now: datetime) -> None:
+    with uow:
+        if uow.admin.get_priority_class(name) is None:
+            raise NotFound(f"no priority class {name}")
+        if uow.admin.priority_class_in_use(name):
+            raise Conflict(f"priority class {name} is used by workloads")
+        uow.admin.delete_priority_class(name)
+        uow.audit.record(actor, "priority_class.delete", "priority_class", name, {}, now)
+        uow.commit()

@@ -1,0 +1,74 @@
+"""Folding pod status reported by clusters into run and workload state (monotonic, idempotent)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import Field
+
+from controlplane.domain.model import WorkloadState
+from controlplane.service.commands import Strict
+from controlplane.service.ports import UnitOfWork
+from controlplane.service.workloads import emit
+
+POD_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
+class PodStatus(Strict):
+    pod_set: str = Field(max_length=63)
+    index: int = Field(ge=0)
+    phase: str = Field(pattern="^(Pending|Running|Succeeded|Failed|Unknown)$")
+    message: str = Field(default="", max_length=500)
+
+
+class PodReport(Strict):
+    """What an agent (or a simulated cluster) says about the pods of one run."""
+
+    run_id: str = Field(min_length=1, max_length=40)
+    epoch: int = Field(ge=0)
+    pods: list[PodStatus] = Field(max_length=10_000)
+
+
+def _verdict(pods: Sequence[PodStatus], min_available: int) -> tuple[str, str] | None:
+    """(run state, message) the pods justify, or None while nothing changes."""
+    failed = [p for p in pods if p.phase == "Failed"]
+    if failed:
+        first = failed[0]
+        return "failed", f"pod {first.pod_set}-{first.index} failed: {first.message or 'no message'}"
+    if pods and len([p for p in pods if p.phase == "Succeeded"]) >= min_available:
+        return "succeeded", "all pods succeeded"
+    if len([p for p in pods if p.phase in ("Running", "Succeeded")]) >= min_available:
+        return "running", f"{min_available} pods running"
+    return None
+
+
+def apply_pod_report(uow: UnitOfWork, cluster: str, report: PodReport, prefix: str, now: datetime) -> str:
+    """Returns what happened, for logs and tests."""
+    run = uow.runs.status(report.run_id)
+    if run is None:
+        return "unknown run"
+    verdict = _verdict(report.pods, run.min_available)
+    if verdict is None:
+        return "no change"
+    state, message = verdict
+    if state == "running":
+        if not uow.runs.set_state(run.run_id, ("admitted", "dispatching"), "running", message, now):
+            return "no change"
+        uow.workloads.set_state(
+            run.workload_id, (WorkloadState.ADMITTED, WorkloadState.DISPATCHING), WorkloadState.RUNNING, message, now
+        )
+        emit(uow, prefix, run.queue, "running", run.workload_id, now, run_id=run.run_id, cluster=cluster)
+        return "running"
+    if not uow.runs.set_state(run.run_id, ("admitted", "dispatching", "running"), state, message, now):
+        return "no change"
+    target = WorkloadState.SUCCEEDED if state == "succeeded" else WorkloadState.FAILED
+    uow.workloads.set_state(
+        run.workload_id,
+        (WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING),
+        target,
+        message,
+        now,
+    )
+    emit(uow, prefix, run.queue, str(target), run.workload_id, now, run_id=run.run_id, cluster=cluster, message=message)
+    return str(target)

@@ -1,0 +1,201 @@
+"""Validated inputs of the service layer, shared by REST and NATS so both validate alike."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from controlplane.domain.model import WorkloadKind
+from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_compute_slices
+
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
+LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+RESERVED_LABEL_PREFIX = "gpufleet.io/"
+QuotaMap = dict[Annotated[str, Field(min_length=1, max_length=40)], Annotated[float, Field(ge=0)]]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class TaintSpec(Strict):
+    key: str = Field(min_length=1, max_length=253)
+    value: str = Field(default="", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class TolerationSpec(Strict):
+    key: str = Field(min_length=1, max_length=253)
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = Field(default="", max_length=63)
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+
+class PoolSpec(Strict):
+    name: Name
+    gpu_model: str = Field(min_length=1, max_length=40, examples=["H100-80GB"])
+    gpus_per_node: int = Field(ge=1, le=64)
+    cpu_millis: int = Field(ge=1000, le=10_000_000)
+    memory_mib: int = Field(ge=1024, le=100_000_000)
+    sharing: str = Field(default="exclusive", examples=["exclusive", "mig:all-balanced", "timeslice:4"])
+    taints: list[TaintSpec] = Field(default_factory=list, max_length=32)
+    labels: dict[str, str] = Field(default_factory=dict)
+    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+    spot: bool = False
+    node_count: int = Field(ge=0, le=20_000)
+
+    @model_validator(mode="after")
+    def _sharing_is_valid(self) -> PoolSpec:
+        try:
+            SharingMode.parse(self.sharing).mig_slices_per_gpu(self.gpu_model)
+        except InvalidSharingMode as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+
+class ClusterSpec(Strict):
+    name: Name
+    provider: Literal["sim"] = Field(
+        default="sim", description="Only simulated clusters can be registered until cloud adapters land"
+    )
+    region: str = Field(default="", max_length=63)
+    pools: list[PoolSpec] = Field(min_length=1, max_length=100)
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pool_names(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
+        names = [p.name for p in pools]
+        if len(names) != len(set(names)):
+            raise ValueError("pool names must be unique within a cluster")
+        return pools
+
+
+class ClusterUpdate(Strict):
+    region: str | None = Field(default=None, max_length=63)
+    pools: list[PoolSpec] | None = Field(default=None, min_length=1, max_length=100)
+
+
+class TreeNodeSpec(Strict):
+    name: Name
+    guaranteed: QuotaMap = Field(default_factory=dict, description="per GPU model and/or 'gpu-eq'")
+    limit: QuotaMap = Field(default_factory=dict, description="never above; missing key = unbounded")
+    weight: float = Field(default=1.0, gt=0, le=1000)
+
+
+class CohortSpec(TreeNodeSpec):
+    pass
+
+
+class TeamSpec(TreeNodeSpec):
+    cohort: Name | None = None
+
+
+class QueueSpec(TreeNodeSpec):
+    team: Name
+
+
+class QuotaUpdate(Strict):
+    guaranteed: QuotaMap | None = None
+    limit: QuotaMap | None = None
+    weight: float | None = Field(default=None, gt=0, le=1000)
+
+
+class PriorityClassSpec(Strict):
+    name: Name
+    value: int = Field(ge=-1_000_000, le=1_000_000)
+    preemptible: bool = True
+    min_runtime_seconds: int = Field(default=0, ge=0, le=30 * 86400)
+    is_default: bool = False
+
+
+class TokenSpec(Strict):
+    name: Name
+    team: Name | None = Field(default=None, description="team the token acts for; omit with role admin")
+    role: Literal["team", "admin"] = "team"
+
+    @model_validator(mode="after")
+    def _team_matches_role(self) -> TokenSpec:
+        if self.role == "team" and not self.team:
+            raise ValueError("a team token needs 'team'")
+        if self.role == "admin" and self.team:
+            raise ValueError("an admin token belongs to no team")
+        return self
+
+
+class PodSetSpec(Strict):
+    name: Name = "workers"
+    replicas: int = Field(default=1, ge=1, le=10_000)
+    gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs per pod")
+    mig_profile: str | None = Field(default=None, max_length=20, examples=["3g.40gb"])
+    gpu_fraction: float | None = Field(default=None, gt=0, lt=1, description="share of one GPU (MPS or time-slicing)")
+    cpu_millis: int = Field(default=1000, ge=1, le=1_000_000)
+    memory_mib: int = Field(default=4096, ge=1, le=10_000_000)
+    gpu_models: list[str] = Field(default_factory=list, max_length=20)
+
+    @model_validator(mode="after")
+    def _one_gpu_request(self) -> PodSetSpec:
+        asked = [self.gpus > 0, self.mig_profile is not None, self.gpu_fraction is not None]
+        if sum(asked) > 1:
+            raise ValueError("a pod set asks for whole GPUs, a MIG profile or a GPU fraction, not several")
+        if self.mig_profile is not None:
+            try:
+                mig_compute_slices(self.mig_profile)
+            except InvalidSharingMode as exc:
+                raise ValueError(str(exc)) from exc
+        return self
+
+
+class SubmitWorkload(Strict):
+    name: Name
+    queue: Name
+    priority_class: Name | None = None
+    kind: WorkloadKind = WorkloadKind.TRAINING
+    pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=16)
+    min_available: int | None = Field(default=None, ge=1, description="gang threshold; default all pods")
+    requires_isolation: bool | None = Field(
+        default=None, description="never place on time-sliced GPUs; default true for inference"
+    )
+    tolerations: list[TolerationSpec] = Field(default_factory=list, max_length=32)
+    duration_seconds: float | None = Field(
+        default=None, gt=0, le=30 * 86400, description="read by simulated clusters only"
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    container: dict[str, Any] = Field(default_factory=dict, description="opaque, passed to Kubernetes")
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=100)
+
+    @field_validator("pod_sets")
+    @classmethod
+    def _unique_pod_set_names(cls, pod_sets: list[PodSetSpec]) -> list[PodSetSpec]:
+        names = [p.name for p in pod_sets]
+        if len(names) != len(set(names)):
+            raise ValueError("pod set names must be unique within a workload")
+        return pod_sets
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        if len(labels) > 64:
+            raise ValueError("at most 64 labels")
+        for key, value in labels.items():
+            if not LABEL_KEY.match(key) or len(value) > 63:
+                raise ValueError(f"label {key!r} is not a valid Kubernetes label")
+            if key.startswith(RESERVED_LABEL_PREFIX):
+                raise ValueError(f"labels under {RESERVED_LABEL_PREFIX} are set by gpufleet")
+        return labels
+
+    @model_validator(mode="after")
+    def _gang_is_consistent(self) -> SubmitWorkload:
+        total = sum(p.replicas for p in self.pod_sets)
+        if self.min_available is not None and self.min_available > total:
+            raise ValueError(f"min_available {self.min_available} is more than the {total} pods of the gang")
+        if not any(p.gpus or p.mig_profile or p.gpu_fraction for p in self.pod_sets):
+            raise ValueError("a workload must request at least one GPU (gpus, mig_profile or gpu_fraction)")
+        return self
+
+
+class CancelWorkload(Strict):
+    workload_id: str = Field(min_length=1, max_length=40)
+    reason: str = Field(default="cancelled by user", max_length=200)

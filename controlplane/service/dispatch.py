@@ -1,0 +1,104 @@
+"""The dispatcher: load -> call the cluster -> apply. Never holds a transaction across a call."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from controlplane.domain.model import WorkloadState
+from controlplane.service.ports import ClusterDriver, UnitOfWorkFactory
+from controlplane.service.workloads import emit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DispatchStats:
+    applied: int = 0
+    already_present: int = 0
+    torn_down: int = 0
+    orphans_deleted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def dispatch_once(
+    uow_factory: UnitOfWorkFactory,
+    drivers: Mapping[str, ClusterDriver],
+    prefix: str,
+    clock: Callable[[], datetime],
+    batch: int = 100,
+) -> DispatchStats:
+    stats = DispatchStats()
+    with uow_factory() as uow:
+        orders = uow.runs.to_dispatch(batch)
+    for order in orders:
+        driver = drivers.get(order.cluster)
+        if driver is None:
+            stats.errors.append(f"no driver for cluster {order.cluster}")
+            continue
+        with uow_factory() as uow:
+            if uow.workloads.set_state(
+                order.workload_id,
+                (WorkloadState.ADMITTED,),
+                WorkloadState.DISPATCHING,
+                f"dispatching to {order.cluster}",
+                clock(),
+            ):
+                uow.runs.set_state(order.run_id, ("admitted",), "dispatching", "", clock())
+                emit(
+                    uow,
+                    prefix,
+                    order.queue,
+                    "dispatching",
+                    order.workload_id,
+                    clock(),
+                    run_id=order.run_id,
+                    cluster=order.cluster,
+                )
+            uow.commit()
+        try:
+            created = await driver.apply(order)
+        except Exception as exc:  # a failed call is retried next pass; the run stays pending
+            log.warning("dispatch of run %s to %s failed: %s", order.run_id, order.cluster, exc)
+            stats.errors.append(f"{order.run_id}: {exc}")
+            continue
+        with uow_factory() as uow:
+            uow.runs.set_dispatch_state(order.run_id, "pending", "applied", clock())
+            uow.commit()
+        if created:
+            stats.applied += 1
+        else:
+            stats.already_present += 1
+
+    with uow_factory() as uow:
+        teardowns = uow.runs.to_teardown(batch)
+    for teardown in teardowns:
+        driver = drivers.get(teardown.cluster)
+        if driver is None:
+            continue
+        try:
+            await driver.delete(teardown.run_id)
+        except Exception as exc:
+            stats.errors.append(f"teardown {teardown.run_id}: {exc}")
+            continue
+        with uow_factory() as uow:
+            uow.runs.set_dispatch_state(teardown.run_id, "teardown", "removed", clock())
+            uow.commit()
+        stats.torn_down += 1
+    return stats
+
+
+async def collect_orphans(uow_factory: UnitOfWorkFactory, drivers: Mapping[str, ClusterDriver]) -> int:
+    """Delete objects a cluster holds for runs gpufleet no longer considers live."""
+    deleted = 0
+    for cluster, driver in drivers.items():
+        owned = await driver.list_owned()
+        with uow_factory() as uow:
+            live = uow.runs.live_run_ids(cluster)
+        for run_id in sorted(owned - live):
+            log.info("deleting orphan run %s on %s", run_id, cluster)
+            await driver.delete(run_id)
+            deleted += 1
+    return deleted

@@ -1,0 +1,25 @@
+"""Errors the service layer raises; the API maps them to HTTP statuses."""
+
+
+class ServiceError(Exception):
+    """Base class; `str(error)` is a message meant for a person."""
+
+
+class NotFound(ServiceError):
+    """The object does not exist or the caller may not see it (404, never 403)."""
+
+
+class Invalid(ServiceError):
+    """The request is well-formed but cannot be accepted (422)."""
+
+
+class Conflict(ServiceError):
+    """The request conflicts with current state (409)."""
+
+
+class LostLeadership(ServiceError):
+    """The scheduler's epoch is no longer current: it must stop writing."""
+
+
+class DuplicateKey(Conflict):
+    """A unique key (e.g. an idempotency key) was taken by a concurrent request."""

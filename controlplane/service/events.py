@@ -1,0 +1,34 @@
+"""Versioned event envelopes `{type, version, id, occurred_at, data}` written to the outbox."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+ENVELOPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class OutgoingEvent:
+    id: str
+    subject: str
+    payload: str
+
+
+def envelope(event_type: str, data: dict[str, Any], now: datetime) -> tuple[str, str]:
+    event_id = uuid.uuid4().hex
+    body = {
+        "type": event_type,
+        "version": ENVELOPE_VERSION,
+        "id": event_id,
+        "occurred_at": now.isoformat(),
+        "data": data,
+    }
+    return event_id, json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def workload_subject(prefix: str, queue: str, event: str) -> str:
+    return f"{prefix}.events.workload.{queue}.{event}"

@@ -1,0 +1,243 @@
+"""The small typed protocols the service layer needs from the outside world.
+
+Adapters implement them; only the composition root (`controlplane.bootstrap`) picks which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from controlplane.core.snapshot import Admission, PendingReason, Snapshot
+from controlplane.domain.model import Cluster, Node, Workload
+from controlplane.service.views import (
+    ClusterView,
+    PriorityClassView,
+    TokenView,
+    TreeNodeView,
+    WorkloadView,
+)
+
+
+@dataclass(frozen=True)
+class WorkloadFilter:
+    team_id: str | None = None
+    queue: str | None = None
+    states: tuple[str, ...] = ()
+    name: str | None = None
+    limit: int = 100
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class WorkloadHead:
+    """The few fields the service layer needs to decide on a workload."""
+
+    id: str
+    team_id: str
+    queue: str
+    state: str
+    version: int
+    live_run_id: str | None
+
+
+@dataclass(frozen=True)
+class PodOrder:
+    pod_set: str
+    index: int
+    node: str
+    pool: str
+    demand: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class RunOrder:
+    """Everything a cluster needs to start one run of a gang."""
+
+    run_id: str
+    workload_id: str
+    workload_name: str
+    team: str
+    queue: str
+    cluster: str
+    epoch: int
+    attempt: int
+    priority_class: str
+    min_available: int
+    pods: tuple[PodOrder, ...]
+    duration_seconds: float | None
+    container: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Teardown:
+    run_id: str
+    cluster: str
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run_id: str
+    workload_id: str
+    queue: str
+    state: str
+    min_available: int
+
+
+class AdminRepository(Protocol):
+    def add_cluster(self, cluster: Cluster, nodes: Sequence[Node], now: datetime) -> None: ...
+    def replace_pools(self, cluster: Cluster, nodes: Sequence[Node]) -> None: ...
+    def set_cluster_region(self, cluster_id: str, region: str) -> None: ...
+    def get_cluster(self, ref: str) -> ClusterView | None: ...
+    def list_clusters(self) -> list[ClusterView]: ...
+    def delete_cluster(self, cluster_id: str) -> None: ...
+    def cluster_has_live_runs(self, cluster_id: str) -> bool: ...
+    def fleet(self) -> tuple[tuple[Cluster, ...], tuple[Node, ...]]: ...
+
+    def add_tree_node(self, level: str, view: TreeNodeView) -> None: ...
+    def update_tree_node(self, level: str, view: TreeNodeView) -> None: ...
+    def get_tree_node(self, level: str, ref: str) -> TreeNodeView | None: ...
+    def list_tree_nodes(self, level: str, parent_id: str | None = None) -> list[TreeNodeView]: ...
+    def delete_tree_node(self, level: str, node_id: str) -> None: ...
+    def tree_node_in_use(self, level: str, node_id: str) -> str | None: ...
+
+    def put_priority_class(self, pc: PriorityClassView) -> None: ...
+    def get_priority_class(self, name: str) -> PriorityClassView | None: ...
+    def default_priority_class(self) -> PriorityClassView | None: ...
+    def list_priority_classes(self) -> list[PriorityClassView]: ...
+    def delete_priority_class(self, name: str) -> None: ...
+    def priority_class_in_use(self, name: str) -> bool: ...
+
+
+class WorkloadRepository(Protocol):
+    def add(
+        self,
+        workload: Workload,
+        *,
+        container: Mapping[str, Any],
+        labels: Mapping[str, str],
+        idempotency_key: str | None,
+        now: datetime,
+    ) -> None: ...
+    def by_idempotency_key(self, team_id: str, key: str) -> str | None: ...
+    def head(self, workload_id: str) -> WorkloadHead | None: ...
+    def view(self, workload_id: str) -> WorkloadView | None: ...
+    def list(self, flt: WorkloadFilter) -> list[WorkloadView]: ...
+    def set_state(
+        self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
+    ) -> bool: ...
+    def admit(self, admission: Admission, epoch: int, now: datetime) -> str | None: ...
+    def record_pending(self, reasons: Sequence[PendingReason]) -> int: ...
+    def event_data(self, workload_id: str) -> dict[str, Any]: ...
+
+
+class RunRepository(Protocol):
+    def to_dispatch(self, limit: int) -> list[RunOrder]: ...
+    def to_teardown(self, limit: int) -> list[Teardown]: ...
+    def set_dispatch_state(self, run_id: str, from_state: str, to_state: str, now: datetime) -> bool: ...
+    def status(self, run_id: str) -> RunStatus | None: ...
+    def set_state(
+        self, run_id: str, from_states: Sequence[str], to_state: str, message: str, now: datetime
+    ) -> bool: ...
+    def live_run_ids(self, cluster: str) -> set[str]: ...
+
+
+class Outbox(Protocol):
+    def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None: ...
+    def unpublished(self, limit: int) -> list[tuple[str, str, str]]: ...
+    def mark_published(self, event_ids: Sequence[str], now: datetime) -> None: ...
+    def record_failure(self, event_id: str, error: str) -> None: ...
+    def backlog(self) -> int: ...
+
+
+class Inbox(Protocol):
+    def first_time(self, consumer: str, msg_id: str, now: datetime) -> bool: ...
+
+
+class LeaseRepository(Protocol):
+    def acquire(self, name: str, holder: str, now: datetime, ttl_seconds: float) -> int | None: ...
+    def renew(self, name: str, holder: str, epoch: int, now: datetime, ttl_seconds: float) -> bool: ...
+    def release(self, name: str, holder: str, epoch: int) -> None: ...
+
+
+class TokenRepository(Protocol):
+    def add(self, view: TokenView, token_hash: str) -> None: ...
+    def by_hash(self, token_hash: str) -> TokenView | None: ...
+    def get(self, token_id: str) -> TokenView | None: ...
+    def list(self, team_id: str | None) -> list[TokenView]: ...
+    def revoke(self, token_id: str, now: datetime) -> None: ...
+    def count_admin(self) -> int: ...
+
+
+class AuditLog(Protocol):
+    def record(
+        self, actor: str, action: str, object_type: str, object_id: str, detail: Mapping[str, Any], now: datetime
+    ) -> None: ...
+
+
+class SnapshotReader(Protocol):
+    def load(self) -> Snapshot: ...
+
+
+class UnitOfWork(Protocol):
+    """One database transaction. Leaving the block without `commit()` rolls back."""
+
+    @property
+    def admin(self) -> AdminRepository: ...
+
+    @property
+    def workloads(self) -> WorkloadRepository: ...
+
+    @property
+    def runs(self) -> RunRepository: ...
+
+    @property
+    def outbox(self) -> Outbox: ...
+
+    @property
+    def inbox(self) -> Inbox: ...
+
+    @property
+    def leases(self) -> LeaseRepository: ...
+
+    @property
+    def tokens(self) -> TokenRepository: ...
+
+    @property
+    def audit(self) -> AuditLog: ...
+
+    @property
+    def snapshots(self) -> SnapshotReader: ...
+
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+    def commit(self) -> None: ...
+
+
+class UnitOfWorkFactory(Protocol):
+    def __call__(self) -> UnitOfWork: ...
+
+
+class ClusterDriver(Protocol):
+    """One member cluster, as the dispatcher sees it. Every call is idempotent."""
+
+    async def apply(self, order: RunOrder) -> bool:
+        """Create the run's objects; False when they already existed (counts as success)."""
+        ...
+
+    async def delete(self, run_id: str) -> bool: ...
+
+    async def list_owned(self) -> set[str]: ...
+
+
+class EventPublisher(Protocol):
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None: ...
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...

@@ -1,0 +1,36 @@
+"""The outbox relay: publish committed events, in order, with Nats-Msg-Id = outbox id."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from controlplane.service.ports import EventPublisher, UnitOfWorkFactory
+
+log = logging.getLogger(__name__)
+
+
+async def relay_once(
+    uow_factory: UnitOfWorkFactory, publisher: EventPublisher, clock: Callable[[], datetime], batch: int = 200
+) -> int:
+    """Publish up to `batch` events; stops at the first failure so no event overtakes another."""
+    with uow_factory() as uow:
+        rows = uow.outbox.unpublished(batch)
+    published: list[str] = []
+    failure: tuple[str, str] | None = None
+    for event_id, subject, payload in rows:
+        try:
+            await publisher.publish(subject, payload.encode(), event_id)
+        except Exception as exc:  # outcome unknown: the same msg id is reused next time
+            failure = (event_id, f"{type(exc).__name__}: {exc}")
+            break
+        published.append(event_id)
+    with uow_factory() as uow:
+        if published:
+            uow.outbox.mark_published(published, clock())
+        if failure:
+            uow.outbox.record_failure(*failure)
+            log.warning("relay: publish of %s failed: %s", *failure)
+        uow.commit()
+    return len(published)

@@ -1,0 +1,69 @@
+"""The scheduler's imperative shell: lease, load snapshot, decide (pure), apply under the epoch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from controlplane.core.invariants import check_decision
+from controlplane.core.schedule import schedule
+from controlplane.core.snapshot import Decision, Policy
+from controlplane.service.errors import LostLeadership
+from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.service.workloads import emit
+
+LEASE_NAME = "scheduler"
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    epoch: int
+    pending: int
+    admitted: int
+    reasons_written: int
+
+
+def acquire_leadership(uow_factory: UnitOfWorkFactory, holder: str, now: datetime, ttl: float) -> int | None:
+    """The epoch of this holder's term, or None while another holder's lease is live."""
+    with uow_factory() as uow:
+        epoch = uow.leases.acquire(LEASE_NAME, holder, now, ttl)
+        uow.commit()
+    return epoch
+
+
+def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int) -> None:
+    with uow_factory() as uow:
+        uow.leases.release(LEASE_NAME, holder, epoch)
+        uow.commit()
+
+
+def run_cycle(
+    uow_factory: UnitOfWorkFactory,
+    holder: str,
+    epoch: int,
+    policy: Policy,
+    prefix: str,
+    now: datetime,
+    ttl: float,
+    check_invariants: bool = False,
+) -> CycleResult:
+    with uow_factory() as uow:
+        snapshot = uow.snapshots.load()
+    decision: Decision = schedule(snapshot, policy, now)
+    if check_invariants:
+        check_decision(snapshot, decision)
+    admitted = 0
+    with uow_factory() as uow:
+        # The epoch check and every write of this decision share one transaction: a deposed
+        # leader's decision can never land.
+        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
+            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
+        for admission in decision.admissions:
+            queue = uow.workloads.admit(admission, epoch, now)
+            if queue is None:
+                continue  # cancelled since the snapshot was read
+            admitted += 1
+            emit(uow, prefix, queue, "admitted", admission.workload_id, now, epoch=epoch)
+        written = uow.workloads.record_pending(decision.pending)
+        uow.commit()
+    return CycleResult(epoch, len(decision.pending), admitted, written)

@@ -1,0 +1,133 @@
+"""Read models the API and CLI show. Plain values built by the persistence adapter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: str
+    name: str
+    schedulable: bool
+
+
+@dataclass(frozen=True)
+class PoolView:
+    id: str
+    name: str
+    gpu_model: str
+    gpus_per_node: int
+    cpu_millis: int
+    memory_mib: int
+    sharing: str
+    taints: list[dict[str, str]]
+    labels: dict[str, str]
+    price_per_gpu_hour: float
+    spot: bool
+    node_count: int
+    nodes: list[NodeView] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    id: str
+    name: str
+    provider: str
+    region: str
+    created_at: datetime
+    pools: list[PoolView]
+
+
+@dataclass(frozen=True)
+class TreeNodeView:
+    id: str
+    name: str
+    parent_id: str | None
+    guaranteed: dict[str, float]
+    limit: dict[str, float]
+    weight: float
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class PriorityClassView:
+    name: str
+    value: int
+    preemptible: bool
+    min_runtime_seconds: int
+    is_default: bool
+
+
+@dataclass(frozen=True)
+class TokenView:
+    id: str
+    name: str
+    role: str
+    team_id: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: an admin, or a member of one team."""
+
+    token_id: str
+    role: str
+    team_id: str | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+@dataclass(frozen=True)
+class AssignmentView:
+    pod_set: str
+    index: int
+    node: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class RunView:
+    id: str
+    attempt: int
+    cluster: str
+    epoch: int
+    state: str
+    message: str
+    created_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    assignments: list[AssignmentView]
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    id: str
+    name: str
+    team: str
+    queue: str
+    priority_class: str
+    priority: int
+    kind: str
+    state: str
+    reason: str
+    queue_position: int | None
+    min_available: int
+    requires_isolation: bool
+    pod_sets: list[dict[str, Any]]
+    duration_seconds: float | None
+    idempotency_key: str | None
+    labels: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    cluster: str | None
+    nodes: list[str]
+    runs: list[RunView]

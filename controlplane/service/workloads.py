@@ -1,0 +1,176 @@
+"""Submitting, reading and cancelling workloads, with ownership checked on every access."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from controlplane.core.placement import why_never_fits
+from controlplane.domain.model import (
+    PodSet,
+    Toleration,
+    Workload,
+    WorkloadKind,
+    WorkloadState,
+)
+from controlplane.service.commands import SubmitWorkload
+from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
+from controlplane.service.events import envelope, workload_subject
+from controlplane.service.ids import new_id
+from controlplane.service.ports import UnitOfWork, WorkloadFilter
+from controlplane.service.views import Principal, WorkloadView
+
+CANCELLABLE = (WorkloadState.QUEUED, WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
+
+
+def emit(
+    uow: UnitOfWork, prefix: str, queue: str, event: str, workload_id: str, now: datetime, **extra: object
+) -> None:
+    data = uow.workloads.event_data(workload_id)
+    data.update(extra)
+    event_id, payload = envelope(f"workload.{event}", data, now)
+    uow.outbox.add(workload_subject(prefix, queue, event), event_id, payload, now)
+
+
+def submit(
+    uow: UnitOfWork, principal: Principal, request: SubmitWorkload, prefix: str, now: datetime
+) -> tuple[WorkloadView, bool]:
+    """Returns the workload and whether it was created (False: an idempotent retry)."""
+    with uow:
+        queue = uow.admin.get_tree_node("queue", request.queue)
+        if queue is None or (not principal.is_admin and queue.parent_id != principal.team_id):
+            raise Invalid(f"unknown queue {request.queue!r}")
+        team_id = queue.parent_id
+        assert team_id is not None
+        if request.idempotency_key:
+            existing = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
+            if existing is not None:
+                view = uow.workloads.view(existing)
+                assert view is not None
+                return view, False
+        pc = (
+            uow.admin.get_priority_class(request.priority_class)
+            if request.priority_class
+            else uow.admin.default_priority_class()
+        )
+        if pc is None:
+            if request.priority_class:
+                raise Invalid(f"unknown priority class {request.priority_class!r}")
+            raise Invalid("no priority class given and the platform has no default priority class")
+        workload = _to_domain(new_id("wl"), team_id, queue.id, pc.name, pc.value, request, now)
+        clusters, nodes = uow.admin.fleet()
+        offered = {key[4:] for c in clusters for p in c.pools for key in p.node_capacity() if key.startswith("mig:")}
+        for pod_set in workload.pod_sets:
+            if pod_set.mig_profile and pod_set.mig_profile not in offered:
+                raise Invalid(
+                    f"pod set {pod_set.name}: no pool in the fleet offers MIG profile {pod_set.mig_profile}"
+                    + (f" (offered: {', '.join(sorted(offered))})" if offered else "")
+                )
+        reason = why_never_fits(workload, clusters, nodes)
+        if reason is not None:
+            raise Invalid(reason)
+        try:
+            uow.workloads.add(
+                workload,
+                container=request.container,
+                labels=request.labels,
+                idempotency_key=request.idempotency_key,
+                now=now,
+            )
+        except DuplicateKey:
+            assert request.idempotency_key is not None
+            winner = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
+            assert winner is not None
+            view = uow.workloads.view(winner)
+            assert view is not None
+            return view, False
+        emit(uow, prefix, queue.name, "queued", workload.id, now)
+        uow.commit()
+        view = uow.workloads.view(workload.id)
+    assert view is not None
+    return view, True
+
+
+def _to_domain(
+    workload_id: str,
+    team_id: str,
+    queue_id: str,
+    pc_name: str,
+    priority: int,
+    request: SubmitWorkload,
+    now: datetime,
+) -> Workload:
+    pod_sets = tuple(
+        PodSet(
+            name=p.name,
+            replicas=p.replicas,
+            gpus=p.gpus,
+            mig_profile=p.mig_profile,
+            gpu_fraction=p.gpu_fraction,
+            cpu_millis=p.cpu_millis,
+            memory_mib=p.memory_mib,
+            gpu_models=tuple(p.gpu_models),
+        )
+        for p in request.pod_sets
+    )
+    total = sum(p.replicas for p in pod_sets)
+    isolation = request.requires_isolation
+    if isolation is None:
+        isolation = request.kind is WorkloadKind.INFERENCE
+    return Workload(
+        id=workload_id,
+        team_id=team_id,
+        queue_id=queue_id,
+        name=request.name,
+        priority_class=pc_name,
+        priority=priority,
+        kind=request.kind,
+        pod_sets=pod_sets,
+        min_available=request.min_available or total,
+        requires_isolation=isolation,
+        tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in request.tolerations),
+        duration_seconds=request.duration_seconds,
+        created_seq=int(now.timestamp() * 1_000_000),
+    )
+
+
+def _owned(uow: UnitOfWork, principal: Principal, workload_id: str) -> WorkloadView:
+    head = uow.workloads.head(workload_id)
+    if head is None or (not principal.is_admin and head.team_id != principal.team_id):
+        raise NotFound(f"no workload {workload_id}")
+    view = uow.workloads.view(workload_id)
+    assert view is not None
+    return view
+
+
+def get(uow: UnitOfWork, principal: Principal, workload_id: str) -> WorkloadView:
+    with uow:
+        return _owned(uow, principal, workload_id)
+
+
+def list_workloads(uow: UnitOfWork, principal: Principal, flt: WorkloadFilter) -> list[WorkloadView]:
+    if not principal.is_admin:
+        flt = WorkloadFilter(principal.team_id, flt.queue, flt.states, flt.name, flt.limit, flt.offset)
+    with uow:
+        return uow.workloads.list(flt)
+
+
+def cancel(
+    uow: UnitOfWork, principal: Principal, workload_id: str, reason: str, prefix: str, now: datetime
+) -> WorkloadView:
+    with uow:
+        view = _owned(uow, principal, workload_id)
+        if view.state == WorkloadState.CANCELLED:
+            return view
+        if WorkloadState(view.state).terminal:
+            raise Conflict(f"workload {workload_id} already {view.state}")
+        head = uow.workloads.head(workload_id)
+        assert head is not None
+        if not uow.workloads.set_state(workload_id, CANCELLABLE, WorkloadState.CANCELLED, reason, now):
+            raise Conflict(f"workload {workload_id} changed while cancelling; retry")
+        if head.live_run_id is not None:
+            uow.runs.set_state(head.live_run_id, ("admitted", "dispatching", "running"), "cancelled", reason, now)
+        emit(uow, prefix, view.queue, "cancelled", workload_id, now, reason=reason)
+        uow.commit()
+        result = uow.workloads.view(workload_id)
+    assert result is not None
+    return result

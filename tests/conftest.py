@@ -1,0 +1,94 @@
+"""Real parts for the tests: PostgreSQL, SQLite and a nats-server started for this session."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from adapters.nats.server import NatsServerProcess, free_port
+from adapters.sql.migrate import upgrade_to_head
+from adapters.sql.tables import Base
+from controlplane.bootstrap import Wiring
+from controlplane.config import Settings
+
+PG_ADMIN_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServerProcess]:
+    server = NatsServerProcess(free_port(), tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def running_nats(nats_server: NatsServerProcess) -> NatsServerProcess:
+    """The session's server, restarted first if an earlier test stopped it."""
+    if nats_server.process is None or nats_server.process.poll() is not None:
+        nats_server.start()
+    return nats_server
+
+
+@pytest.fixture(scope="session")
+def postgresql_database() -> Iterator[str]:
+    name = f"gpufleet_test_{secrets.token_hex(4)}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    upgrade_to_head(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_database(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'gpufleet.db'}"
+    upgrade_to_head(url)
+    return url
+
+
+def _empty_all_tables(url: str) -> None:
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """A migrated, empty database on each backend."""
+    url: str = request.getfixturevalue(f"{request.param}_database")
+    _empty_all_tables(url)
+    return url
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path, nats_server: NatsServerProcess) -> Settings:
+    return Settings(
+        database_url=database_url,
+        nats_url=nats_server.url,
+        state_dir=tmp_path / "state",
+        subject_prefix=f"t{secrets.token_hex(3)}",
+        scheduler_interval=0.2,
+        dispatcher_interval=0.1,
+        relay_interval=0.05,
+        sim_start_delay=0.2,
+        check_invariants=True,
+    )
+
+
+@pytest.fixture
+def wiring(settings: Settings) -> Iterator[Wiring]:
+    w = Wiring(settings)
+    yield w
+    w.close()

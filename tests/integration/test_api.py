@@ -1,0 +1,242 @@
+"""The REST API against a real database: admin, tokens, workloads, validation and tenancy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from adapters.sql.tables import ApiTokenRow
+from controlplane.api.app import create_app
+from controlplane.api.context import ApiContext
+from controlplane.bootstrap import Wiring
+from tests.integration.fleet import add_tenant, admin_headers, gang, h100_cluster, mixed_cluster, setup_fleet
+
+
+@pytest.fixture
+def client(wiring: Wiring) -> Iterator[TestClient]:
+    app = create_app(
+        ApiContext(
+            uow_factory=wiring.uow,
+            subject_prefix=wiring.settings.subject_prefix,
+            readiness={"database": wiring.database_ready},
+        )
+    )
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def admin(wiring: Wiring) -> dict[str, str]:
+    return admin_headers(wiring)
+
+
+def test_health_and_readiness(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"database": "ok"}
+
+
+def test_openapi_lists_versioned_routes(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/v1/workloads" in paths
+    assert "/v1/workloads/{workload_id}/cancel" in paths
+    assert all(p.startswith("/v1/") or p in ("/healthz", "/readyz") for p in paths)
+
+
+def test_requests_without_a_valid_token_are_refused(client: TestClient) -> None:
+    assert client.get("/v1/workloads").status_code == 401
+    assert client.get("/v1/workloads", headers={"Authorization": "Bearer gpf_nope"}).status_code == 401
+
+
+def test_admin_creates_cluster_with_pools_and_nodes(client: TestClient, admin: dict[str, str]) -> None:
+    r = client.post("/v1/clusters", json=mixed_cluster(), headers=admin)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["provider"] == "sim"
+    pools = {p["name"]: p for p in body["pools"]}
+    assert pools["a100-mig"]["sharing"] == "mig:all-balanced"
+    assert [n["name"] for n in pools["l4-shared"]["nodes"]] == ["sim-mixed-l4-shared-0", "sim-mixed-l4-shared-1"]
+    listed = client.get("/v1/clusters", headers=admin).json()
+    assert [c["name"] for c in listed] == ["sim-mixed"]
+    assert client.post("/v1/clusters", json=mixed_cluster(), headers=admin).status_code == 409
+
+
+def test_cluster_update_and_delete(client: TestClient, admin: dict[str, str]) -> None:
+    client.post("/v1/clusters", json=h100_cluster(nodes=2), headers=admin)
+    spec = h100_cluster(nodes=3)
+    r = client.patch("/v1/clusters/sim-h100", json={"pools": spec["pools"], "region": "eu-west-1"}, headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["region"] == "eu-west-1"
+    assert len(r.json()["pools"][0]["nodes"]) == 3
+    assert client.delete("/v1/clusters/sim-h100", headers=admin).status_code == 204
+    assert client.get("/v1/clusters/sim-h100", headers=admin).status_code == 404
+
+
+def test_invalid_pool_sharing_mode_is_a_clear_422(client: TestClient, admin: dict[str, str]) -> None:
+    spec = h100_cluster()
+    spec["pools"][0]["sharing"] = "mig:all-9g.99gb"
+    r = client.post("/v1/clusters", json=spec, headers=admin)
+    assert r.status_code == 422
+    assert "H100-80GB has no MIG profile 9g.99gb" in r.json()["detail"]
+
+
+def test_tokens_are_stored_hashed_and_can_be_revoked(client: TestClient, admin: dict[str, str], wiring: Wiring) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    with wiring.uow() as uow:
+        stored = [row.token_hash for row in uow.session.query(ApiTokenRow).all()]  # type: ignore[attr-defined]
+    assert tenant.token not in stored
+    assert all(len(h) == 64 for h in stored)
+    assert client.get("/v1/workloads", headers=tenant.headers).status_code == 200
+    token_id = next(t["id"] for t in client.get("/v1/tokens", headers=admin).json() if t["name"] == "vision-ci")
+    assert client.delete(f"/v1/tokens/{token_id}", headers=admin).status_code == 204
+    assert client.get("/v1/workloads", headers=tenant.headers).status_code == 401
+
+
+def test_team_tokens_cannot_use_admin_routes(client: TestClient, admin: dict[str, str]) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    schema = client.get("/openapi.json").json()
+    admin_only = {
+        ("post", "/v1/clusters"),
+        ("patch", "/v1/clusters/{ref}"),
+        ("delete", "/v1/clusters/{ref}"),
+        ("post", "/v1/teams"),
+        ("get", "/v1/teams"),
+        ("post", "/v1/queues"),
+        ("post", "/v1/cohorts"),
+        ("post", "/v1/priority-classes"),
+        ("post", "/v1/tokens"),
+        ("get", "/v1/tokens"),
+        ("delete", "/v1/tokens/{token_id}"),
+        ("delete", "/v1/queues/{ref}"),
+        ("patch", "/v1/queues/{ref}"),
+    }
+    for method, path in admin_only:
+        assert method in schema["paths"][path]
+        url = path.replace("{ref}", "vision-train").replace("{token_id}", "tok-x")
+        r = client.request(method.upper(), url, headers=tenant.headers, json={})
+        assert r.status_code == 403, (method, path, r.status_code)
+
+
+def test_submit_show_list_and_cancel(client: TestClient, admin: dict[str, str]) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    r = client.post("/v1/workloads", json=gang("resnet", tenant.queue), headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    workload = r.json()
+    assert workload["state"] == "queued"
+    assert workload["team"] == "vision"
+    assert workload["min_available"] == 4
+    assert workload["priority_class"] == "batch"
+    shown = client.get(f"/v1/workloads/{workload['id']}", headers=tenant.headers).json()
+    assert shown["id"] == workload["id"]
+    listed = client.get("/v1/workloads", params={"state": "queued", "queue": tenant.queue}, headers=tenant.headers)
+    assert [w["id"] for w in listed.json()] == [workload["id"]]
+    assert client.get("/v1/workloads", params={"state": "running"}, headers=tenant.headers).json() == []
+    cancelled = client.post(
+        f"/v1/workloads/{workload['id']}/cancel", json={"reason": "wrong data"}, headers=tenant.headers
+    )
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "cancelled"
+    assert cancelled.json()["reason"] == "wrong data"
+
+
+def test_idempotent_submit_returns_the_same_workload(client: TestClient, admin: dict[str, str]) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    headers = {**tenant.headers, "Idempotency-Key": "build-1234"}
+    first = client.post("/v1/workloads", json=gang("resnet", tenant.queue), headers=headers)
+    again = client.post("/v1/workloads", json=gang("resnet", tenant.queue), headers=headers)
+    assert first.status_code == 201
+    assert again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert len(client.get("/v1/workloads", headers=tenant.headers).json()) == 1
+
+
+@pytest.mark.parametrize(
+    ("body_change", "message"),
+    [
+        ({"pod_sets": [{"name": "w", "replicas": 1, "gpus": -1}]}, "greater than or equal to 0"),
+        ({"pod_sets": [{"name": "w", "replicas": 0, "gpus": 8}]}, "greater than or equal to 1"),
+        ({"pod_sets": [{"name": "w", "replicas": 2, "gpus": 0}]}, "must request at least one GPU"),
+        ({"queue": "nobody-has-this"}, "unknown queue 'nobody-has-this'"),
+        ({"priority_class": "platinum"}, "unknown priority class 'platinum'"),
+        ({"pod_sets": [{"name": "w", "replicas": 9, "gpus": 8}]}, "no cluster in the fleet could ever hold"),
+        ({"pod_sets": [{"name": "w", "replicas": 1, "gpus": 16}]}, "no cluster in the fleet could ever hold"),
+        ({"pod_sets": [{"name": "w", "replicas": 1, "mig_profile": "3g.40gb"}]}, "no pool in the fleet offers MIG"),
+        ({"min_available": 5}, "min_available 5 is more than the 4 pods"),
+        ({"labels": {"gpufleet.io/epoch": "7"}}, "set by gpufleet"),
+        ({"state": "running"}, "Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_submissions_get_a_clear_422(
+    client: TestClient, admin: dict[str, str], body_change: dict[str, object], message: str
+) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    body = gang("bad", tenant.queue)
+    body.update(body_change)
+    r = client.post("/v1/workloads", json=body, headers=tenant.headers)
+    assert r.status_code == 422, r.text
+    assert message in r.json()["detail"]
+    assert client.get("/v1/workloads", headers=tenant.headers).json() == []
+
+
+def test_mig_profile_offered_by_a_pool_is_accepted(client: TestClient, admin: dict[str, str]) -> None:
+    setup_fleet(client, admin, mixed_cluster())
+    tenant = add_tenant(client, admin, "serving", "serving-prod")
+    body = {
+        "name": "llm",
+        "queue": tenant.queue,
+        "kind": "inference",
+        "pod_sets": [{"name": "server", "replicas": 2, "mig_profile": "3g.40gb"}],
+    }
+    r = client.post("/v1/workloads", json=body, headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    assert r.json()["requires_isolation"] is True
+
+
+def test_a_team_sees_and_touches_only_its_own_objects(client: TestClient, admin: dict[str, str]) -> None:
+    setup_fleet(client, admin)
+    vision = add_tenant(client, admin, "vision", "vision-train")
+    speech = add_tenant(client, admin, "speech", "speech-train")
+    theirs = client.post("/v1/workloads", json=gang("asr", speech.queue), headers=speech.headers).json()
+    assert client.get(f"/v1/workloads/{theirs['id']}", headers=vision.headers).status_code == 404
+    assert client.post(f"/v1/workloads/{theirs['id']}/cancel", headers=vision.headers).status_code == 404
+    assert client.get("/v1/workloads", headers=vision.headers).json() == []
+    assert [q["name"] for q in client.get("/v1/queues", headers=vision.headers).json()] == ["vision-train"]
+    assert client.get("/v1/queues/speech-train", headers=vision.headers).status_code == 404
+    submit_to_theirs = client.post("/v1/workloads", json=gang("sneaky", speech.queue), headers=vision.headers)
+    assert submit_to_theirs.status_code == 422
+    assert client.get(f"/v1/workloads/{theirs['id']}", headers=speech.headers).json()["state"] == "queued"
+
+
+def test_queue_tree_with_cohort_and_quota_update(client: TestClient, admin: dict[str, str]) -> None:
+    assert (
+        client.post("/v1/cohorts", json={"name": "research", "limit": {"gpu-eq": 64}}, headers=admin).status_code == 201
+    )
+    r = client.post(
+        "/v1/teams", json={"name": "nlp", "cohort": "research", "guaranteed": {"H100-80GB": 16}}, headers=admin
+    )
+    assert r.status_code == 201, r.text
+    cohort_id = client.get("/v1/cohorts", headers=admin).json()[0]["id"]
+    assert r.json()["parent_id"] == cohort_id
+    bad = client.patch("/v1/teams/nlp", json={"limit": {"H100-80GB": 8}}, headers=admin)
+    assert bad.status_code == 422
+    assert "above its limit" in bad.json()["detail"]
+    ok = client.patch("/v1/teams/nlp", json={"limit": {"H100-80GB": 32}, "weight": 2}, headers=admin)
+    assert ok.json()["limit"] == {"H100-80GB": 32}
+    assert ok.json()["weight"] == 2
+    assert client.delete("/v1/cohorts/research", headers=admin).status_code == 409
+    assert client.post("/v1/teams", json={"name": "x", "cohort": "missing"}, headers=admin).status_code == 422
+
+
+def test_oversized_body_is_refused(client: TestClient, admin: dict[str, str]) -> None:
+    r = client.post(
+        "/v1/clusters", content=b"{" + b" " * (1 << 20) + b"}", headers={**admin, "Content-Type": "application/json"}
+    )
+    assert r.status_code == 413
