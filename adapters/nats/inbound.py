@@ -24,7 +24,9 @@ class Delivery:
     _msg: Msg
 
     async def ack(self) -> None:
-        await self._msg.ack()
+        # Double ack: the server confirms it, so a lost ack shows up here rather than as a
+        # silent redelivery (which the inbox would absorb anyway).
+        await self._msg.ack_sync(timeout=5.0)
 
     async def retry_later(self, delay: float) -> None:
         await self._msg.nak(delay=delay)

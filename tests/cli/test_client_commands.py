@@ -1,0 +1,677 @@
+"""The REST client commands against a real local HTTP server that records what they send."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from controlplane.cli import client_commands
+from controlplane.cli.client_commands import register
+
+# --- a fake API -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]  # keys lower-cased
+    body: Any  # decoded JSON, None when no body was sent
+
+
+@dataclass
+class Route:
+    status: int
+    payload: Any  # JSON-encoded unless bytes
+    delay: float = 0.0
+
+
+@dataclass
+class FakeApi:
+    url: str = ""
+    requests: list[Recorded] = field(default_factory=list)
+    routes: dict[tuple[str, str], Route] = field(default_factory=dict)
+
+    def reply(self, method: str, path: str, payload: Any, status: int = 200, delay: float = 0.0) -> None:
+        self.routes[(method, path)] = Route(status, payload, delay)
+
+    @property
+    def only(self) -> Recorded:
+        assert len(self.requests) == 1, self.requests
+        return self.requests[0]
+
+
+class FakeServer(ThreadingHTTPServer):
+    daemon_threads = True
+    api: FakeApi
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the timeout test hangs up on a slow reply on purpose; the traceback would be noise
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: FakeServer
+
+    def _handle(self) -> None:
+        split = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        api = self.server.api
+        api.requests.append(
+            Recorded(
+                method=self.command,
+                path=split.path,
+                query=parse_qs(split.query),
+                headers={k.lower(): v for k, v in self.headers.items()},
+                body=json.loads(raw) if raw else None,
+            )
+        )
+        route = api.routes.get((self.command, split.path), Route(404, {"detail": f"no route {split.path}"}))
+        time.sleep(route.delay)
+        data = route.payload if isinstance(route.payload, bytes) else json.dumps(route.payload).encode()
+        self.send_response(route.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _handle
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep pytest output clean
+        pass
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApi]:
+    server = FakeServer(("127.0.0.1", 0), Handler)
+    server.api = FakeApi(url=f"http://127.0.0.1:{server.server_address[1]}")
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    yield server.api
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=1)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No token or API from the developer's shell or ~/.gpufleet leaks into a test."""
+    for name in ("GPUFLEET_API", "GPUFLEET_TOKEN", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    state = tmp_path / "state"
+    monkeypatch.setenv("GPUFLEET_STATE_DIR", str(state))
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough that rich never folds the values asserted on
+    return state
+
+
+def cli() -> click.Group:
+    group = click.Group("gpufleet")
+    register(group)
+    return group
+
+
+def run(api: FakeApi, *args: str, token: str | None = "tok-123", stdin: str | None = None) -> Result:
+    """Invoke `gpufleet <command> ...` against the fake API."""
+    command, *rest = args
+    options = ["--api", api.url] + (["--token", token] if token is not None else [])
+    return CliRunner().invoke(cli(), [command, *options, *rest], input=stdin)
+
+
+# --- canned API responses, shaped like controlplane.service.views --------------------------------------
+
+WORKLOAD: dict[str, Any] = {
+    "id": "wl_01hzabc",
+    "name": "train-llama",
+    "team": "nlp",
+    "queue": "research",
+    "priority_class": "batch",
+    "priority": 100,
+    "kind": "training",
+    "state": "running",
+    "reason": "",
+    "queue_position": None,
+    "min_available": 2,
+    "requires_isolation": False,
+    "pod_sets": [{"name": "workers", "replicas": 2, "gpus": 8, "gpu_models": ["H100-80GB"]}],
+    "duration_seconds": 600.0,
+    "idempotency_key": None,
+    "labels": {"project": "llama"},
+    "created_at": "2024-05-01T10:00:00Z",
+    "updated_at": "2024-05-01T10:00:05Z",
+    "finished_at": None,
+    "cluster": "eks-us-east",
+    "nodes": ["eks-us-east-h100-0", "eks-us-east-h100-1"],
+    "runs": [
+        {
+            "id": "run_01first",
+            "attempt": 1,
+            "cluster": "eks-us-east",
+            "epoch": 3,
+            "state": "running",
+            "message": "pods started",
+            "created_at": "2024-05-01T10:00:01Z",
+            "dispatched_at": "2024-05-01T10:00:02Z",
+            "started_at": "2024-05-01T10:00:04Z",
+            "finished_at": None,
+            "assignments": [
+                {"pod_set": "workers", "index": 0, "node": "eks-us-east-h100-0", "pool": "h100"},
+                {"pod_set": "workers", "index": 1, "node": "eks-us-east-h100-1", "pool": "h100"},
+            ],
+        }
+    ],
+}
+
+
+def workload(**changes: Any) -> dict[str, Any]:
+    return {**copy.deepcopy(WORKLOAD), **changes}
+
+
+QUEUED = workload(
+    id="wl_01hzqueued",
+    name="eval-sweep",
+    queue="evals",
+    state="queued",
+    reason="waiting for quota: H100-80GB 16 > 8 free",
+    queue_position=3,
+    cluster=None,
+    nodes=[],
+    runs=[],
+)
+
+QUEUES = [
+    {
+        "id": "q_1",
+        "name": "research",
+        "parent_id": "t_nlp",
+        "guaranteed": {"H100-80GB": 16.0, "gpu-eq": 4.5},
+        "limit": {},
+        "weight": 2.0,
+        "created_at": "2024-05-01T09:00:00Z",
+    },
+    {
+        "id": "q_2",
+        "name": "evals",
+        "parent_id": "t_nlp",
+        "guaranteed": {},
+        "limit": {"gpu-eq": 32.0},
+        "weight": 0.5,
+        "created_at": "2024-05-01T09:00:00Z",
+    },
+]
+
+
+def pool(
+    name: str, gpu_model: str, gpus: int, nodes: int, sharing: str, price: float, spot: bool = False
+) -> dict[str, Any]:
+    return {
+        "id": f"p_{name}",
+        "name": name,
+        "gpu_model": gpu_model,
+        "gpus_per_node": gpus,
+        "cpu_millis": 96_000,
+        "memory_mib": 1_000_000,
+        "sharing": sharing,
+        "taints": [],
+        "labels": {},
+        "price_per_gpu_hour": price,
+        "spot": spot,
+        "node_count": nodes,
+        "nodes": [],
+    }
+
+
+CLUSTERS = [
+    {
+        "id": "c_1",
+        "name": "eks-us-east",
+        "provider": "sim",
+        "region": "us-east-1",
+        "created_at": "2024-05-01T09:00:00Z",
+        "pools": [
+            pool("h100", "H100-80GB", 8, 4, "exclusive", 4.5),
+            pool("a100-mig", "A100-40GB", 8, 2, "mig:all-balanced", 1.25, spot=True),
+        ],
+    },
+    {
+        "id": "c_2",
+        "name": "gke-eu-west",
+        "provider": "sim",
+        "region": "europe-west4",
+        "created_at": "2024-05-01T09:00:00Z",
+        "pools": [pool("l4", "L4", 4, 6, "timeslice:4", 0.7)],
+    },
+]
+
+WORKLOAD_YAML = """\
+name: train-llama
+queue: research
+kind: training
+min_available: 2
+pod_sets:
+  - name: workers
+    replicas: 2
+    gpus: 8
+    gpu_models: [H100-80GB]
+labels:
+  project: llama
+"""
+
+WORKLOAD_BODY = {
+    "name": "train-llama",
+    "queue": "research",
+    "kind": "training",
+    "min_available": 2,
+    "pod_sets": [{"name": "workers", "replicas": 2, "gpus": 8, "gpu_models": ["H100-80GB"]}],
+    "labels": {"project": "llama"},
+}
+
+
+@pytest.fixture
+def workload_file(tmp_path: Path) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text(WORKLOAD_YAML)
+    return path
+
+
+# --- submit --------------------------------------------------------------------------------------------
+
+
+def test_submit_posts_the_yaml_as_json_with_the_bearer_token(api: FakeApi, workload_file: Path) -> None:
+    api.reply("POST", "/v1/workloads", QUEUED, status=201)
+
+    result = run(api, "submit", str(workload_file))
+
+    assert result.exit_code == 0, result.output
+    sent = api.only
+    assert (sent.method, sent.path, sent.query) == ("POST", "/v1/workloads", {})
+    assert sent.body == WORKLOAD_BODY
+    assert sent.headers["authorization"] == "Bearer tok-123"
+    assert sent.headers["content-type"] == "application/json"
+    assert "idempotency-key" not in sent.headers
+    assert result.stdout == "submitted wl_01hzqueued: queued, position 3 in queue evals\n"
+
+
+def test_submit_overrides_the_queue_and_sends_the_idempotency_key(api: FakeApi, workload_file: Path) -> None:
+    api.reply("POST", "/v1/workloads", workload(queue="urgent"), status=201)
+
+    result = run(api, "submit", str(workload_file), "--queue", "urgent", "--idempotency-key", "nightly-2024-05-01")
+
+    assert result.exit_code == 0, result.output
+    assert api.only.body == {**WORKLOAD_BODY, "queue": "urgent"}
+    assert api.only.headers["idempotency-key"] == "nightly-2024-05-01"
+    assert result.stdout == "submitted wl_01hzabc: running\n"
+
+
+def test_submit_says_when_the_idempotency_key_matched_an_earlier_workload(api: FakeApi, workload_file: Path) -> None:
+    api.reply("POST", "/v1/workloads", WORKLOAD, status=200)
+
+    result = run(api, "submit", str(workload_file), "--idempotency-key", "k1")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("already submitted wl_01hzabc: running")
+
+
+def test_submit_reads_stdin_for_dash(api: FakeApi) -> None:
+    api.reply("POST", "/v1/workloads", QUEUED, status=201)
+
+    result = run(api, "submit", "-", stdin=WORKLOAD_YAML)
+
+    assert result.exit_code == 0, result.output
+    assert api.only.body == WORKLOAD_BODY
+
+
+def test_submit_sends_yaml_dates_as_iso_strings(api: FakeApi) -> None:
+    api.reply("POST", "/v1/workloads", QUEUED, status=201)
+
+    result = run(api, "submit", "-", stdin=WORKLOAD_YAML.replace("project: llama", "release: 2024-05-01"))
+
+    assert result.exit_code == 0, result.output
+    assert api.only.body["labels"] == {"release": "2024-05-01"}
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [("name: [unclosed", "is not valid YAML"), ("- just\n- a list\n", "expected a mapping")],
+)
+def test_submit_rejects_a_file_that_is_not_a_yaml_mapping_without_calling_the_api(
+    api: FakeApi, document: str, message: str
+) -> None:
+    result = run(api, "submit", "-", stdin=document)
+
+    assert result.exit_code == 1
+    assert message in result.stderr
+    assert api.requests == []
+
+
+def test_submit_prints_the_422_detail_on_stderr_and_exits_1(api: FakeApi, workload_file: Path) -> None:
+    detail = "pod_sets.0.gpus: Input should be less than or equal to 64"
+    api.reply("POST", "/v1/workloads", {"detail": detail, "errors": []}, status=422)
+
+    result = run(api, "submit", str(workload_file))
+
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert f"invalid request: {detail}" in result.stderr
+
+
+def test_submit_formats_fastapis_default_validation_list(api: FakeApi, workload_file: Path) -> None:
+    detail = [{"loc": ["body", "pod_sets", 0, "gpus"], "msg": "too many", "type": "x"}]
+    api.reply("POST", "/v1/workloads", {"detail": detail}, status=422)
+
+    result = run(api, "submit", str(workload_file))
+
+    assert result.exit_code == 1
+    assert "invalid request: pod_sets.0.gpus: too many" in result.stderr
+
+
+# --- list ----------------------------------------------------------------------------------------------
+
+
+def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads", [WORKLOAD, QUEUED])
+
+    result = run(api, "list", "--queue", "research", "--state", "queued", "--state", "running", "--limit", "5")
+
+    assert result.exit_code == 0, result.output
+    sent = api.only
+    assert (sent.method, sent.path) == ("GET", "/v1/workloads")
+    assert sent.query == {"queue": ["research"], "state": ["queued", "running"], "limit": ["5"]}
+    assert sent.headers["authorization"] == "Bearer tok-123"
+    header = next(line for line in result.stdout.splitlines() if "position" in line)
+    for column in ("id", "name", "queue", "state", "cluster", "position", "reason"):
+        assert column in header
+    running = next(line for line in result.stdout.splitlines() if "wl_01hzabc" in line)
+    assert all(v in running for v in ("train-llama", "research", "running", "eks-us-east"))
+    queued = next(line for line in result.stdout.splitlines() if "wl_01hzqueued" in line)
+    assert all(v in queued for v in ("eval-sweep", "evals", "queued", " 3 ", "waiting for quota"))
+
+
+def test_list_without_filters_leaves_defaults_to_the_server(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads", [])
+
+    result = run(api, "list")
+
+    assert result.exit_code == 0, result.output
+    assert api.only.query == {}
+    assert result.stdout == "no workloads match\n"
+
+
+def test_list_rejects_an_unknown_state_before_calling_the_api(api: FakeApi) -> None:
+    result = run(api, "list", "--state", "sleeping")
+
+    assert result.exit_code == 2
+    assert "sleeping" in result.stderr
+    assert api.requests == []
+
+
+def test_list_piped_keeps_each_workload_on_one_line(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS")  # as in `gpufleet list | grep ...`: not a terminal, no width given
+    reason = "waiting for quota: " + ", ".join(f"pool-{i} has 0 of 8 H100-80GB free" for i in range(5))
+    api.reply("GET", "/v1/workloads", [workload(reason=reason)])
+
+    result = run(api, "list")
+
+    assert result.exit_code == 0, result.output
+    assert any("wl_01hzabc" in line and reason in line for line in result.stdout.splitlines())
+
+
+# --- show ----------------------------------------------------------------------------------------------
+
+
+def test_show_prints_state_placement_runs_and_assignments(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
+
+    result = run(api, "show", "wl_01hzabc")
+
+    assert result.exit_code == 0, result.output
+    assert (api.only.method, api.only.path) == ("GET", "/v1/workloads/wl_01hzabc")
+    out = result.stdout
+    for expected in (
+        "train-llama",
+        "running",
+        "eks-us-east",
+        "eks-us-east-h100-0, eks-us-east-h100-1",
+        "workers: 2 x 8 GPU on H100-80GB",
+        "run_01first",
+        "pods started",
+        "h100",
+    ):
+        assert expected in out
+    assignment_rows = [line for line in out.splitlines() if "workers" in line and "h100" in line]
+    assert len(assignment_rows) == 2
+
+
+def test_show_prints_reason_and_queue_position_of_a_queued_workload(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_01hzqueued", QUEUED)
+
+    result = run(api, "show", "wl_01hzqueued")
+
+    assert result.exit_code == 0, result.output
+    assert "waiting for quota: H100-80GB 16 > 8 free" in result.stdout
+    position = next(line for line in result.stdout.splitlines() if "queue position" in line)
+    assert "3" in position
+    assert "no runs yet" in result.stdout
+
+
+def test_show_quotes_the_id_so_it_cannot_reach_another_route(api: FakeApi) -> None:
+    result = run(api, "show", "../clusters")
+
+    assert result.exit_code == 1
+    assert api.only.path == "/v1/workloads/..%2Fclusters"
+
+
+def test_show_prints_the_404_detail(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_nope", {"detail": "no workload wl_nope"}, status=404)
+
+    result = run(api, "show", "wl_nope")
+
+    assert result.exit_code == 1
+    assert "no workload wl_nope (HTTP 404)" in result.stderr
+
+
+# --- cancel --------------------------------------------------------------------------------------------
+
+
+def test_cancel_posts_the_reason(api: FakeApi) -> None:
+    api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="wrong dataset"))
+
+    result = run(api, "cancel", "wl_01hzabc", "--reason", "wrong dataset")
+
+    assert result.exit_code == 0, result.output
+    assert (api.only.method, api.only.path) == ("POST", "/v1/workloads/wl_01hzabc/cancel")
+    assert api.only.body == {"reason": "wrong dataset"}
+    assert api.only.headers["authorization"] == "Bearer tok-123"
+    assert result.stdout == "wl_01hzabc: cancelled (wrong dataset)\n"
+
+
+def test_cancel_without_reason_sends_no_body_so_the_server_default_applies(api: FakeApi) -> None:
+    api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="cancelled by user"))
+
+    result = run(api, "cancel", "wl_01hzabc")
+
+    assert result.exit_code == 0, result.output
+    assert api.only.body is None
+
+
+def test_cancel_of_a_finished_workload_prints_the_conflict(api: FakeApi) -> None:
+    detail = "workload wl_01hzabc is succeeded and cannot be cancelled"
+    api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", {"detail": detail}, status=409)
+
+    result = run(api, "cancel", "wl_01hzabc")
+
+    assert result.exit_code == 1
+    assert detail in result.stderr
+
+
+# --- queues and clusters -------------------------------------------------------------------------------
+
+
+def test_queues_prints_quotas_and_weights(api: FakeApi) -> None:
+    api.reply("GET", "/v1/queues", QUEUES)
+
+    result = run(api, "queues")
+
+    assert result.exit_code == 0, result.output
+    assert (api.only.method, api.only.path) == ("GET", "/v1/queues")
+    lines = result.stdout.splitlines()
+    research = next(line for line in lines if "research" in line)
+    assert all(v in research for v in ("H100-80GB=16, gpu-eq=4.5", "unbounded", "2"))
+    evals = next(line for line in lines if "evals" in line)
+    assert all(v in evals for v in ("gpu-eq=32", "0.5"))
+
+
+def test_clusters_prints_one_row_per_pool(api: FakeApi) -> None:
+    api.reply("GET", "/v1/clusters", CLUSTERS)
+
+    result = run(api, "clusters")
+
+    assert result.exit_code == 0, result.output
+    assert (api.only.method, api.only.path) == ("GET", "/v1/clusters")
+    lines = result.stdout.splitlines()
+    h100 = next(line for line in lines if "H100-80GB" in line)
+    assert all(v in h100 for v in ("eks-us-east", "sim", "us-east-1", "h100", " 8 ", " 4 ", "exclusive", "4.50"))
+    mig = next(line for line in lines if "A100-40GB" in line)
+    assert all(v in mig for v in ("a100-mig", "mig:all-balanced", "1.25*"))
+    assert "eks-us-east" not in mig  # cluster columns only on the first pool row
+    l4 = next(line for line in lines if " L4 " in line)
+    assert all(v in l4 for v in ("gke-eu-west", "europe-west4", "timeslice:4", "0.70"))
+
+
+# --- --json on every command ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "method", "path", "payload"),
+    [
+        (["submit", "-"], "POST", "/v1/workloads", QUEUED),
+        (["list"], "GET", "/v1/workloads", [WORKLOAD, QUEUED]),
+        (["show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
+        (["cancel", "wl_01hzabc"], "POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled")),
+        (["queues"], "GET", "/v1/queues", QUEUES),
+        (["clusters"], "GET", "/v1/clusters", CLUSTERS),
+    ],
+)
+def test_json_prints_the_raw_response(api: FakeApi, args: list[str], method: str, path: str, payload: Any) -> None:
+    api.reply(method, path, payload, status=201 if method == "POST" and path == "/v1/workloads" else 200)
+
+    result = run(api, *args, "--json", stdin=WORKLOAD_YAML)
+
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == payload
+
+
+def test_every_command_takes_the_shared_connection_options() -> None:
+    for name, command in cli().commands.items():
+        options = {opt for param in command.params for opt in param.opts}
+        assert {"--api", "--token", "--json"} <= options, name
+
+
+# --- connection and token ------------------------------------------------------------------------------
+
+
+def test_token_falls_back_to_admin_token_in_the_state_dir(api: FakeApi, clean_env: Path) -> None:
+    clean_env.mkdir()
+    (clean_env / "admin.token").write_text("gpf_from_file\n")
+    api.reply("GET", "/v1/queues", [])
+
+    result = run(api, "queues", token=None)
+
+    assert result.exit_code == 0, result.output
+    assert api.only.headers["authorization"] == "Bearer gpf_from_file"
+
+
+def test_token_from_env_wins_over_the_file_and_the_option_over_both(
+    api: FakeApi, clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean_env.mkdir()
+    (clean_env / "admin.token").write_text("gpf_from_file\n")
+    monkeypatch.setenv("GPUFLEET_TOKEN", "gpf_from_env")
+    api.reply("GET", "/v1/queues", [])
+
+    assert run(api, "queues", token=None).exit_code == 0
+    assert run(api, "queues", token="gpf_from_option").exit_code == 0
+
+    assert [r.headers["authorization"] for r in api.requests] == ["Bearer gpf_from_env", "Bearer gpf_from_option"]
+
+
+def test_api_url_comes_from_the_environment(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_API", api.url)
+    api.reply("GET", "/v1/clusters", [])
+
+    result = CliRunner().invoke(cli(), ["clusters", "--token", "t"])
+
+    assert result.exit_code == 0, result.output
+    assert api.only.path == "/v1/clusters"
+
+
+def test_401_without_a_token_says_how_to_provide_one(api: FakeApi, clean_env: Path) -> None:
+    api.reply("GET", "/v1/workloads", {"detail": "missing, unknown or revoked API token"}, status=401)
+
+    result = run(api, "list", token=None)
+
+    assert result.exit_code == 1
+    assert "authorization" not in api.only.headers
+    assert "no API token was sent" in result.stderr
+    for hint in ("--token", "GPUFLEET_TOKEN", str(clean_env / "admin.token")):
+        assert hint in result.stderr
+
+
+def test_401_with_a_token_says_it_was_rejected(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads", {"detail": "missing, unknown or revoked API token"}, status=401)
+
+    result = run(api, "list", token="gpf_revoked")
+
+    assert result.exit_code == 1
+    assert "the API token was rejected (missing, unknown or revoked API token)" in result.stderr
+    assert "GPUFLEET_TOKEN" in result.stderr
+
+
+def test_a_non_json_error_body_is_still_shown(api: FakeApi) -> None:
+    api.reply("GET", "/v1/queues", b"upstream connect error", status=502)
+
+    result = run(api, "queues")
+
+    assert result.exit_code == 1
+    assert "upstream connect error (HTTP 502)" in result.stderr
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_unreachable_api_names_the_url_and_suggests_gpufleet_up(closed_port: int) -> None:
+    url = f"http://127.0.0.1:{closed_port}"
+
+    result = CliRunner().invoke(cli(), ["list", "--api", url, "--token", "t"])
+
+    assert result.exit_code == 1
+    assert f"not reachable at {url}" in result.stderr
+    assert "gpufleet up" in result.stderr
+
+
+def test_a_slow_api_times_out_with_a_message(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_commands, "TIMEOUT_SECONDS", 0.05)
+    api.reply("GET", "/v1/clusters", [], delay=0.3)
+
+    result = run(api, "clusters")
+
+    assert result.exit_code == 1
+    assert f"{api.url} did not answer within 0.05 s" in result.stderr

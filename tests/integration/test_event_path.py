@@ -1,0 +1,243 @@
+"""The event path against a real nats-server and a real database: outbox, inbox, DLQ, rejections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import nats
+import pytest
+from fastapi.testclient import TestClient
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from adapters.nats.connection import JetStreamPublisher
+from adapters.nats.inbound import JetStreamInbound
+from adapters.nats.server import NatsServerProcess
+from adapters.nats.topology import DLQ_STREAM, ensure_topology
+from adapters.sql.tables import InboxRow, OutboxRow, WorkloadRow
+from controlplane.api.app import create_app
+from controlplane.api.context import ApiContext
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.service import ingest
+from controlplane.service.ports import UnitOfWork
+from controlplane.service.relay import relay_once
+from controlplane.workers.loops import handle_delivery
+from tests.integration.fleet import Tenant, add_tenant, admin_headers, gang, setup_fleet
+
+
+@pytest.fixture
+async def js(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[JetStreamContext]:
+    nc: Client = await nats.connect(running_nats.url)
+    context = nc.jetstream()
+    # Streams are named per installation; each test gets its own subject prefix, so recreate them.
+    for name in ("GPUFLEET_IN", "GPUFLEET_EVENTS", "GPUFLEET_DLQ"):
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await context.delete_stream(name)
+    await ensure_topology(context, wiring.settings.subject_prefix)
+    yield context
+    await nc.close()
+
+
+@pytest.fixture
+def tenant(wiring: Wiring) -> Tenant:
+    app = create_app(ApiContext(uow_factory=wiring.uow, subject_prefix=wiring.settings.subject_prefix))
+    with TestClient(app) as client:
+        admin = admin_headers(wiring)
+        setup_fleet(client, admin)
+        return add_tenant(client, admin, "vision", "vision-train")
+
+
+def _count(wiring: Wiring, row: type[Any]) -> int:
+    with wiring.uow() as uow:
+        return int(uow.session.query(row).count())  # type: ignore[attr-defined]
+
+
+async def _drain(inbound: JetStreamInbound, wiring: Wiring, want: int) -> list[ingest.Outcome | None]:
+    outcomes: list[ingest.Outcome | None] = []
+    for _ in range(50):
+        for delivery in await inbound.fetch(timeout=0.2):
+            outcomes.append(
+                await handle_delivery(inbound, delivery, wiring.uow, wiring.settings.subject_prefix, utc_now)
+            )
+        if len(outcomes) >= want:
+            break
+    return outcomes
+
+
+async def test_submit_over_nats_creates_the_workload_and_acks_after_commit(
+    js: JetStreamContext, wiring: Wiring, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    body = json.dumps(gang("from-nats", tenant.queue)).encode()
+    await js.publish(f"{prefix}.submit.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "req-1"})
+    inbound = JetStreamInbound(js, prefix)
+    assert await _drain(inbound, wiring, 1) == [ingest.Outcome.APPLIED]
+    with wiring.uow() as uow:
+        rows = uow.session.query(WorkloadRow).all()  # type: ignore[attr-defined]
+        assert [(r.name, r.state, r.idempotency_key) for r in rows] == [("from-nats", "queued", "req-1")]
+    info = await js.consumer_info("GPUFLEET_IN", "ingest")
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 0
+
+
+async def test_redelivered_message_is_a_no_op(wiring: Wiring, tenant: Tenant) -> None:
+    prefix = wiring.settings.subject_prefix
+    message = ingest.InboundMessage(
+        f"{prefix}.submit.{tenant.queue}", json.dumps(gang("once", tenant.queue)).encode(), tenant.headers, "m-7"
+    )
+    first = ingest.handle(wiring.uow(), message, prefix, utc_now())
+    again = ingest.handle(wiring.uow(), message, prefix, utc_now())
+    assert first.outcome is ingest.Outcome.APPLIED
+    assert again.outcome is ingest.Outcome.DUPLICATE
+    assert _count(wiring, WorkloadRow) == 1
+    assert _count(wiring, InboxRow) == 1
+
+
+async def test_malformed_message_goes_to_dead_letter_and_consumer_continues(
+    js: JetStreamContext, wiring: Wiring, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    await js.publish(f"{prefix}.submit.{tenant.queue}", b"{not json", headers={"Nats-Msg-Id": "bad-1"})
+    await js.publish(f"{prefix}.cluster.nowhere.pods", b'{"run_id": 5}', headers={"Nats-Msg-Id": "bad-2"})
+    good = json.dumps(gang("after-poison", tenant.queue)).encode()
+    await js.publish(f"{prefix}.submit.{tenant.queue}", good, headers={**tenant.headers, "Nats-Msg-Id": "ok-1"})
+    inbound = JetStreamInbound(js, prefix)
+    outcomes = await _drain(inbound, wiring, 3)
+    assert outcomes == [ingest.Outcome.MALFORMED, ingest.Outcome.MALFORMED, ingest.Outcome.APPLIED]
+    dlq = await js.pull_subscribe(f"{prefix}.dlq.>", durable="dlq-reader", stream=DLQ_STREAM)
+    dead = await dlq.fetch(2, timeout=2)
+    assert [m.subject for m in dead] == [f"{prefix}.dlq.submit.{tenant.queue}", f"{prefix}.dlq.cluster.nowhere.pods"]
+    assert dead[0].data == b"{not json"
+    assert dead[0].headers is not None
+    assert "not a JSON object" in dead[0].headers["Gpufleet-Dlq-Reason"]
+    assert dead[1].headers is not None
+    assert "run_id" in dead[1].headers["Gpufleet-Dlq-Reason"]
+    assert _count(wiring, WorkloadRow) == 1
+
+
+async def test_rejected_submission_produces_a_rejection_event(
+    js: JetStreamContext, wiring: Wiring, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    events = await js.pull_subscribe(f"{prefix}.events.workload.*.rejected", durable="rej", stream="GPUFLEET_EVENTS")
+    too_big = json.dumps(gang("huge", tenant.queue, replicas=40)).encode()
+    cases = [
+        (too_big, tenant.headers, "no cluster in the fleet could ever hold"),
+        (json.dumps(gang("anon", tenant.queue)).encode(), {}, "missing or invalid API token"),
+        (json.dumps({"name": "x", "queue": tenant.queue, "pod_sets": []}).encode(), tenant.headers, "pod_sets"),
+    ]
+    for i, (body, headers, _) in enumerate(cases):
+        await js.publish(f"{prefix}.submit.{tenant.queue}", body, headers={**headers, "Nats-Msg-Id": f"r-{i}"})
+    inbound = JetStreamInbound(js, prefix)
+    assert await _drain(inbound, wiring, 3) == [ingest.Outcome.REJECTED] * 3
+    assert await relay_once(wiring.uow, JetStreamPublisher(js), utc_now) == 3
+    received = await events.fetch(3, timeout=2)
+    reasons = [json.loads(m.data)["data"]["reason"] for m in received]
+    for (_, _, expected), reason in zip(cases, reasons, strict=True):
+        assert expected in reason
+    assert {json.loads(m.data)["data"]["request_id"] for m in received} == {"r-0", "r-1", "r-2"}
+    assert _count(wiring, WorkloadRow) == 0
+
+
+async def test_relay_publishes_with_outbox_id_as_msg_id_exactly_once(
+    js: JetStreamContext, wiring: Wiring, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    sub = await js.pull_subscribe(f"{prefix}.events.>", durable="all-events", stream="GPUFLEET_EVENTS")
+    message = ingest.InboundMessage(
+        f"{prefix}.submit.{tenant.queue}", json.dumps(gang("evented", tenant.queue)).encode(), tenant.headers, "e-1"
+    )
+    ingest.handle(wiring.uow(), message, prefix, utc_now())
+    publisher = JetStreamPublisher(js)
+    assert await relay_once(wiring.uow, publisher, utc_now) == 1
+    assert await relay_once(wiring.uow, publisher, utc_now) == 0
+    [msg] = await sub.fetch(1, timeout=2)
+    envelope = json.loads(msg.data)
+    assert msg.subject == f"{prefix}.events.workload.{tenant.queue}.queued"
+    assert msg.headers is not None
+    assert msg.headers["Nats-Msg-Id"] == envelope["id"]
+    assert envelope["type"] == "workload.queued"
+    assert envelope["version"] == 1
+    assert envelope["data"]["name"] == "evented"
+    with wiring.uow() as uow:
+        [row] = uow.session.query(OutboxRow).all()  # type: ignore[attr-defined]
+        assert row.id == envelope["id"]
+        assert row.published_at is not None
+
+
+class FlakyPublisher:
+    def __init__(self, inner: JetStreamPublisher, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.attempted: list[str] = []
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        self.attempted.append(msg_id)
+        if self.failures > 0:
+            self.failures -= 1
+            raise TimeoutError("no PubAck")
+        await self.inner.publish(subject, payload, msg_id)
+
+
+async def test_relay_failure_keeps_the_row_and_retries_with_the_same_msg_id(
+    js: JetStreamContext, wiring: Wiring, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    for i in range(2):
+        message = ingest.InboundMessage(
+            f"{prefix}.submit.{tenant.queue}", json.dumps(gang(f"w{i}", tenant.queue)).encode(), tenant.headers, f"f{i}"
+        )
+        ingest.handle(wiring.uow(), message, prefix, utc_now())
+    flaky = FlakyPublisher(JetStreamPublisher(js), failures=1)
+    assert await relay_once(wiring.uow, flaky, utc_now) == 0
+    with wiring.uow() as uow:
+        rows = uow.session.query(OutboxRow).order_by(OutboxRow.seq).all()  # type: ignore[attr-defined]
+        assert [r.published_at for r in rows] == [None, None]
+        assert rows[0].attempts == 1
+        assert "no PubAck" in rows[0].last_error
+        ids = [r.id for r in rows]
+    assert await relay_once(wiring.uow, flaky, utc_now) == 2
+    assert flaky.attempted == [ids[0], ids[0], ids[1]]
+    info = await js.stream_info("GPUFLEET_EVENTS")
+    assert info.state.messages == 2
+
+
+class FailingFirst:
+    """A unit-of-work factory whose first `n` transactions fail, like a database outage."""
+
+    def __init__(self, inner: Callable[[], UnitOfWork], n: int) -> None:
+        self.inner = inner
+        self.n = n
+
+    def __call__(self) -> UnitOfWork:
+        if self.n > 0:
+            self.n -= 1
+            raise ConnectionError("database unavailable")
+        return self.inner()
+
+
+async def test_message_is_not_acked_when_the_database_fails_and_is_redelivered(
+    js: JetStreamContext, wiring: Wiring, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    body = json.dumps(gang("survives-outage", tenant.queue)).encode()
+    await js.publish(f"{prefix}.submit.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "o-1"})
+    inbound = JetStreamInbound(js, prefix)
+    flaky = FailingFirst(wiring.uow, 1)
+    [delivery] = await inbound.fetch(timeout=2)
+    assert await handle_delivery(inbound, delivery, flaky, prefix, utc_now) is None
+    assert _count(wiring, WorkloadRow) == 0
+    redelivered: list[ingest.Outcome | None] = []
+    for _ in range(30):
+        for d in await inbound.fetch(timeout=0.5):
+            assert d.message.msg_id == "o-1"
+            redelivered.append(await handle_delivery(inbound, d, flaky, prefix, utc_now))
+        if redelivered:
+            break
+        await asyncio.sleep(0.2)
+    assert redelivered == [ingest.Outcome.APPLIED]
+    assert _count(wiring, WorkloadRow) == 1

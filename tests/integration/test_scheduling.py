@@ -1,0 +1,120 @@
+"""The scheduler's shell on a real database: leases, epoch fencing, admissions and reasons."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from adapters.sql.tables import LeaderLeaseRow, RunRow
+from controlplane.api.app import create_app
+from controlplane.api.context import ApiContext
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.core.snapshot import Policy
+from controlplane.service.errors import LostLeadership
+from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
+from tests.integration.fleet import Tenant, add_tenant, admin_headers, gang, h100_cluster, setup_fleet
+
+TTL = 15.0
+
+
+@pytest.fixture
+def client(wiring: Wiring) -> Iterator[TestClient]:
+    app = create_app(ApiContext(uow_factory=wiring.uow, subject_prefix=wiring.settings.subject_prefix))
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def tenant(client: TestClient, wiring: Wiring) -> Tenant:
+    admin = admin_headers(wiring)
+    setup_fleet(client, admin, h100_cluster(nodes=4))
+    return add_tenant(client, admin, "vision", "vision-train", limit={"gpu-eq": 48})
+
+
+def _cycle(wiring: Wiring, holder: str, epoch: int) -> None:
+    run_cycle(wiring.uow, holder, epoch, Policy(), wiring.settings.subject_prefix, utc_now(), TTL, True)
+
+
+def test_lease_epochs_rise_and_a_live_lease_excludes_others(wiring: Wiring) -> None:
+    now = utc_now()
+    assert acquire_leadership(wiring.uow, "a", now, TTL) == 1
+    assert acquire_leadership(wiring.uow, "a", now, TTL) == 1
+    assert acquire_leadership(wiring.uow, "b", now, TTL) is None
+    assert acquire_leadership(wiring.uow, "b", now + timedelta(seconds=TTL + 1), TTL) == 2
+    release_leadership(wiring.uow, "b", 2)
+    assert acquire_leadership(wiring.uow, "a", now + timedelta(seconds=TTL + 2), TTL) == 3
+
+
+def test_a_deposed_leader_cannot_apply_its_decision(wiring: Wiring, client: TestClient, tenant: Tenant) -> None:
+    client.post("/v1/workloads", json=gang("g1", tenant.queue), headers=tenant.headers)
+    now = utc_now()
+    old = acquire_leadership(wiring.uow, "old", now, TTL)
+    assert old == 1
+    assert acquire_leadership(wiring.uow, "new", now + timedelta(seconds=TTL + 1), TTL) == 2
+    with pytest.raises(LostLeadership):
+        _cycle(wiring, "old", 1)
+    with wiring.uow() as uow:
+        assert uow.session.query(RunRow).count() == 0  # type: ignore[attr-defined]
+    _cycle(wiring, "new", 2)
+    with wiring.uow() as uow:
+        [run] = uow.session.query(RunRow).all()  # type: ignore[attr-defined]
+        assert run.epoch == 2
+        lease = uow.session.get(LeaderLeaseRow, "scheduler")  # type: ignore[attr-defined]
+        assert lease.holder == "new"
+
+
+def test_gangs_admitted_all_or_nothing_and_pending_reasons_shown(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    ids = [
+        client.post("/v1/workloads", json=gang(f"g{i}", tenant.queue), headers=tenant.headers).json()["id"]
+        for i in range(3)
+    ]
+    urgent = client.post(
+        "/v1/workloads", json=gang("urgent", tenant.queue, replicas=2, priority_class="urgent"), headers=tenant.headers
+    ).json()["id"]
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), TTL)
+    assert epoch is not None
+    _cycle(wiring, "s", epoch)
+    views = {i: client.get(f"/v1/workloads/{i}", headers=tenant.headers).json() for i in [*ids, urgent]}
+    # 4 nodes x 8 H100: the urgent 2-node gang goes first, then one 4-node gang cannot fit (only 2 nodes left).
+    assert views[urgent]["state"] == "admitted"
+    assert len(views[urgent]["nodes"]) == 2
+    assert views[urgent]["cluster"] == "sim-h100"
+    assert views[urgent]["runs"][0]["epoch"] == epoch
+    for i in ids:
+        assert views[i]["state"] == "queued"
+        assert views[i]["reason"].startswith("no-fit: needs 4 pods")
+        assert "room for 2" in views[i]["reason"]
+    assert [views[i]["queue_position"] for i in ids] == [1, 2, 3]
+
+
+def test_queue_limit_keeps_work_pending_with_a_quota_reason(wiring: Wiring, client: TestClient, tenant: Tenant) -> None:
+    first = client.post("/v1/workloads", json=gang("a", tenant.queue, replicas=1, gpus=8), headers=tenant.headers)
+    big = client.post("/v1/workloads", json=gang("b", tenant.queue, replicas=2, gpus=8), headers=tenant.headers)
+    small = client.post("/v1/workloads", json=gang("c", tenant.queue, replicas=4, gpus=8), headers=tenant.headers)
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), TTL)
+    assert epoch is not None
+    _cycle(wiring, "s", epoch)
+    states = {
+        name: client.get(f"/v1/workloads/{r.json()['id']}", headers=tenant.headers).json()
+        for name, r in (("a", first), ("b", big), ("c", small))
+    }
+    assert states["a"]["state"] == "admitted"
+    assert states["b"]["state"] == "admitted"
+    assert states["c"]["state"] == "queued"
+    assert states["c"]["reason"] == "quota: vision-train limit is 48 gpu-eq, 24 in use, this gang needs 32"
+
+
+def test_cancelled_workload_is_never_admitted(wiring: Wiring, client: TestClient, tenant: Tenant) -> None:
+    wid = client.post("/v1/workloads", json=gang("gone", tenant.queue), headers=tenant.headers).json()["id"]
+    client.post(f"/v1/workloads/{wid}/cancel", headers=tenant.headers)
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), TTL)
+    assert epoch is not None
+    _cycle(wiring, "s", epoch)
+    view = client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()
+    assert view["state"] == "cancelled"
+    assert view["runs"] == []
