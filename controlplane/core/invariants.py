@@ -2,31 +2,54 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fractions import Fraction
 
 from controlplane.core.snapshot import Decision, Snapshot, usage_of
-from controlplane.domain.model import GPU_EQ
+from controlplane.domain.model import GPU_EQ, NodePool, QueueNode
 
 
 class InvariantViolation(AssertionError):
     pass
 
 
+def _chain(queue_id: str, tree: Mapping[str, QueueNode]) -> list[str]:
+    chain: list[str] = []
+    current: str | None = queue_id
+    while current is not None and current in tree:
+        chain.append(current)
+        current = tree[current].parent_id
+    return chain
+
+
 def check_decision(snapshot: Snapshot, decision: Decision) -> None:
+    """Raise InvariantViolation unless the decision keeps every invariant of the core:
+    admit only pending gangs, once, whole (>= min_available distinct pods) and in one cluster, on
+    schedulable nodes, without over-committing any node (slices and shares included) and without
+    pushing any node of the queue tree that grew above its gpu-eq limit."""
     pools = snapshot.pools_by_id()
-    pool_of_node = {node.id: pools[node.pool_id] for node in snapshot.nodes}
+    pool_of_node: dict[str, NodePool] = {node.id: pools[node.pool_id] for node in snapshot.nodes}
+    schedulable = {node.id for node in snapshot.nodes if node.schedulable}
     used: dict[str, dict[str, int]] = {}
+    tree_usage: dict[str, Fraction] = {}
+
+    def hold(node_id: str, demand: Mapping[str, int]) -> None:
+        bucket = used.setdefault(node_id, {})
+        for key, amount in demand.items():
+            bucket[key] = bucket.get(key, 0) + amount
+
+    def charge(queue_id: str, amount: Fraction) -> list[str]:
+        chain = _chain(queue_id, snapshot.queue_tree)
+        for node_id in chain:
+            tree_usage[node_id] = tree_usage.get(node_id, Fraction(0)) + amount
+        return chain
+
     for run in snapshot.live_runs:
         for a in run.assignments:
-            bucket = used.setdefault(a.node_id, {})
-            for key, amount in a.demand.items():
-                bucket[key] = bucket.get(key, 0) + amount
+            hold(a.node_id, a.demand)
+        charge(run.queue_id, usage_of(run.assignments, pool_of_node).get(GPU_EQ, Fraction(0)))
+
     pending = {w.id: w for w in snapshot.pending}
-    queue_usage: dict[str, Fraction] = {}
-    for run in snapshot.live_runs:
-        queue_usage[run.queue_id] = queue_usage.get(run.queue_id, Fraction(0)) + usage_of(
-            run.assignments, pool_of_node
-        ).get(GPU_EQ, Fraction(0))
     seen: set[str] = set()
     grown: set[str] = set()
     for admission in decision.admissions:
@@ -34,27 +57,27 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
         if workload is None or admission.workload_id in seen:
             raise InvariantViolation(f"admitted {admission.workload_id} twice or while not pending")
         seen.add(admission.workload_id)
-        if len(admission.assignments) < workload.min_available:
+        pods = {(a.pod_set, a.index) for a in admission.assignments}
+        if len(pods) != len(admission.assignments):
+            raise InvariantViolation(f"gang {workload.id} places the same pod twice")
+        if len(pods) < workload.min_available:
             raise InvariantViolation(f"gang {workload.id} admitted with fewer than min_available pods")
         clusters = {pool_of_node[a.node_id].cluster_id for a in admission.assignments}
         if clusters != {admission.cluster_id}:
             raise InvariantViolation(f"gang {workload.id} spans clusters {sorted(clusters)}")
         for a in admission.assignments:
-            bucket = used.setdefault(a.node_id, {})
-            for key, amount in a.demand.items():
-                bucket[key] = bucket.get(key, 0) + amount
-        grown.add(workload.queue_id)
-        queue_usage[workload.queue_id] = queue_usage.get(workload.queue_id, Fraction(0)) + usage_of(
-            admission.assignments, pool_of_node
-        ).get(GPU_EQ, Fraction(0))
+            if a.node_id not in schedulable:
+                raise InvariantViolation(f"gang {workload.id} placed on unschedulable node {a.node_id}")
+            hold(a.node_id, a.demand)
+        amount = usage_of(admission.assignments, pool_of_node).get(GPU_EQ, Fraction(0))
+        grown.update(charge(workload.queue_id, amount))
+
     for node_id, bucket in used.items():
         capacity = pool_of_node[node_id].node_capacity()
         for key, amount in bucket.items():
             if amount > capacity.get(key, 0):
                 raise InvariantViolation(f"node {node_id} over-committed on {key}: {amount} > {capacity.get(key, 0)}")
-    for queue_id in grown:
-        usage = queue_usage[queue_id]
-        node = snapshot.queue_tree.get(queue_id)
-        bound = node.limit.amounts.get(GPU_EQ) if node else None
-        if bound is not None and usage > Fraction(bound).limit_denominator(10**6):
-            raise InvariantViolation(f"queue {queue_id} above its gpu-eq limit")
+    for node_id in grown:
+        bound = snapshot.queue_tree[node_id].limit.amounts.get(GPU_EQ)
+        if bound is not None and tree_usage[node_id] > Fraction(bound).limit_denominator(10**6):
+            raise InvariantViolation(f"{snapshot.queue_tree[node_id].name} above its gpu-eq limit")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controlplane.domain.model import GPU, SHARE, Cluster, Node, NodePool, PodAssignment, Workload
 
@@ -15,6 +15,7 @@ class Placement:
     cluster_id: str
     assignments: tuple[PodAssignment, ...]
     leftover_gpu_slots: int  # free GPU slots left on the nodes it touched: lower packs tighter
+    spread: bool = False  # over several pools although one pool alone could hold the gang
 
 
 @dataclass(frozen=True)
@@ -91,17 +92,39 @@ def place_in_cluster(
     free: FreeCapacity,
     prefer_same_pool: bool = True,
 ) -> Placement | Miss:
+    """The preferred placement of the gang in one cluster, or why it does not fit."""
+    found = placements_in_cluster(workload, cluster, nodes_by_pool, free, prefer_same_pool)
+    return found if isinstance(found, Miss) else found[0]
+
+
+def placements_in_cluster(
+    workload: Workload,
+    cluster: Cluster,
+    nodes_by_pool: Mapping[str, list[Node]],
+    free: FreeCapacity,
+    prefer_same_pool: bool = True,
+) -> list[Placement] | Miss:
+    """Feasible placements in one cluster, tightest first; a Miss when there is none.
+
+    With `prefer_same_pool`, every single-pool placement is offered before one that spreads the
+    gang over several pools, so a caller that rejects a placement (a per-model limit, say) can
+    fall back to another pool of the same cluster.
+    """
     pools = candidate_pools(workload, cluster)
-    best_miss = Miss(cluster.id, 0, cluster.name)
     if not pools:
-        return best_miss
+        return Miss(cluster.id, 0, cluster.name)
+    fits: list[Placement] = []
     if prefer_same_pool and len(pools) > 1:
         single = [place_gang(workload, cluster, [pool], nodes_by_pool, free) for pool in pools]
-        fits = [p for p in single if isinstance(p, Placement)]
-        if fits:
-            return min(fits, key=lambda p: p.leftover_gpu_slots)
-    result = place_gang(workload, cluster, pools, nodes_by_pool, free)
-    return result if isinstance(result, Placement) else max(result, best_miss, key=lambda m: m.placed)
+        fits = sorted((p for p in single if isinstance(p, Placement)), key=lambda p: p.leftover_gpu_slots)
+    spread = place_gang(workload, cluster, pools, nodes_by_pool, free)
+    if isinstance(spread, Miss):
+        return fits or spread
+    if not fits:
+        return [spread]
+    if not any(p.assignments == spread.assignments for p in fits):
+        fits.append(replace(spread, spread=True))
+    return fits
 
 
 def empty_capacity(nodes: list[Node], pools_by_id: Mapping[str, NodePool]) -> FreeCapacity:
@@ -121,7 +144,7 @@ def why_never_fits(workload: Workload, clusters: tuple[Cluster, ...], nodes: tup
     best: Miss | None = None
     for cluster in clusters:
         result = place_in_cluster(workload, cluster, nodes_by_pool, free)
-        if isinstance(result, Placement):
+        if not isinstance(result, Miss):
             return None
         if best is None or result.placed > best.placed:
             best = result

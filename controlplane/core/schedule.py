@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from fractions import Fraction
 
-from controlplane.core.placement import FreeCapacity, Miss, Placement, empty_capacity, place_in_cluster
+from controlplane.core.placement import FreeCapacity, Miss, Placement, empty_capacity, placements_in_cluster
 from controlplane.core.snapshot import Admission, Decision, PendingReason, Policy, Snapshot, usage_of
 from controlplane.domain.model import GPU_EQ, Node, NodePool, QueueNode, Workload
 
@@ -97,16 +97,17 @@ def _try_admit(
     placements: list[Placement] = []
     best_miss: Miss | None = None
     for cluster in snapshot.clusters:
-        result = place_in_cluster(workload, cluster, nodes_by_pool, free, policy.prefer_same_pool)
-        if isinstance(result, Placement):
-            placements.append(result)
-        elif best_miss is None or result.placed > best_miss.placed:
-            best_miss = result
+        result = placements_in_cluster(workload, cluster, nodes_by_pool, free, policy.prefer_same_pool)
+        if isinstance(result, Miss):
+            if best_miss is None or result.placed > best_miss.placed:
+                best_miss = result
+        else:
+            placements.extend(result)
     if not placements:
         best = f"best cluster {best_miss.detail} has room for {best_miss.placed}" if best_miss else "no clusters"
         return f"no-fit: needs {workload.min_available} pods placed at once in one cluster; {best}"
 
-    for placement in sorted(placements, key=lambda p: (p.leftover_gpu_slots, p.cluster_id)):
+    for placement in sorted(placements, key=lambda p: (p.spread, p.leftover_gpu_slots, p.cluster_id)):
         held = usage_of(placement.assignments, pool_of_node)
         over = _model_limit_hit(chain, tree_usage, held)
         if over is not None:

@@ -82,7 +82,11 @@ class Toleration:
     effect: str = ""  # empty tolerates every effect
 
     def tolerates(self, taint: Taint) -> bool:
-        if self.key != taint.key or (self.effect and self.effect != taint.effect):
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:  # an empty key with Exists tolerates every taint, as in Kubernetes
+            return self.operator == "Exists"
+        if self.key != taint.key:
             return False
         return self.operator == "Exists" or self.value == taint.value
 
@@ -118,7 +122,9 @@ class NodePool:
         return [
             taint
             for taint in self.taints
-            if taint.key not in GPU_TAINT_KEYS and not any(t.tolerates(taint) for t in tolerations)
+            if taint.key not in GPU_TAINT_KEYS
+            and taint.effect != "PreferNoSchedule"  # a preference, never a hard exclusion
+            and not any(t.tolerates(taint) for t in tolerations)
         ]
 
 

@@ -6,6 +6,7 @@ Kept free of I/O so both the API validation and the pure scheduling core use it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -39,6 +40,16 @@ MIG_PROFILES: dict[str, dict[str, int]] = {
     },
 }
 
+# Memory slices (eighths of the GPU's memory) each profile takes; a GPU has 8.
+_MEMORY_EIGHTHS: dict[str, dict[str, int]] = {
+    "A100-40GB": {"1g.5gb": 1, "1g.10gb": 2, "2g.10gb": 2, "3g.20gb": 4, "4g.20gb": 4, "7g.40gb": 8},
+    "A100-80GB": {"1g.10gb": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8},
+    "H100-80GB": {"1g.10gb": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8},
+    "H200-141GB": {"1g.18gb": 1, "1g.35gb": 2, "2g.35gb": 2, "3g.71gb": 4, "4g.71gb": 4, "7g.141gb": 8},
+}
+_COUNT = re.compile(r"[1-9][0-9]{0,3}")
+_PROFILE = re.compile(r"([1-7])g\.[0-9]+gb")
+
 # mig-parted's `all-balanced` layout: 1g x2 + 2g x1 + 3g x1 on A100, H100 and H200.
 _BALANCED = {
     "A100-40GB": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1},
@@ -50,10 +61,10 @@ _BALANCED = {
 
 def mig_compute_slices(profile: str) -> int:
     """Compute slices of a MIG profile (`3g.40gb` -> 3)."""
-    head = profile.split(".", 1)[0]
-    if not head.endswith("g") or not head[:-1].isdigit():
+    match = _PROFILE.fullmatch(profile)
+    if match is None:
         raise InvalidSharingMode(f"'{profile}' is not a MIG profile like 3g.40gb")
-    return int(head[:-1])
+    return int(match.group(1))
 
 
 def mig_gpu_eq(profile: str) -> Fraction:
@@ -74,7 +85,7 @@ class SharingMode:
         if kind == SharingKind.EXCLUSIVE and not arg:
             return cls(SharingKind.EXCLUSIVE)
         if kind in (SharingKind.MPS, SharingKind.TIMESLICE):
-            if not arg.isdigit() or int(arg) < 2:
+            if not _COUNT.fullmatch(arg) or int(arg) < 2:
                 raise InvalidSharingMode(f"'{text}': {kind} needs a replica count of at least 2, e.g. {kind}:4")
             return cls(SharingKind(kind), replicas=int(arg))
         if kind == SharingKind.MIG:
@@ -124,12 +135,19 @@ class SharingMode:
             return {profile: table[profile]}
         slices: dict[str, int] = {}
         for part in layout.split("+"):
-            profile, _, count = part.partition("*")
+            profile, star, count = part.partition("*")
             if profile not in table:
                 raise InvalidSharingMode(f"{gpu_model} has no MIG profile {profile}")
-            slices[profile] = slices.get(profile, 0) + (int(count) if count else 1)
+            if star and not _COUNT.fullmatch(count):
+                raise InvalidSharingMode(f"MIG layout {layout}: '{count}' is not a positive count")
+            slices[profile] = slices.get(profile, 0) + (int(count) if star else 1)
         if sum(mig_compute_slices(p) * n for p, n in slices.items()) > 7:
             raise InvalidSharingMode(f"MIG layout {layout} needs more than 7 compute slices")
+        for profile, count in slices.items():
+            if count > table[profile]:
+                raise InvalidSharingMode(f"{gpu_model} holds at most {table[profile]} x {profile}, layout asks {count}")
+        if sum(_MEMORY_EIGHTHS[gpu_model][p] * n for p, n in slices.items()) > 8:
+            raise InvalidSharingMode(f"MIG layout {layout} needs more than the 8 memory slices of a {gpu_model}")
         return slices
 
 

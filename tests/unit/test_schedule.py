@@ -222,13 +222,6 @@ def test_per_model_limit_with_no_other_model_leaves_the_gang_pending() -> None:
     assert reason_of(decision, "w") == "quota: q1 limit on H100-80GB would be exceeded by every feasible placement"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG schedule.py _try_admit (lines 99-122) + placement.py place_in_cluster (line 102): "
-    "place_in_cluster returns only the tightest placement per cluster, so when that one breaks a "
-    "per-model limit the gang is left pending with 'exceeded by every feasible placement' although "
-    "another pool of the same cluster would satisfy the limit",
-)
 def test_per_model_limit_steers_a_gang_to_another_pool_of_the_same_cluster() -> None:
     h100 = make_pool("h100", "c1", gpu_model="H100-80GB", gpus_per_node=4)
     a100 = make_pool("a100", "c1", gpu_model="A100-80GB", gpus_per_node=8)

@@ -79,11 +79,6 @@ def test_invalid_sharing_mode_is_a_value_error_so_validators_can_catch_it() -> N
         SharingMode.parse("bogus")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG sharing.py SharingMode.parse (line 77): str.isdigit() accepts Unicode digits like '²' that int() "
-    "rejects, so parse('mps:²') raises a bare ValueError instead of InvalidSharingMode",
-)
 def test_parse_rejects_unicode_superscript_replicas_with_invalid_sharing_mode() -> None:
     with pytest.raises(InvalidSharingMode):
         SharingMode.parse("mps:²")
@@ -215,44 +210,21 @@ def test_explicit_layout_rejects_a_profile_of_another_model() -> None:
         SharingMode.parse("mig:1g.5gb+3g.40gb").mig_slices_per_gpu("A100-40GB")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG sharing.py SharingMode.mig_slices_per_gpu (lines 125-131): explicit layouts only check the 7 "
-    "compute-slice total, not the per-model instance maximum of MIG_PROFILES; mig:1g.10gb*7 on A100-40GB "
-    "yields 7 instances though the table (and all-1g.10gb) say 4",
-)
 def test_explicit_layout_cannot_exceed_the_per_model_instance_maximum() -> None:
     with pytest.raises(InvalidSharingMode):
         SharingMode.parse("mig:1g.10gb*7").mig_slices_per_gpu("A100-40GB")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG sharing.py SharingMode.mig_slices_per_gpu (line 131): only compute slices are checked, not "
-    "memory slices; on A100-40GB two 3g.20gb take all 8 memory slices, so mig:3g.20gb*2+1g.5gb cannot "
-    "exist but is accepted (3+3+1 = 7)",
-)
 def test_explicit_layout_respects_memory_slices_not_just_compute_slices() -> None:
     with pytest.raises(InvalidSharingMode):
         SharingMode.parse("mig:3g.20gb*2+1g.5gb").mig_slices_per_gpu("A100-40GB")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG sharing.py SharingMode.mig_slices_per_gpu (line 130): a negative '*<count>' is accepted; "
-    "mig:1g.10gb*-1+7g.80gb on H100-80GB yields {'1g.10gb': -1, '7g.80gb': 1} and a negative node "
-    "capacity",
-)
 def test_explicit_layout_rejects_negative_counts() -> None:
     with pytest.raises(InvalidSharingMode):
         SharingMode.parse("mig:1g.10gb*-1+7g.80gb").mig_slices_per_gpu("H100-80GB")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG sharing.py SharingMode.mig_slices_per_gpu (line 130): a non-numeric '*<count>' escapes as a bare "
-    "ValueError from int(), not InvalidSharingMode",
-)
 def test_explicit_layout_rejects_a_non_numeric_count_with_invalid_sharing_mode() -> None:
     with pytest.raises(InvalidSharingMode):
         SharingMode.parse("mig:1g.10gb*two").mig_slices_per_gpu("H100-80GB")
