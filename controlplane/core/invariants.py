@@ -69,8 +69,7 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             if a.node_id not in schedulable:
                 raise InvariantViolation(f"gang {workload.id} placed on unschedulable node {a.node_id}")
             hold(a.node_id, a.demand)
-        amount = usage_of(admission.assignments, pool_of_node).get(GPU_EQ, Fraction(0))
-        grown.update(charge(workload.queue_id, amount))
+        grown.update(charge(workload.queue_id, usage_of(admission.assignments, pool_of_node).get(GPU_EQ, Fraction(0))))
 
     for node_id, bucket in used.items():
         capacity = pool_of_node[node_id].node_capacity()

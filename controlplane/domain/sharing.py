@@ -143,9 +143,11 @@ class SharingMode:
             slices[profile] = slices.get(profile, 0) + (int(count) if star else 1)
         if sum(mig_compute_slices(p) * n for p, n in slices.items()) > 7:
             raise InvalidSharingMode(f"MIG layout {layout} needs more than 7 compute slices")
-        for profile, count in slices.items():
-            if count > table[profile]:
-                raise InvalidSharingMode(f"{gpu_model} holds at most {table[profile]} x {profile}, layout asks {count}")
+        for profile, instances in slices.items():
+            if instances > table[profile]:
+                raise InvalidSharingMode(
+                    f"{gpu_model} holds at most {table[profile]} x {profile}, layout asks {instances}"
+                )
         if sum(_MEMORY_EIGHTHS[gpu_model][p] * n for p, n in slices.items()) > 8:
             raise InvalidSharingMode(f"MIG layout {layout} needs more than the 8 memory slices of a {gpu_model}")
         return slices
