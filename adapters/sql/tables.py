@@ -161,6 +161,8 @@ class WorkloadRow(Base):
     container: Mapped[dict[str, Any]] = mapped_column(default=dict)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(100))
+    # SHA-256 of the submitted request: a retry must repeat it, a different one under the same key is refused.
+    request_fingerprint: Mapped[str] = mapped_column(String(64), default="")
     state: Mapped[str] = mapped_column(String(20))
     reason: Mapped[str] = mapped_column(Text, default="")
     queue_position: Mapped[int | None] = mapped_column(Integer)

@@ -42,6 +42,7 @@ class SqlWorkloadRepository:
         container: Mapping[str, Any],
         labels: Mapping[str, str],
         idempotency_key: str | None,
+        fingerprint: str,
         now: datetime,
     ) -> None:
         row = WorkloadRow(
@@ -62,6 +63,7 @@ class SqlWorkloadRepository:
             container=dict(container),
             labels=dict(labels),
             idempotency_key=idempotency_key,
+            request_fingerprint=fingerprint,
             state=WorkloadState.QUEUED,
             reason="waiting for the next cycle",
             version=1,
@@ -90,10 +92,13 @@ class SqlWorkloadRepository:
         except IntegrityError as exc:
             raise DuplicateKey(f"idempotency key {idempotency_key!r} was used concurrently") from exc
 
-    def by_idempotency_key(self, team_id: str, key: str) -> str | None:
-        return self.s.scalar(
-            select(WorkloadRow.id).where(WorkloadRow.team_id == team_id, WorkloadRow.idempotency_key == key)
-        )
+    def by_idempotency_key(self, team_id: str, key: str) -> tuple[str, str] | None:
+        row = self.s.execute(
+            select(WorkloadRow.id, WorkloadRow.request_fingerprint).where(
+                WorkloadRow.team_id == team_id, WorkloadRow.idempotency_key == key
+            )
+        ).first()
+        return (row[0], row[1]) if row else None
 
     def head(self, workload_id: str) -> WorkloadHead | None:
         row = self.s.execute(

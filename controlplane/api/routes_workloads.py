@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from pydantic import Field
 
 from controlplane.api.security import Caller, Ctx
 from controlplane.domain.model import WorkloadState
@@ -17,7 +18,7 @@ router = APIRouter(prefix="/v1", tags=["workloads"])
 
 
 class CancelRequest(Strict):
-    reason: str = "cancelled by user"
+    reason: str = Field(default="cancelled by user", max_length=200)
 
 
 @router.post(

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from controlplane import bootstrap
-from controlplane.cli import demo
+from controlplane.cli import demo, seed
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
@@ -86,6 +86,33 @@ def migrate(config: Path | None) -> None:
     click.echo("database at head")
 
 
+@click.command()
+@config_option
+@click.option(
+    "--admin-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="issue an admin token into this file (mode 0600) unless it exists",
+)
+@click.option("--sim-fleet", is_flag=True, help="also register the four simulated clusters of `gpufleet up`")
+def init(config: Path | None, admin_token_file: Path | None, sim_fleet: bool) -> None:
+    """Prepare an installation: migrate, seed default priority classes, issue the first admin token."""
+    settings = _settings(config)
+    bootstrap.migrate(settings)
+    wiring = bootstrap.Wiring(settings)
+    try:
+        seed.seed_defaults(wiring)
+        if admin_token_file is not None:
+            existed = admin_token_file.exists()
+            seed.ensure_admin_token_file(wiring, admin_token_file)
+            click.echo(f"admin token {'kept in' if existed else 'written to'} {admin_token_file}")
+        if sim_fleet:
+            click.echo(f"registered {bootstrap.register_default_fleet(wiring)} simulated clusters")
+    finally:
+        wiring.close()
+    click.echo("database at head, default priority classes present")
+
+
 @click.command(name="create-admin-token")
 @config_option
 @click.option("--name", default="admin", show_default=True)
@@ -148,9 +175,9 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
     try:
         bootstrap.migrate(settings)
         wiring = bootstrap.Wiring(settings)
-        admin_token = demo.ensure_admin_token_file(wiring, state / "admin.token")
+        admin_token = seed.ensure_admin_token_file(wiring, state / "admin.token")
         (state / "nats.url").write_text(settings.nats_url + "\n")
-        demo.seed_defaults(wiring)
+        seed.seed_defaults(wiring)
         added = bootstrap.register_default_fleet(wiring)
         extra: list[Coroutine[Any, Any, None]] = []
         stop = asyncio.Event()
@@ -177,6 +204,7 @@ def register(group: click.Group) -> None:
     group.add_command(up)
     group.add_command(serve)
     group.add_command(migrate)
+    group.add_command(init)
     group.add_command(create_admin_token)
     group.add_command(nats_topology)
     for name in ("scheduler", "dispatcher", "ingest", "relay"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 
 from controlplane.core.placement import why_never_fits
@@ -41,12 +43,11 @@ def submit(
             raise Invalid(f"unknown queue {request.queue!r}")
         team_id = queue.parent_id
         assert team_id is not None
+        fingerprint = _fingerprint(request)
         if request.idempotency_key:
             existing = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
             if existing is not None:
-                view = uow.workloads.view(existing)
-                assert view is not None
-                return view, False
+                return _replay(uow, request.idempotency_key, existing, fingerprint), False
         pc = (
             uow.admin.get_priority_class(request.priority_class)
             if request.priority_class
@@ -74,20 +75,34 @@ def submit(
                 container=request.container,
                 labels=request.labels,
                 idempotency_key=request.idempotency_key,
+                fingerprint=fingerprint,
                 now=now,
             )
         except DuplicateKey:
             assert request.idempotency_key is not None
             winner = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
             assert winner is not None
-            view = uow.workloads.view(winner)
-            assert view is not None
-            return view, False
+            return _replay(uow, request.idempotency_key, winner, fingerprint), False
         emit(uow, prefix, queue.name, "queued", workload.id, now)
         uow.commit()
         view = uow.workloads.view(workload.id)
     assert view is not None
     return view, True
+
+
+def _fingerprint(request: SubmitWorkload) -> str:
+    canonical = json.dumps(request.model_dump(mode="json", exclude={"idempotency_key"}), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay(uow: UnitOfWork, key: str, existing: tuple[str, str], fingerprint: str) -> WorkloadView:
+    """The workload a retried submission created, if the retry repeats the same request."""
+    workload_id, stored = existing
+    if stored != fingerprint:
+        raise Conflict(f"idempotency key {key!r} was already used for a different request (workload {workload_id})")
+    view = uow.workloads.view(workload_id)
+    assert view is not None
+    return view
 
 
 def _to_domain(

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 13:36:44.936926
+Create Date: 2026-12-02 13:57:29.552088
 """
 
 from collections.abc import Sequence
@@ -179,6 +179,7 @@ def upgrade() -> None:
     sa.Column('container', sa.JSON(), nullable=False),
     sa.Column('labels', sa.JSON(), nullable=False),
     sa.Column('idempotency_key', sa.String(length=100), nullable=True),
+    sa.Column('request_fingerprint', sa.String(length=64), nullable=False),
     sa.Column('state', sa.String(length=20), nullable=False),
     sa.Column('reason', sa.Text(), nullable=False),
     sa.Column('queue_position', sa.Integer(), nullable=True),

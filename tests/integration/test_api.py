@@ -240,3 +240,25 @@ def test_oversized_body_is_refused(client: TestClient, admin: dict[str, str]) ->
         "/v1/clusters", content=b"{" + b" " * (1 << 20) + b"}", headers={**admin, "Content-Type": "application/json"}
     )
     assert r.status_code == 413
+
+
+def test_reusing_an_idempotency_key_for_a_different_request_is_a_conflict(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    headers = {**tenant.headers, "Idempotency-Key": "nightly-7"}
+    first = client.post("/v1/workloads", json=gang("resnet", tenant.queue), headers=headers)
+    other = client.post("/v1/workloads", json=gang("resnet", tenant.queue, replicas=2), headers=headers)
+    assert first.status_code == 201
+    assert other.status_code == 409
+    assert "already used for a different request" in other.json()["detail"]
+
+
+def test_cancel_reason_is_bounded(client: TestClient, admin: dict[str, str]) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    wid = client.post("/v1/workloads", json=gang("resnet", tenant.queue), headers=tenant.headers).json()["id"]
+    r = client.post(f"/v1/workloads/{wid}/cancel", json={"reason": "x" * 201}, headers=tenant.headers)
+    assert r.status_code == 422
+    assert client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()["state"] == "queued"
