@@ -64,6 +64,12 @@ def _empty_all_tables(url: str) -> None:
     engine.dispose()
 
 
+@pytest.fixture
+def empty_postgresql(postgresql_database: str) -> str:
+    _empty_all_tables(postgresql_database)
+    return postgresql_database
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest) -> str:
     """A migrated, empty database on each backend."""
