@@ -2,34 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from fastapi.testclient import TestClient
 
 from adapters.sql.tables import ApiTokenRow
-from controlplane.api.app import create_app
-from controlplane.api.context import ApiContext
 from controlplane.bootstrap import Wiring
-from tests.integration.fleet import add_tenant, admin_headers, gang, h100_cluster, mixed_cluster, setup_fleet
-
-
-@pytest.fixture
-def client(wiring: Wiring) -> Iterator[TestClient]:
-    app = create_app(
-        ApiContext(
-            uow_factory=wiring.uow,
-            subject_prefix=wiring.settings.subject_prefix,
-            readiness={"database": wiring.database_ready},
-        )
-    )
-    with TestClient(app) as c:
-        yield c
-
-
-@pytest.fixture
-def admin(wiring: Wiring) -> dict[str, str]:
-    return admin_headers(wiring)
+from tests.integration.fleet import add_tenant, gang, h100_cluster, mixed_cluster, setup_fleet
 
 
 def test_health_and_readiness(client: TestClient) -> None:

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
 
 from adapters.sim.cluster import SimCluster
-from controlplane.api.app import create_app
-from controlplane.api.context import ApiContext
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
 from controlplane.service.cluster_status import PodReport
@@ -19,7 +15,7 @@ from controlplane.service.dispatch import collect_orphans, dispatch_once
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
-from tests.integration.fleet import Tenant, add_tenant, admin_headers, gang, h100_cluster, setup_fleet
+from tests.integration.fleet import Tenant, gang
 
 
 class Recorder:
@@ -36,20 +32,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-@pytest.fixture
-def client(wiring: Wiring) -> Iterator[TestClient]:
-    app = create_app(ApiContext(uow_factory=wiring.uow, subject_prefix=wiring.settings.subject_prefix))
-    with TestClient(app) as c:
-        yield c
-
-
-@pytest.fixture
-def tenant(client: TestClient, wiring: Wiring) -> Tenant:
-    admin = admin_headers(wiring)
-    setup_fleet(client, admin, h100_cluster(nodes=4))
-    return add_tenant(client, admin, "vision", "vision-train")
 
 
 def _admit(wiring: Wiring) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import nats
 import pytest
-from fastapi.testclient import TestClient
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -19,14 +18,12 @@ from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import DLQ_STREAM, ensure_topology
 from adapters.sql.tables import InboxRow, OutboxRow, WorkloadRow
-from controlplane.api.app import create_app
-from controlplane.api.context import ApiContext
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import ingest
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.relay import relay_once
 from controlplane.workers.loops import handle_delivery
-from tests.integration.fleet import Tenant, add_tenant, admin_headers, gang, setup_fleet
+from tests.integration.fleet import Tenant, gang
 
 
 @pytest.fixture
@@ -40,15 +37,6 @@ async def js(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[J
     await ensure_topology(context, wiring.settings.subject_prefix)
     yield context
     await nc.close()
-
-
-@pytest.fixture
-def tenant(wiring: Wiring) -> Tenant:
-    app = create_app(ApiContext(uow_factory=wiring.uow, subject_prefix=wiring.settings.subject_prefix))
-    with TestClient(app) as client:
-        admin = admin_headers(wiring)
-        setup_fleet(client, admin)
-        return add_tenant(client, admin, "vision", "vision-train")
 
 
 def _count(wiring: Wiring, row: type[Any]) -> int:

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 
 from adapters.sql.tables import LeaderLeaseRow, RunRow
-from controlplane.api.app import create_app
-from controlplane.api.context import ApiContext
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
 from controlplane.service.errors import LostLeadership
 from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
-from tests.integration.fleet import Tenant, add_tenant, admin_headers, gang, h100_cluster, setup_fleet
+from tests.integration.fleet import Tenant, gang
 
 TTL = 15.0
-
-
-@pytest.fixture
-def client(wiring: Wiring) -> Iterator[TestClient]:
-    app = create_app(ApiContext(uow_factory=wiring.uow, subject_prefix=wiring.settings.subject_prefix))
-    with TestClient(app) as c:
-        yield c
-
-
-@pytest.fixture
-def tenant(client: TestClient, wiring: Wiring) -> Tenant:
-    admin = admin_headers(wiring)
-    setup_fleet(client, admin, h100_cluster(nodes=4))
-    return add_tenant(client, admin, "vision", "vision-train", limit={"gpu-eq": 48})
 
 
 def _cycle(wiring: Wiring, holder: str, epoch: int) -> None:
@@ -92,7 +75,10 @@ def test_gangs_admitted_all_or_nothing_and_pending_reasons_shown(
     assert [views[i]["queue_position"] for i in ids] == [1, 2, 3]
 
 
-def test_queue_limit_keeps_work_pending_with_a_quota_reason(wiring: Wiring, client: TestClient, tenant: Tenant) -> None:
+def test_queue_limit_keeps_work_pending_with_a_quota_reason(
+    wiring: Wiring, client: TestClient, tenant: Tenant, admin: dict[str, str]
+) -> None:
+    assert client.patch(f"/v1/queues/{tenant.queue}", json={"limit": {"gpu-eq": 48}}, headers=admin).status_code == 200
     first = client.post("/v1/workloads", json=gang("a", tenant.queue, replicas=1, gpus=8), headers=tenant.headers)
     big = client.post("/v1/workloads", json=gang("b", tenant.queue, replicas=2, gpus=8), headers=tenant.headers)
     small = client.post("/v1/workloads", json=gang("c", tenant.queue, replicas=4, gpus=8), headers=tenant.headers)
