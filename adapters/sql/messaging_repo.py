@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -49,6 +49,10 @@ class SqlOutbox:
     def backlog(self) -> int:
         return int(self.s.scalar(select(func.count()).where(OutboxRow.published_at.is_(None))) or 0)
 
+    def prune(self, published_before: datetime) -> int:
+        result = self.s.execute(delete(OutboxRow).where(OutboxRow.published_at < published_before))
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
 
 class SqlInbox:
     def __init__(self, session: Session) -> None:
@@ -64,6 +68,10 @@ class SqlInbox:
         except IntegrityError:
             return False
         return True
+
+    def prune(self, processed_before: datetime) -> int:
+        result = self.s.execute(delete(InboxRow).where(InboxRow.processed_at < processed_before))
+        return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 class SqlLeases:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from controlplane.service.ports import EventPublisher, UnitOfWorkFactory
 
@@ -34,3 +34,18 @@ async def relay_once(
             log.warning("relay: publish of %s failed: %s", *failure)
         uow.commit()
     return len(published)
+
+
+# Published events stay a day for inspection; inbox rows must outlive every redelivery, and the
+# inbound stream keeps messages for 7 days.
+KEEP_PUBLISHED = timedelta(days=1)
+KEEP_INBOX = timedelta(days=8)
+
+
+def housekeeping(uow_factory: UnitOfWorkFactory, now: datetime) -> tuple[int, int]:
+    """Delete published outbox rows and inbox rows past their horizon; returns both counts."""
+    with uow_factory() as uow:
+        outbox = uow.outbox.prune(now - KEEP_PUBLISHED)
+        inbox = uow.inbox.prune(now - KEEP_INBOX)
+        uow.commit()
+    return outbox, inbox

@@ -23,17 +23,19 @@ class CycleResult:
     reasons_written: int
 
 
-def acquire_leadership(uow_factory: UnitOfWorkFactory, holder: str, now: datetime, ttl: float) -> int | None:
+def acquire_leadership(
+    uow_factory: UnitOfWorkFactory, holder: str, now: datetime, ttl: float, lease: str = LEASE_NAME
+) -> int | None:
     """The epoch of this holder's term, or None while another holder's lease is live."""
     with uow_factory() as uow:
-        epoch = uow.leases.acquire(LEASE_NAME, holder, now, ttl)
+        epoch = uow.leases.acquire(lease, holder, now, ttl)
         uow.commit()
     return epoch
 
 
-def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int) -> None:
+def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int, lease: str = LEASE_NAME) -> None:
     with uow_factory() as uow:
-        uow.leases.release(LEASE_NAME, holder, epoch)
+        uow.leases.release(lease, holder, epoch)
         uow.commit()
 
 

@@ -18,7 +18,7 @@ from controlplane.service.dispatch import collect_orphans, dispatch_once
 from controlplane.service.errors import LostLeadership
 from controlplane.service.ingest import InboundMessage, Outcome
 from controlplane.service.ports import ClusterDriver, EventPublisher, UnitOfWorkFactory
-from controlplane.service.relay import relay_once
+from controlplane.service.relay import housekeeping, relay_once
 from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
 
 log = logging.getLogger(__name__)
@@ -92,17 +92,44 @@ async def dispatcher_loop(
         await sleep_or_stop(stop, interval)
 
 
+RELAY_LEASE = "relay"
+HOUSEKEEPING_SECONDS = 600.0
+
+
 async def relay_loop(
-    uow_factory: UnitOfWorkFactory, publisher: EventPublisher, clock: Clock, stop: asyncio.Event, interval: float
+    uow_factory: UnitOfWorkFactory,
+    publisher: EventPublisher,
+    clock: Clock,
+    stop: asyncio.Event,
+    interval: float,
+    lease_ttl: float = 15.0,
 ) -> None:
+    """One relay publishes at a time (a lease keeps events in commit order); others stand by."""
+    holder = holder_id("relay")
+    loop = asyncio.get_running_loop()
+    next_housekeeping = loop.time()
+    renew_at = loop.time()
+    epoch: int | None = None
     while not stop.is_set():
+        sent = 0
         try:
-            sent = await relay_once(uow_factory, publisher, clock)
+            if epoch is None or loop.time() >= renew_at:
+                epoch = await asyncio.to_thread(
+                    acquire_leadership, uow_factory, holder, clock(), lease_ttl, RELAY_LEASE
+                )
+                renew_at = loop.time() + lease_ttl / 3
+            if epoch is not None:
+                sent = await relay_once(uow_factory, publisher, clock)
+                if loop.time() >= next_housekeeping:
+                    pruned = await asyncio.to_thread(housekeeping, uow_factory, clock())
+                    log.info("housekeeping: pruned %d outbox and %d inbox rows", *pruned)
+                    next_housekeeping = loop.time() + HOUSEKEEPING_SECONDS
         except Exception:
             log.exception("relay pass failed; retrying")
-            sent = 0
         if not sent:
             await sleep_or_stop(stop, interval)
+    if epoch is not None:
+        await asyncio.to_thread(release_leadership, uow_factory, holder, epoch, RELAY_LEASE)
 
 
 class InboundDelivery(Protocol):

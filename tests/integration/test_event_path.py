@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import nats
@@ -21,8 +22,8 @@ from adapters.sql.tables import InboxRow, OutboxRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import ingest
 from controlplane.service.ports import UnitOfWork
-from controlplane.service.relay import relay_once
-from controlplane.workers.loops import handle_delivery
+from controlplane.service.relay import housekeeping, relay_once
+from controlplane.workers.loops import handle_delivery, relay_loop
 from tests.integration.fleet import Tenant, gang
 
 
@@ -229,3 +230,39 @@ async def test_message_is_not_acked_when_the_database_fails_and_is_redelivered(
         await asyncio.sleep(0.2)
     assert redelivered == [ingest.Outcome.APPLIED]
     assert _count(wiring, WorkloadRow) == 1
+
+
+async def test_only_one_relay_publishes_at_a_time(js: JetStreamContext, wiring: Wiring, tenant: Tenant) -> None:
+    prefix = wiring.settings.subject_prefix
+    message = ingest.InboundMessage(
+        f"{prefix}.submit.{tenant.queue}", json.dumps(gang("one", tenant.queue)).encode(), tenant.headers, "l-1"
+    )
+    ingest.handle(wiring.uow(), message, prefix, utc_now())
+    recorders = [FlakyPublisher(JetStreamPublisher(js), failures=0) for _ in range(2)]
+    stop = asyncio.Event()
+    relays = [asyncio.create_task(relay_loop(wiring.uow, r, utc_now, stop, 0.05)) for r in recorders]
+    for _ in range(100):
+        if any(r.attempted for r in recorders):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.gather(*relays)
+    assert sorted(len(r.attempted) for r in recorders) == [0, 1]
+
+
+def test_housekeeping_prunes_published_events_and_old_inbox_rows(wiring: Wiring, tenant: Tenant) -> None:
+    prefix = wiring.settings.subject_prefix
+    long_ago = utc_now() - timedelta(days=9)
+    for i in range(2):
+        message = ingest.InboundMessage(
+            f"{prefix}.submit.{tenant.queue}", json.dumps(gang(f"h{i}", tenant.queue)).encode(), tenant.headers, f"h{i}"
+        )
+        ingest.handle(wiring.uow(), message, prefix, long_ago if i == 0 else utc_now())
+    with wiring.uow() as uow:
+        first = uow.outbox.unpublished(1)[0][0]
+        uow.outbox.mark_published([first], long_ago)
+        uow.commit()
+    assert housekeeping(wiring.uow, utc_now()) == (1, 1)
+    assert _count(wiring, OutboxRow) == 1  # the unpublished event is never pruned
+    assert _count(wiring, InboxRow) == 1
