@@ -27,6 +27,7 @@ from controlplane.service.views import ClusterView, NodeView, PoolView, Priority
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
 _LEVEL_ROWS: dict[str, Any] = {"cohort": CohortRow, "team": TeamRow, "queue": QueueRow}
 _PARENT_COLUMN = {"cohort": None, "team": "cohort_id", "queue": "team_id"}
+_PARENT_LEVEL = {"team": "cohort", "queue": "team"}
 
 
 def _pool_view(row: NodePoolRow, with_nodes: bool) -> PoolView:
@@ -118,14 +119,17 @@ class SqlAdminRepository:
     # -- queue tree --------------------------------------------------------------------------
     def _tree_view(self, level: str, row: Any) -> TreeNodeView:
         column = _PARENT_COLUMN[level]
+        parent_id = getattr(row, column) if column else None
+        parent = self.s.get(_LEVEL_ROWS[_PARENT_LEVEL[level]], parent_id) if parent_id else None
         return TreeNodeView(
             row.id,
             row.name,
-            getattr(row, column) if column else None,
+            parent_id,
             dict(row.guaranteed),
             dict(row.limit),
             row.weight,
             row.created_at,
+            parent.name if parent is not None else None,
         )
 
     def add_tree_node(self, level: str, view: TreeNodeView) -> None:

@@ -315,12 +315,14 @@ def assignments_table(run: Mapping[str, Any]) -> Table:
 def queues_table(queues: list[Json]) -> Table:
     table = new_table(f"{len(queues)} queue(s)")
     table.add_column("name", no_wrap=True)
+    table.add_column("team", no_wrap=True)
     table.add_column("guaranteed")
     table.add_column("limit")
     table.add_column("weight", justify="right")
     for q in queues:
         table.add_row(
             q["name"],
+            q.get("parent") or NONE,
             quota(q.get("guaranteed") or {}, NONE),
             quota(q.get("limit") or {}, "unbounded"),
             number(q.get("weight", 1.0)),

@@ -7,6 +7,7 @@ import fcntl
 import json
 import logging
 import signal
+import socket
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,15 @@ def _logging(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("nats").setLevel(logging.WARNING)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _run_until_signal(main: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
@@ -170,6 +180,12 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise click.ClickException(f"another gpufleet up is running on {state} (SQLite has one writer)") from None
+    for what, number in (("API", port), ("NATS", nats_port)):
+        if not _port_free(number):
+            lock.close()
+            raise click.ClickException(
+                f"{what} port {number} on 127.0.0.1 is in use; pick another with --port/--nats-port"
+            )
     nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log")
     nats.start()
     try:

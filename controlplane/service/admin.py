@@ -133,6 +133,7 @@ def create_tree_node(
             limit=dict(spec.limit),
             weight=spec.weight,
             created_at=now,
+            parent=parent_name,
         )
         _check_guarantee_within_limit(view)
         uow.admin.add_tree_node(level, view)
@@ -163,6 +164,7 @@ def update_tree_node(
             limit=dict(update.limit) if update.limit is not None else current.limit,
             weight=update.weight if update.weight is not None else current.weight,
             created_at=current.created_at,
+            parent=current.parent,
         )
         _check_guarantee_within_limit(view)
         uow.admin.update_tree_node(level, view)

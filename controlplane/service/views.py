@@ -50,6 +50,7 @@ class TreeNodeView:
     limit: dict[str, float]
     weight: float
     created_at: datetime
+    parent: str | None = None  # the parent's name: the team of a queue, the cohort of a team
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,7 @@ QUEUES = [
         "id": "q_1",
         "name": "research",
         "parent_id": "t_nlp",
+        "parent": "nlp",
         "guaranteed": {"H100-80GB": 16.0, "gpu-eq": 4.5},
         "limit": {},
         "weight": 2.0,
@@ -529,7 +530,7 @@ def test_queues_prints_quotas_and_weights(api: FakeApi) -> None:
     assert (api.only.method, api.only.path) == ("GET", "/v1/queues")
     lines = result.stdout.splitlines()
     research = next(line for line in lines if "research" in line)
-    assert all(v in research for v in ("H100-80GB=16, gpu-eq=4.5", "unbounded", "2"))
+    assert all(v in research for v in ("nlp", "H100-80GB=16, gpu-eq=4.5", "unbounded", "2"))
     evals = next(line for line in lines if "evals" in line)
     assert all(v in evals for v in ("gpu-eq=32", "0.5"))
 

@@ -240,3 +240,12 @@ def test_cancel_reason_is_bounded(client: TestClient, admin: dict[str, str]) -> 
     r = client.post(f"/v1/workloads/{wid}/cancel", json={"reason": "x" * 201}, headers=tenant.headers)
     assert r.status_code == 422
     assert client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()["state"] == "queued"
+
+
+def test_a_team_sees_the_team_of_its_queues(client: TestClient, admin: dict[str, str]) -> None:
+    setup_fleet(client, admin)
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    [queue] = client.get("/v1/queues", headers=tenant.headers).json()
+    assert queue["parent"] == "vision"
+    team = client.get("/v1/teams/vision", headers=admin).json()
+    assert team["parent"] is None
