@@ -130,6 +130,8 @@ class SqlAdminRepository:
             row.weight,
             row.created_at,
             parent.name if parent is not None else None,
+            dict(row.borrowing_limit),
+            dict(row.lending_limit),
         )
 
     def add_tree_node(self, level: str, view: TreeNodeView) -> None:
@@ -139,6 +141,8 @@ class SqlAdminRepository:
             "guaranteed": view.guaranteed,
             "limit": view.limit,
             "weight": view.weight,
+            "borrowing_limit": view.borrowing_limit,
+            "lending_limit": view.lending_limit,
             "created_at": view.created_at,
         }
         column = _PARENT_COLUMN[level]
@@ -151,6 +155,7 @@ class SqlAdminRepository:
         row = self.s.get(_LEVEL_ROWS[level], view.id)
         assert row is not None
         row.guaranteed, row.limit, row.weight = view.guaranteed, view.limit, view.weight
+        row.borrowing_limit, row.lending_limit = view.borrowing_limit, view.lending_limit
         self.s.flush()
 
     def get_tree_node(self, level: str, ref: str) -> TreeNodeView | None:

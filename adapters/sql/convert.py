@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, PodSetRow, WorkloadRow
+from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, PodSetRow, PriorityClassRow, WorkloadRow
 from controlplane.domain.model import (
     Cluster,
     Node,
@@ -94,7 +94,7 @@ def pod_set_dict(row: PodSetRow) -> dict[str, Any]:
     }
 
 
-def workload_from_row(row: WorkloadRow) -> Workload:
+def workload_from_row(row: WorkloadRow, priority_class: PriorityClassRow) -> Workload:
     return Workload(
         id=row.id,
         team_id=row.team_id,
@@ -109,4 +109,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         tolerations=tuple(Toleration(**t) for t in row.tolerations),
         duration_seconds=row.duration_seconds,
         created_seq=row.created_seq,
+        preemptible=priority_class.preemptible,
+        min_runtime_seconds=priority_class.min_runtime_seconds,
+        max_runtime_seconds=row.max_runtime_seconds,
     )

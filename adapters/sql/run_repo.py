@@ -13,7 +13,7 @@ from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, QueueRow, RunR
 from controlplane.service.ports import PodOrder, RunOrder, RunStatus, Teardown
 
 LIVE = ("admitted", "dispatching", "running")
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled", "preempted")
 
 
 class SqlRunRepository:

@@ -65,6 +65,8 @@ class QuotaColumns:
     guaranteed: Mapped[dict[str, Any]] = mapped_column(default=dict)
     limit: Mapped[dict[str, Any]] = mapped_column("limit_", default=dict)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
+    borrowing_limit: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    lending_limit: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class CohortRow(QuotaColumns, Base):
@@ -158,6 +160,7 @@ class WorkloadRow(Base):
     min_available: Mapped[int] = mapped_column(Integer)
     tolerations: Mapped[list[Any]] = mapped_column(default=list)
     duration_seconds: Mapped[float | None] = mapped_column(Float)
+    max_runtime_seconds: Mapped[float | None] = mapped_column(Float)
     container: Mapped[dict[str, Any]] = mapped_column(default=dict)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(100))

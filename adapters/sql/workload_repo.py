@@ -60,6 +60,7 @@ class SqlWorkloadRepository:
                 for t in workload.tolerations
             ],
             duration_seconds=workload.duration_seconds,
+            max_runtime_seconds=workload.max_runtime_seconds,
             container=dict(container),
             labels=dict(labels),
             idempotency_key=idempotency_key,
@@ -172,6 +173,7 @@ class SqlWorkloadRepository:
                     requires_isolation=row.requires_isolation,
                     pod_sets=[pod_set_dict(p) for p in row.pod_sets],
                     duration_seconds=row.duration_seconds,
+                    max_runtime_seconds=row.max_runtime_seconds,
                     idempotency_key=row.idempotency_key,
                     labels=dict(row.labels),
                     created_at=row.created_at,

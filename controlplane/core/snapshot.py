@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from fractions import Fraction
 
 from controlplane.domain.model import (
@@ -25,6 +26,12 @@ class LiveRun:
     cluster_id: str
     priority: int
     assignments: tuple[PodAssignment, ...]
+    run_id: str = ""
+    preemptible: bool = True
+    started_at: datetime | None = None  # None until its pods run
+    admitted_at: datetime | None = None
+    min_runtime_seconds: int = 0
+    idle: bool = False  # filled by idle-GPU detection: idle runs are evicted before busy ones
 
 
 @dataclass(frozen=True)
@@ -43,9 +50,17 @@ class Snapshot:
 class Policy:
     """Knobs of the scheduling policy. The skeleton policy is priority, then FIFO."""
 
-    name: str = "priority-fifo"
+    name: str = "gpufleet"
     # Try to keep a gang inside one node pool before spreading it over a cluster's pools.
     prefer_same_pool: bool = True
+    # Order queues by weighted dominant share above guarantee (off: strict priority, then FIFO).
+    fair_share: bool = True
+    # Within a queue, higher priority may evict lower priority.
+    preemption: bool = True
+    # A queue below its guarantee may evict work other queues run on borrowed capacity.
+    reclaim: bool = True
+    # Most gangs evicted in one cycle.
+    disruption_budget: int = 16
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,17 @@ class Admission:
     workload_id: str
     cluster_id: str
     assignments: tuple[PodAssignment, ...]
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A live run the decision stops, and why; its workload goes back to its queue."""
+
+    workload_id: str
+    run_id: str
+    kind: str  # preempt | reclaim
+    reason: str
+    beneficiary: str  # the workload that needs the capacity
 
 
 @dataclass(frozen=True)
@@ -66,6 +92,7 @@ class PendingReason:
 class Decision:
     admissions: tuple[Admission, ...] = ()
     pending: tuple[PendingReason, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
     stats: Mapping[str, int] = field(default_factory=dict)
 
 

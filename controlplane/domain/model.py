@@ -54,6 +54,7 @@ class RunState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PREEMPTED = "preempted"  # evicted by the scheduler; the workload went back to its queue
 
     @property
     def live(self) -> bool:
@@ -214,6 +215,8 @@ class QueueNode:
     guaranteed: Quota = Quota()
     limit: Quota = Quota()
     weight: float = 1.0
+    borrowing_limit: Quota = Quota()  # most it may use above its guarantee; missing key = unbounded
+    lending_limit: Quota = Quota()  # most of its unused guarantee others may borrow; missing = all
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,9 @@ class Workload:
     tolerations: tuple[Toleration, ...] = ()
     duration_seconds: float | None = None
     created_seq: int = 0
+    preemptible: bool = True
+    min_runtime_seconds: int = 0
+    max_runtime_seconds: float | None = None
 
     @property
     def total_pods(self) -> int:

@@ -134,6 +134,8 @@ def create_tree_node(
             weight=spec.weight,
             created_at=now,
             parent=parent_name,
+            borrowing_limit=dict(spec.borrowing_limit),
+            lending_limit=dict(spec.lending_limit),
         )
         _check_guarantee_within_limit(view)
         uow.admin.add_tree_node(level, view)
@@ -165,6 +167,10 @@ def update_tree_node(
             weight=update.weight if update.weight is not None else current.weight,
             created_at=current.created_at,
             parent=current.parent,
+            borrowing_limit=(
+                dict(update.borrowing_limit) if update.borrowing_limit is not None else current.borrowing_limit
+            ),
+            lending_limit=dict(update.lending_limit) if update.lending_limit is not None else current.lending_limit,
         )
         _check_guarantee_within_limit(view)
         uow.admin.update_tree_node(level, view)

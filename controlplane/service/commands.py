@@ -83,6 +83,8 @@ class TreeNodeSpec(Strict):
     guaranteed: QuotaMap = Field(default_factory=dict, description="per GPU model and/or 'gpu-eq'")
     limit: QuotaMap = Field(default_factory=dict, description="never above; missing key = unbounded")
     weight: float = Field(default=1.0, gt=0, le=1000)
+    borrowing_limit: QuotaMap = Field(default_factory=dict, description="most it may use above its guarantee")
+    lending_limit: QuotaMap = Field(default_factory=dict, description="most of its unused guarantee it lends")
 
 
 class CohortSpec(TreeNodeSpec):
@@ -101,6 +103,8 @@ class QuotaUpdate(Strict):
     guaranteed: QuotaMap | None = None
     limit: QuotaMap | None = None
     weight: float | None = Field(default=None, gt=0, le=1000)
+    borrowing_limit: QuotaMap | None = None
+    lending_limit: QuotaMap | None = None
 
 
 class PriorityClassSpec(Strict):
@@ -161,6 +165,9 @@ class SubmitWorkload(Strict):
     tolerations: list[TolerationSpec] = Field(default_factory=list, max_length=32)
     duration_seconds: float | None = Field(
         default=None, gt=0, le=30 * 86400, description="read by simulated clusters only"
+    )
+    max_runtime_seconds: float | None = Field(
+        default=None, gt=0, le=90 * 86400, description="declared upper bound; lets a gang backfill before a reservation"
     )
     labels: dict[str, str] = Field(default_factory=dict)
     container: dict[str, Any] = Field(default_factory=dict, description="opaque, passed to Kubernetes")

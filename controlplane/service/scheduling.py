@@ -8,11 +8,14 @@ from datetime import datetime
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, Policy
+from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import LostLeadership
 from controlplane.service.ports import UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
 LEASE_NAME = "scheduler"
+LIVE_RUN_STATES = ("admitted", "dispatching", "running")
+LIVE_WORKLOAD_STATES = (WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,7 @@ class CycleResult:
     pending: int
     admitted: int
     reasons_written: int
+    evicted: int = 0
 
 
 def acquire_leadership(
@@ -60,6 +64,29 @@ def run_cycle(
         # leader's decision can never land.
         if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
             raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
+        evicted = 0
+        for eviction in decision.evictions:
+            # The run may have finished since the snapshot; then there is nothing to evict.
+            if not uow.runs.set_state(eviction.run_id, LIVE_RUN_STATES, "preempted", eviction.reason, now):
+                continue
+            uow.workloads.set_state(
+                eviction.workload_id, LIVE_WORKLOAD_STATES, WorkloadState.QUEUED, eviction.reason, now
+            )
+            head = uow.workloads.head(eviction.workload_id)
+            assert head is not None
+            event = "reclaimed" if eviction.kind == "reclaim" else "preempted"
+            emit(
+                uow,
+                prefix,
+                head.queue,
+                event,
+                eviction.workload_id,
+                now,
+                run_id=eviction.run_id,
+                epoch=epoch,
+                beneficiary=eviction.beneficiary,
+            )
+            evicted += 1
         for admission in decision.admissions:
             queue = uow.workloads.admit(admission, epoch, now)
             if queue is None:
@@ -68,4 +95,4 @@ def run_cycle(
             emit(uow, prefix, queue, "admitted", admission.workload_id, now, epoch=epoch)
         written = uow.workloads.record_pending(decision.pending)
         uow.commit()
-    return CycleResult(epoch, len(decision.pending), admitted, written)
+    return CycleResult(epoch, len(decision.pending), admitted, written, evicted)

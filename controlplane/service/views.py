@@ -51,6 +51,8 @@ class TreeNodeView:
     weight: float
     created_at: datetime
     parent: str | None = None  # the parent's name: the team of a queue, the cohort of a team
+    borrowing_limit: dict[str, float] = field(default_factory=dict)
+    lending_limit: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class WorkloadView:
     requires_isolation: bool
     pod_sets: list[dict[str, Any]]
     duration_seconds: float | None
+    max_runtime_seconds: float | None
     idempotency_key: str | None
     labels: dict[str, str]
     created_at: datetime

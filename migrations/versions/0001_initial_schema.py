@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 13:57:29.552088
+Create Date: 2026-12-02 14:07:31.730107
 """
 
 from collections.abc import Sequence
@@ -47,6 +47,8 @@ def upgrade() -> None:
     sa.Column('guaranteed', sa.JSON(), nullable=False),
     sa.Column('limit_', sa.JSON(), nullable=False),
     sa.Column('weight', sa.Float(), nullable=False),
+    sa.Column('borrowing_limit', sa.JSON(), nullable=False),
+    sa.Column('lending_limit', sa.JSON(), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_cohorts')),
     sa.UniqueConstraint('name', name=op.f('uq_cohorts_name'))
     )
@@ -115,6 +117,8 @@ def upgrade() -> None:
     sa.Column('guaranteed', sa.JSON(), nullable=False),
     sa.Column('limit_', sa.JSON(), nullable=False),
     sa.Column('weight', sa.Float(), nullable=False),
+    sa.Column('borrowing_limit', sa.JSON(), nullable=False),
+    sa.Column('lending_limit', sa.JSON(), nullable=False),
     sa.ForeignKeyConstraint(['cohort_id'], ['cohorts.id'], name=op.f('fk_teams_cohort_id_cohorts'), ondelete='RESTRICT'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_teams')),
     sa.UniqueConstraint('name', name=op.f('uq_teams_name'))
@@ -157,6 +161,8 @@ def upgrade() -> None:
     sa.Column('guaranteed', sa.JSON(), nullable=False),
     sa.Column('limit_', sa.JSON(), nullable=False),
     sa.Column('weight', sa.Float(), nullable=False),
+    sa.Column('borrowing_limit', sa.JSON(), nullable=False),
+    sa.Column('lending_limit', sa.JSON(), nullable=False),
     sa.ForeignKeyConstraint(['team_id'], ['teams.id'], name=op.f('fk_queues_team_id_teams'), ondelete='RESTRICT'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_queues')),
     sa.UniqueConstraint('name', name=op.f('uq_queues_name'))
@@ -176,6 +182,7 @@ def upgrade() -> None:
     sa.Column('min_available', sa.Integer(), nullable=False),
     sa.Column('tolerations', sa.JSON(), nullable=False),
     sa.Column('duration_seconds', sa.Float(), nullable=True),
+    sa.Column('max_runtime_seconds', sa.Float(), nullable=True),
     sa.Column('container', sa.JSON(), nullable=False),
     sa.Column('labels', sa.JSON(), nullable=False),
     sa.Column('idempotency_key', sa.String(length=100), nullable=True),
