@@ -67,9 +67,16 @@ class SqlSnapshotReader:
                 started_at=run.started_at,
                 admitted_at=run.created_at,
                 min_runtime_seconds=classes[pc_name].min_runtime_seconds,
+                max_runtime_seconds=max_runtime,
             )
-            for run, queue_id, priority, pc_name in self.s.execute(
-                select(RunRow, WorkloadRow.queue_id, WorkloadRow.priority, WorkloadRow.priority_class)
+            for run, queue_id, priority, pc_name, max_runtime in self.s.execute(
+                select(
+                    RunRow,
+                    WorkloadRow.queue_id,
+                    WorkloadRow.priority,
+                    WorkloadRow.priority_class,
+                    WorkloadRow.max_runtime_seconds,
+                )
                 .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
                 .where(RunRow.state.in_(LIVE))
                 .options(selectinload(RunRow.assignments))

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 
 from controlplane.core.snapshot import Decision, Snapshot, usage_of
-from controlplane.domain.model import GPU_EQ, NodePool, QueueNode
+from controlplane.domain.model import GPU_EQ, NodePool, QueueNode, Workload
 
 
 class InvariantViolation(AssertionError):
@@ -44,12 +44,15 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             tree_usage[node_id] = tree_usage.get(node_id, Fraction(0)) + amount
         return chain
 
+    pending = {w.id: w for w in snapshot.pending}
+    evicted = _check_evictions(snapshot, decision, pending)
     for run in snapshot.live_runs:
+        if (run.run_id or run.workload_id) in evicted:
+            continue
         for a in run.assignments:
             hold(a.node_id, a.demand)
         charge(run.queue_id, usage_of(run.assignments, pool_of_node).get(GPU_EQ, Fraction(0)))
 
-    pending = {w.id: w for w in snapshot.pending}
     seen: set[str] = set()
     grown: set[str] = set()
     for admission in decision.admissions:
@@ -80,3 +83,28 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
         bound = snapshot.queue_tree[node_id].limit.amounts.get(GPU_EQ)
         if bound is not None and tree_usage[node_id] > Fraction(bound).limit_denominator(10**6):
             raise InvariantViolation(f"{snapshot.queue_tree[node_id].name} above its gpu-eq limit")
+
+
+def _check_evictions(snapshot: Snapshot, decision: Decision, pending: Mapping[str, Workload]) -> set[str]:
+    """Evictions stop live, preemptible runs, once each; priority preempts only inside a queue and
+    only lower priority; reclaim takes only from other queues. Returns the evicted run keys."""
+    runs = {run.run_id or run.workload_id: run for run in snapshot.live_runs}
+    evicted: set[str] = set()
+    for eviction in decision.evictions:
+        key = eviction.run_id or eviction.workload_id
+        run = runs.get(key)
+        if run is None or key in evicted:
+            raise InvariantViolation(f"eviction of {key}: not a live run, or evicted twice")
+        evicted.add(key)
+        if not run.preemptible:
+            raise InvariantViolation(f"non-preemptible run {key} evicted")
+        beneficiary = pending.get(eviction.beneficiary)
+        if beneficiary is None:
+            raise InvariantViolation(f"eviction of {key} names no pending beneficiary")
+        if eviction.kind == "preempt" and (
+            run.queue_id != beneficiary.queue_id or run.priority >= beneficiary.priority
+        ):
+            raise InvariantViolation(f"{key} preempted across queues or by equal or lower priority")
+        if eviction.kind == "reclaim" and run.queue_id == beneficiary.queue_id:
+            raise InvariantViolation(f"{key} reclaimed by its own queue")
+    return evicted

@@ -1,137 +1,471 @@
 """The pure scheduling core: `schedule(snapshot, policy, now) -> Decision`.
 
-No I/O, no clock reads, no globals: the same snapshot gives the same decision. This first
-policy admits by priority, then FIFO, respects every `limit` of the queue tree, and places each
-gang all-or-nothing on the real free capacity of one cluster. Later work deepens it with
-guarantees, fair share, preemption and reservations.
+No I/O, no clock reads, no globals: the same snapshot gives the same decision.
+
+One cycle, least disruptive action first, for each pending gang in fair-share order:
+1. admit it if a placement on real free nodes of one cluster passes the quota rules;
+2. else, if its queue stays within its guarantee, reclaim capacity that other queues run on
+   borrowed quota (idle runs first, then lowest priority, newest first), whatever their priority;
+3. else preempt lower-priority preemptible gangs of its own queue;
+4. else leave it pending with one precise reason.
+Every disruptive step is simulated first (victims released on a trial copy of the free
+capacity) and applied only if the gang then fits; the victim set is minimised; a budget bounds
+evictions per cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import datetime
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from fractions import Fraction
 
 from controlplane.core.placement import FreeCapacity, Miss, Placement, empty_capacity, placements_in_cluster
-from controlplane.core.snapshot import Admission, Decision, PendingReason, Policy, Snapshot, usage_of
-from controlplane.domain.model import GPU_EQ, Node, NodePool, QueueNode, Workload
+from controlplane.core.quota import ZERO, Ledger, Usage, fmt
+from controlplane.core.snapshot import (
+    Admission,
+    Decision,
+    Eviction,
+    LiveRun,
+    PendingReason,
+    Policy,
+    Snapshot,
+    gpu_eq_of_demand,
+    usage_of,
+)
+from controlplane.domain.model import GPU_EQ, Cluster, Node, NodePool, PodAssignment, Workload
 
 
-def _ancestors(queue_id: str, tree: Mapping[str, QueueNode]) -> list[QueueNode]:
-    chain = []
-    current: str | None = queue_id
-    while current is not None and current in tree:
-        chain.append(tree[current])
-        current = tree[current].parent_id
-    return chain
-
-
-def _add(usage: dict[str, dict[str, Fraction]], node_id: str, amounts: Mapping[str, Fraction]) -> None:
-    bucket = usage.setdefault(node_id, {})
-    for key, value in amounts.items():
-        bucket[key] = bucket.get(key, Fraction(0)) + value
-
-
-def _fmt(value: Fraction) -> str:
-    return f"{float(value):g}"
-
-
-def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:  # noqa: ARG001
-    pools_by_id: dict[str, NodePool] = snapshot.pools_by_id()
-    schedulable = [node for node in snapshot.nodes if node.schedulable]
-    pool_of_node = {node.id: pools_by_id[node.pool_id] for node in snapshot.nodes}
-    nodes_by_pool: dict[str, list[Node]] = {}
-    for node in schedulable:
-        nodes_by_pool.setdefault(node.pool_id, []).append(node)
-    free: FreeCapacity = empty_capacity(schedulable, pools_by_id)
-
-    tree_usage: dict[str, dict[str, Fraction]] = {}
-    for run in snapshot.live_runs:
-        for assignment in run.assignments:
-            node_free = free.get(assignment.node_id)
-            if node_free is not None:
-                for key, amount in assignment.demand.items():
-                    node_free[key] = node_free.get(key, 0) - amount
-        held = usage_of(run.assignments, pool_of_node)
-        for tree_node in _ancestors(run.queue_id, snapshot.queue_tree):
-            _add(tree_usage, tree_node.id, held)
-
-    order = sorted(snapshot.pending, key=lambda w: (-w.priority, w.created_seq, w.id))
-    admissions: list[Admission] = []
-    pending: list[PendingReason] = []
-    positions: dict[str, int] = {}
-    for workload in order:
-        outcome = _try_admit(workload, snapshot, policy, nodes_by_pool, free, pool_of_node, tree_usage)
-        if isinstance(outcome, Admission):
-            admissions.append(outcome)
-            continue
-        positions[workload.queue_id] = positions.get(workload.queue_id, 0) + 1
-        pending.append(PendingReason(workload.id, outcome, positions[workload.queue_id]))
+def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
+    cycle = _Cycle(snapshot, policy, now)
+    for workload in cycle.order():
+        reason = cycle.try_admit(workload)
+        if reason is not None:
+            cycle.leave_pending(workload, reason)
     return Decision(
-        admissions=tuple(admissions),
-        pending=tuple(pending),
-        stats={"pending": len(order), "admitted": len(admissions)},
+        admissions=tuple(cycle.admissions),
+        pending=tuple(cycle.pending),
+        evictions=tuple(cycle.evictions),
+        stats={"pending": len(snapshot.pending), "admitted": len(cycle.admissions), "evicted": len(cycle.evictions)},
     )
 
 
-def _try_admit(
-    workload: Workload,
-    snapshot: Snapshot,
-    policy: Policy,
-    nodes_by_pool: Mapping[str, list[Node]],
-    free: FreeCapacity,
-    pool_of_node: Mapping[str, NodePool],
-    tree_usage: dict[str, dict[str, Fraction]],
-) -> Admission | str:
-    chain = _ancestors(workload.queue_id, snapshot.queue_tree)
-    wanted = workload.gpu_eq()
-    for tree_node in chain:
-        bound = tree_node.limit.amounts.get(GPU_EQ)
-        used = tree_usage.get(tree_node.id, {}).get(GPU_EQ, Fraction(0))
-        if bound is not None and used + wanted > Fraction(bound).limit_denominator(10**6):
-            return (
-                f"quota: {tree_node.name} limit is {bound:g} gpu-eq, {_fmt(used)} in use, "
-                f"this gang needs {_fmt(wanted)}"
-            )
+def _least_gpu_eq(workload: Workload) -> Fraction:
+    """The gpu-eq of the cheapest `min_available` pods: what the gang needs at the very least."""
+    per_pod = sorted(ps.gpu_eq_per_pod() for ps in workload.pod_sets for _ in range(ps.replicas))
+    return sum(per_pod[: workload.min_available], ZERO)
 
-    placements: list[Placement] = []
-    best_miss: Miss | None = None
-    for cluster in snapshot.clusters:
-        result = placements_in_cluster(workload, cluster, nodes_by_pool, free, policy.prefer_same_pool)
-        if isinstance(result, Miss):
-            if best_miss is None or result.placed > best_miss.placed:
-                best_miss = result
+
+def _shape(workload: Workload) -> tuple[object, ...]:
+    """What placement depends on: gangs of one shape fit or fail alike on the same capacity."""
+    return (workload.pod_sets, workload.min_available, workload.requires_isolation, workload.tolerations)
+
+
+@dataclass
+class _Reservation:
+    owner: str
+    cluster_id: str
+    held: dict[str, dict[str, int]]  # node id -> the free capacity taken out of circulation
+    due: datetime | None  # when the work it waits for has declared it will be gone
+
+
+@dataclass
+class _Cycle:
+    snapshot: Snapshot
+    policy: Policy
+    now: datetime
+    admissions: list[Admission] = field(default_factory=list)
+    pending: list[PendingReason] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        snapshot = self.snapshot
+        self.pools: dict[str, NodePool] = snapshot.pools_by_id()
+        self.pool_of_node = {node.id: self.pools[node.pool_id] for node in snapshot.nodes}
+        schedulable = [node for node in snapshot.nodes if node.schedulable]
+        self.nodes_by_pool: dict[str, list[Node]] = {}
+        for node in schedulable:
+            self.nodes_by_pool.setdefault(node.pool_id, []).append(node)
+        self.nodes_by_cluster: dict[str, list[str]] = {}
+        for node in schedulable:
+            self.nodes_by_cluster.setdefault(node.cluster_id, []).append(node.id)
+        self.free: FreeCapacity = empty_capacity(schedulable, self.pools)
+        self.capacity: Usage = {}
+        for node in schedulable:
+            pool = self.pools[node.pool_id]
+            amount = gpu_eq_of_demand(pool.node_capacity(), pool)
+            self.capacity[GPU_EQ] = self.capacity.get(GPU_EQ, ZERO) + amount
+            self.capacity[pool.gpu_model] = self.capacity.get(pool.gpu_model, ZERO) + amount
+        self.free_eq: Usage = dict(self.capacity)
+        self.ledger = Ledger(snapshot.queue_tree)
+        self.live: dict[str, LiveRun] = {}
+        for run in snapshot.live_runs:
+            self.live[run.run_id or run.workload_id] = run
+            self._hold(run.assignments, run.queue_id, +1)
+        parents = {node.parent_id for node in snapshot.queue_tree.values()}
+        # Leaf queues that keep part of their guarantee back from borrowers.
+        self.lenders = sorted(
+            node.id for node in snapshot.queue_tree.values() if node.id not in parents and node.lending_limit.amounts
+        )
+        self.budget = self.policy.disruption_budget
+        # Shapes that found no room this cycle, with the reason: room only shrinks until an eviction.
+        self.unplaceable: dict[tuple[object, ...], str] = {}
+        self.positions: dict[str, int] = {}
+        self.reservations: list[_Reservation] = []
+        self.reserved_queues: dict[str, str] = {}
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _hold(
+        self, assignments: tuple[PodAssignment, ...], queue_id: str, sign: int, free: FreeCapacity | None = None
+    ) -> Usage:
+        """Take (+1) or give back (-1) capacity, and with the real free capacity also quota."""
+        target = self.free if free is None else free
+        for a in assignments:
+            node_free = target.get(a.node_id)
+            if node_free is not None:
+                for key, amount in a.demand.items():
+                    node_free[key] = node_free.get(key, 0) - sign * amount
+        held = usage_of(assignments, self.pool_of_node)
+        if free is None:
+            self.ledger.charge(queue_id, held, sign)
+            for key, value in held.items():
+                self.free_eq[key] = self.free_eq.get(key, ZERO) - sign * value
+        return held
+
+    def leave_pending(self, workload: Workload, reason: str) -> None:
+        position = self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1
+        self.pending.append(PendingReason(workload.id, reason, position))
+
+    # -- order ---------------------------------------------------------------------------------
+
+    def order(self) -> Iterator[Workload]:
+        """Within a queue: priority, then FIFO. Across queues: the lowest weighted dominant share
+        above guarantee goes first (or, without fair share, one global priority/FIFO order)."""
+        by_priority = sorted(self.snapshot.pending, key=lambda w: (-w.priority, w.created_seq, w.id))
+        if not self.policy.fair_share:
+            yield from by_priority
+            return
+        queues: dict[str, list[Workload]] = {}
+        for workload in by_priority:
+            queues.setdefault(workload.queue_id, []).append(workload)
+        heads = dict.fromkeys(queues, 0)
+        heap = [self._queue_key(queue_id, items[0]) for queue_id, items in queues.items()]
+        heapq.heapify(heap)
+        while heap:
+            *_, queue_id = heapq.heappop(heap)
+            items = queues[queue_id]
+            yield items[heads[queue_id]]
+            heads[queue_id] += 1
+            if heads[queue_id] < len(items):
+                heapq.heappush(heap, self._queue_key(queue_id, items[heads[queue_id]]))
+
+    def _queue_key(self, queue_id: str, head: Workload) -> tuple[int, Fraction, int, int, str]:
+        return (int(self.ledger.borrowing(queue_id)), self._share(queue_id), -head.priority, head.created_seq, queue_id)
+
+    def _share(self, queue_id: str) -> Fraction:
+        """Weighted dominant share of what the queue uses above its guarantee (DRF over keys)."""
+        node = self.snapshot.queue_tree.get(queue_id)
+        weight = Fraction(node.weight).limit_denominator(1000) if node else Fraction(1)
+        guaranteed = node.guaranteed.amounts if node else {}
+        usage = self.ledger.usage.get(queue_id, {})
+        # Shares are compared on the keys the guarantee speaks of: per GPU model (DRF over models)
+        # when it names models or names nothing, on gpu-eq when it is model-agnostic.
+        model_keys = [k for k in usage if k != GPU_EQ]
+        if GPU_EQ in guaranteed and not any(k in guaranteed for k in model_keys):
+            keys = [GPU_EQ]
         else:
-            placements.extend(result)
-    if not placements:
-        best = f"best cluster {best_miss.detail} has room for {best_miss.placed}" if best_miss else "no clusters"
+            keys = model_keys or [GPU_EQ]
+        dominant = ZERO
+        for key in keys:
+            used = usage.get(key, ZERO)
+            total = self.capacity.get(key)
+            if not total:
+                continue
+            above = used - Fraction(guaranteed.get(key, 0)).limit_denominator(10**6)
+            if above > 0:
+                dominant = max(dominant, above / total)
+        return dominant / weight
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def try_admit(self, workload: Workload) -> str | None:
+        """Admit the gang (maybe after evictions); the pending reason when it cannot be."""
+        wanted = {GPU_EQ: _least_gpu_eq(workload)}
+        blocked = self.ledger.limit_block(workload.queue_id, wanted)
+        if not workload.preemptible and not self.ledger.within_guarantee(workload.queue_id, wanted):
+            blocked = blocked or (
+                "quota: non-preemptible work runs only within its queue's guarantee, and "
+                f"{fmt(wanted[GPU_EQ])} gpu-eq more would exceed it"
+            )
+        if blocked is None:
+            outcome = self._place(workload, self.free)
+            if isinstance(outcome, Placement):
+                self._admit(workload, outcome)
+                return None
+            if self._backfill(workload):
+                return None
+            reason = outcome
+        else:
+            reason = blocked
+        # Ancestors are checked with the victims gone (their usage counts there too).
+        reclaimable = blocked is None and self.ledger.within_guarantee(workload.queue_id, wanted, queue_only=True)
+        if self.policy.reclaim and reclaimable and self._evict_for(workload, "reclaim"):
+            return None
+        if self.policy.preemption and self._evict_for(workload, "preempt"):
+            return None
+        if blocked is None and reason.startswith("no-fit"):
+            reason = self._reserve(workload, reason)
+        return reason
+
+    # -- reservations --------------------------------------------------------------------------
+
+    def _reserve(self, workload: Workload, reason: str) -> str:
+        """Let the head-of-line gang of a queue hold the nodes it waits for (those that free up
+        first); work behind it backfills there only if it declares it will be gone in time."""
+        if workload.queue_id in self.reserved_queues:
+            return reason + "; " + self.reserved_queues[workload.queue_id]
+        if len(self.reservations) >= self.policy.max_reservations:
+            return reason
+        best: tuple[bool, datetime, int, str, Placement] | None = None
+        for cluster in self.snapshot.clusters:
+            runs = sorted(
+                (r for r in self.live.values() if r.cluster_id == cluster.id),
+                key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id),
+            )
+            trial: FreeCapacity = {n: dict(self.free[n]) for n in self.nodes_by_cluster.get(cluster.id, [])}
+            released: list[LiveRun] = []
+            found: Placement | str = "none"
+            for run in runs:
+                self._hold(run.assignments, run.queue_id, -1, free=trial)
+                released.append(run)
+                found = self._place(workload, trial, (cluster,))
+                if isinstance(found, Placement):
+                    break
+            if not isinstance(found, Placement):
+                continue
+            ends = [r.ends_by() for r in released]
+            unknown = any(end is None for end in ends)
+            due = max((end for end in ends if end is not None), default=self.now)
+            candidate = (unknown, due, len(released), cluster.id, found)
+            if best is None or candidate[:4] < best[:4]:
+                best = candidate
+        if best is None:
+            return reason
+        unknown, due, _, cluster_id, placement = best
+        nodes = sorted({a.node_id for a in placement.assignments})
+        held = {node_id: dict(self.free[node_id]) for node_id in nodes}
+        for node_id in nodes:  # held: nobody else may take what is free there now
+            for key in held[node_id]:
+                self.free[node_id][key] = 0
+        self.reservations.append(_Reservation(workload.id, cluster_id, held, None if unknown else due))
+        when = "when running work ends" if unknown else f"by {due.isoformat()}"
+        note = f"reservation: {len(nodes)} node(s) of cluster {cluster_id} held for {workload.name}, due {when}"
+        self.reserved_queues[workload.queue_id] = note
+        return f"{reason}; {note}"
+
+    def _backfill(self, workload: Workload) -> bool:
+        """Place a gang on reserved nodes when its declared runtime ends before they are due."""
+        if workload.max_runtime_seconds is None:
+            return False
+        ends = self.now + timedelta(seconds=workload.max_runtime_seconds)
+        for reservation in self.reservations:
+            if reservation.due is None or ends > reservation.due:
+                continue
+            for node_id, amounts in reservation.held.items():
+                for key, amount in amounts.items():
+                    self.free[node_id][key] += amount
+            placement = self._place(workload, self.free, use_cache=False)
+            if isinstance(placement, Placement):
+                self._admit(workload, placement)
+            for node_id in reservation.held:  # hold again what is still free there
+                reservation.held[node_id] = dict(self.free[node_id])
+                for key in reservation.held[node_id]:
+                    self.free[node_id][key] = 0
+            if isinstance(placement, Placement):
+                return True
+        return False
+
+    def _place(
+        self,
+        workload: Workload,
+        free: FreeCapacity,
+        clusters: tuple[Cluster, ...] | None = None,
+        use_cache: bool = True,
+    ) -> Placement | str:
+        """The best placement that also passes every quota rule, or why there is none."""
+        shape = _shape(workload)
+        use_cache = use_cache and free is self.free and clusters is None
+        if use_cache and shape in self.unplaceable:
+            return self.unplaceable[shape]
+        placements: list[Placement] = []
+        best_miss: Miss | None = None
+        for cluster in self.snapshot.clusters if clusters is None else clusters:
+            found = placements_in_cluster(workload, cluster, self.nodes_by_pool, free, self.policy.prefer_same_pool)
+            if isinstance(found, Miss):
+                if best_miss is None or found.placed > best_miss.placed:
+                    best_miss = found
+            else:
+                placements.extend(found)
+        if not placements:
+            no_fit = self._no_fit(workload, best_miss)
+            if use_cache:
+                self.unplaceable[shape] = no_fit
+            return no_fit
+        first_reason = ""
+        for placement in sorted(placements, key=lambda p: (p.spread, p.leftover_gpu_slots, p.cluster_id)):
+            assignments = placement.assignments
+            while True:
+                blocked = self._quota_block(workload, usage_of(assignments, self.pool_of_node))
+                if blocked is None:
+                    return replace(placement, assignments=assignments)
+                if len(assignments) <= workload.min_available:
+                    break
+                # An elastic gang may start with fewer pods: drop the last one and ask again.
+                assignments = assignments[:-1]
+            first_reason = first_reason or blocked
+        return first_reason
+
+    def _no_fit(self, workload: Workload, miss: Miss | None) -> str:
+        best = f"best cluster {miss.detail} has room for {miss.placed}" if miss else "no cluster has room for any"
         return f"no-fit: needs {workload.min_available} pods placed at once in one cluster; {best}"
 
-    for placement in sorted(placements, key=lambda p: (p.spread, p.leftover_gpu_slots, p.cluster_id)):
-        held = usage_of(placement.assignments, pool_of_node)
-        over = _model_limit_hit(chain, tree_usage, held)
-        if over is not None:
-            continue
-        for assignment in placement.assignments:
-            node_free = free[assignment.node_id]
-            for key, amount in assignment.demand.items():
-                node_free[key] -= amount
-        for tree_node in chain:
-            _add(tree_usage, tree_node.id, held)
-        return Admission(workload.id, placement.cluster_id, placement.assignments)
-    over_name, key = _model_limit_hit(chain, tree_usage, usage_of(placements[0].assignments, pool_of_node)) or ("", "")
-    return f"quota: {over_name} limit on {key} would be exceeded by every feasible placement"
+    def _quota_block(self, workload: Workload, held: Usage) -> str | None:
+        reason = self.ledger.limit_block(workload.queue_id, held) or self.ledger.borrowing_block(
+            workload.queue_id, held
+        )
+        if reason is not None:
+            return reason
+        if self.ledger.within_guarantee(workload.queue_id, held):
+            return None
+        if not workload.preemptible:
+            return "quota: non-preemptible work runs only within its queue's guarantee"
+        protected = self.ledger.protected(self.lenders, excluding=workload.queue_id)
+        for key, keep in protected.items():
+            want = held.get(key, ZERO)
+            if want and self.free_eq.get(key, ZERO) - want < keep:
+                return f"quota: the rest of the free {key} is guarantee other queues do not lend"
+        return None
 
+    def _admit(self, workload: Workload, placement: Placement) -> None:
+        self._hold(placement.assignments, workload.queue_id, +1)
+        self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments))
 
-def _model_limit_hit(
-    chain: list[QueueNode],
-    tree_usage: Mapping[str, Mapping[str, Fraction]],
-    held: Mapping[str, Fraction],
-) -> tuple[str, str] | None:
-    for tree_node in chain:
-        current = tree_usage.get(tree_node.id, {})
-        combined = {key: current.get(key, Fraction(0)) + held.get(key, Fraction(0)) for key in held}
-        key = tree_node.limit.exceeded_by(combined)
-        if key is not None:
-            return tree_node.name, key
-    return None
+    # -- eviction ------------------------------------------------------------------------------
+
+    def _protected_by_runtime(self, run: LiveRun) -> bool:
+        started = run.started_at or run.admitted_at
+        if not run.min_runtime_seconds or started is None:
+            return False
+        return started + timedelta(seconds=run.min_runtime_seconds) > self.now
+
+    def _candidates(self, workload: Workload, kind: str) -> list[LiveRun]:
+        runs = []
+        for run in self.live.values():
+            if not run.preemptible or self._protected_by_runtime(run) or run.workload_id == workload.id:
+                continue
+            if kind == "preempt" and (run.queue_id != workload.queue_id or run.priority >= workload.priority):
+                continue
+            if kind == "reclaim" and (run.queue_id == workload.queue_id or not self.ledger.borrowing(run.queue_id)):
+                continue
+            runs.append(run)
+        # Idle runs first, then the lowest priority, then the most recently admitted.
+        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
+        runs.sort(
+            key=lambda r: (not r.idle, r.priority, -(((r.admitted_at or epoch) - epoch).total_seconds()), r.run_id)
+        )
+        return runs
+
+    def _evict_for(self, workload: Workload, kind: str) -> bool:
+        candidates = self._candidates(workload, kind)
+        if not candidates or self.budget <= 0:
+            return False
+        best: tuple[list[LiveRun], Placement] | None = None
+        for cluster_id in sorted({run.cluster_id for run in candidates}):
+            found = self._victims_in_cluster(workload, kind, [r for r in candidates if r.cluster_id == cluster_id])
+            if found is not None and (best is None or len(found[0]) < len(best[0])):
+                best = found
+        if best is None:
+            return False
+        victims, _ = best
+        for victim in victims:
+            self._evict(victim, workload, kind)
+        self.unplaceable.clear()  # capacity grew: shapes that failed may fit now
+        placement = self._place(workload, self.free)
+        assert isinstance(placement, Placement), "simulated eviction must make room"
+        self._admit(workload, placement)
+        return True
+
+    def _victims_in_cluster(
+        self, workload: Workload, kind: str, candidates: list[LiveRun]
+    ) -> tuple[list[LiveRun], Placement] | None:
+        cluster_id = candidates[0].cluster_id
+        trial: FreeCapacity = {
+            node_id: dict(self.free[node_id]) for node_id in self.nodes_by_cluster.get(cluster_id, [])
+        }
+        only = tuple(c for c in self.snapshot.clusters if c.id == cluster_id)
+        chosen: list[LiveRun] = []
+        placement: Placement | str = "no candidates"
+        try:
+            for run in candidates:
+                if len(chosen) >= self.budget:
+                    return None
+                if kind == "reclaim" and not self.ledger.borrowing(run.queue_id):
+                    continue  # its queue is back within its guarantee: the rest is not borrowed
+                self._release_trial(run, trial)
+                chosen.append(run)
+                placement = self._place(workload, trial, only)
+                if isinstance(placement, Placement) and self._may_evict_for(workload, kind, placement):
+                    break
+            else:
+                return None
+            for run in reversed(list(chosen)):  # minimise: drop every victim the gang does not need
+                self._restore_trial(run, trial)
+                chosen.remove(run)
+                again = self._place(workload, trial, only)
+                if isinstance(again, Placement) and self._may_evict_for(workload, kind, again):
+                    placement = again
+                else:
+                    self._release_trial(run, trial)
+                    chosen.append(run)
+            assert isinstance(placement, Placement)
+            return sorted(chosen, key=lambda r: r.run_id), placement
+        finally:
+            for run in chosen:
+                self._restore_trial(run, trial)
+
+    def _may_evict_for(self, workload: Workload, kind: str, placement: Placement) -> bool:
+        """Reclaim only restores a guarantee: with the victims gone, the gang must fit within the
+        guarantee of its queue and of every ancestor that declares one. Nobody evicts to borrow."""
+        if kind != "reclaim":
+            return True
+        held = usage_of(placement.assignments, self.pool_of_node)
+        return self.ledger.within_guarantee(workload.queue_id, held)
+
+    def _release_trial(self, run: LiveRun, trial: FreeCapacity) -> None:
+        self._hold(run.assignments, run.queue_id, -1, free=trial)
+        self.ledger.charge(run.queue_id, usage_of(run.assignments, self.pool_of_node), -1)
+
+    def _restore_trial(self, run: LiveRun, trial: FreeCapacity) -> None:
+        self._hold(run.assignments, run.queue_id, +1, free=trial)
+        self.ledger.charge(run.queue_id, usage_of(run.assignments, self.pool_of_node), +1)
+
+    def _evict(self, victim: LiveRun, beneficiary: Workload, kind: str) -> None:
+        self._hold(victim.assignments, victim.queue_id, -1)
+        del self.live[victim.run_id or victim.workload_id]
+        self.budget -= 1
+        victim_queue = self.snapshot.queue_tree.get(victim.queue_id)
+        own_queue = self.snapshot.queue_tree.get(beneficiary.queue_id)
+        if kind == "reclaim":
+            reason = (
+                f"reclaimed: queue {own_queue.name if own_queue else beneficiary.queue_id} takes back its guarantee "
+                f"from capacity queue {victim_queue.name if victim_queue else victim.queue_id} borrowed, "
+                f"for workload {beneficiary.name}"
+            )
+        else:
+            reason = (
+                f"preempted: workload {beneficiary.name} (priority {beneficiary.priority}) needs the capacity "
+                f"of this priority {victim.priority} gang in queue {own_queue.name if own_queue else victim.queue_id}"
+            )
+        self.evictions.append(Eviction(victim.workload_id, victim.run_id, kind, reason, beneficiary.id))

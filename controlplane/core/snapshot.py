@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from fractions import Fraction
 
 from controlplane.domain.model import (
@@ -32,6 +32,13 @@ class LiveRun:
     admitted_at: datetime | None = None
     min_runtime_seconds: int = 0
     idle: bool = False  # filled by idle-GPU detection: idle runs are evicted before busy ones
+    max_runtime_seconds: float | None = None  # declared bound: when its capacity is due back
+
+    def ends_by(self) -> datetime | None:
+        started = self.started_at or self.admitted_at
+        if self.max_runtime_seconds is None or started is None:
+            return None
+        return started + timedelta(seconds=self.max_runtime_seconds)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,9 @@ class Policy:
     reclaim: bool = True
     # Most gangs evicted in one cycle.
     disruption_budget: int = 16
+    # A gang at the head of its queue that finds no room holds the nodes it waits for, so smaller
+    # work cannot starve it; at most this many such reservations per cycle.
+    max_reservations: int = 4
 
 
 @dataclass(frozen=True)

@@ -104,3 +104,32 @@ def test_cancelled_workload_is_never_admitted(wiring: Wiring, client: TestClient
     view = client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()
     assert view["state"] == "cancelled"
     assert view["runs"] == []
+
+
+def test_preemption_requeues_the_victim_tears_it_down_and_tells_consumers(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    low = [
+        client.post("/v1/workloads", json=gang(f"low{i}", tenant.queue, replicas=2), headers=tenant.headers).json()[
+            "id"
+        ]
+        for i in range(2)
+    ]
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), TTL)
+    assert epoch is not None
+    _cycle(wiring, "s", epoch)
+    urgent = client.post(
+        "/v1/workloads", json=gang("urgent", tenant.queue, replicas=2, priority_class="urgent"), headers=tenant.headers
+    ).json()["id"]
+    _cycle(wiring, "s", epoch)
+    views = {i: client.get(f"/v1/workloads/{i}", headers=tenant.headers).json() for i in [*low, urgent]}
+    assert views[urgent]["state"] == "admitted"
+    victim = views[low[1]]  # the most recently admitted of equal priority goes first
+    assert views[low[0]]["state"] == "admitted"
+    assert victim["state"] == "queued"
+    assert victim["reason"].startswith("preempted: workload urgent (priority 1000)")
+    assert [r["state"] for r in victim["runs"]] == ["preempted"]
+    with wiring.uow() as uow:
+        assert [t.run_id for t in uow.runs.to_teardown(10)] == [victim["runs"][0]["id"]]
+        subjects = [s for _, s, _ in uow.outbox.unpublished(100)]
+    assert f"{wiring.settings.subject_prefix}.events.workload.{tenant.queue}.preempted" in subjects

@@ -195,7 +195,7 @@ def test_fractional_limit_counts_shares_held_on_the_pool() -> None:
         make_snapshot(clusters, nodes, [make_workload("a", frac(0.3))], tree=default_tree(queue_limit=0.4))
     )
     assert admitted_ids(decision) == []
-    assert reason_of(decision, "a") == "quota: q1 limit on gpu-eq would be exceeded by every feasible placement"
+    assert reason_of(decision, "a") == "quota: q1 limit is 0.4 gpu-eq, 0 in use, this gang needs 0.5"
 
 
 def test_fractional_request_within_a_fractional_limit_is_admitted() -> None:
@@ -219,7 +219,7 @@ def test_per_model_limit_with_no_other_model_leaves_the_gang_pending() -> None:
     clusters, nodes = single_pool_fleet(nodes=1)
     tree = tree_of(make_queue("q1", None, limits={"H100-80GB": 2}))
     decision = run_schedule(make_snapshot(clusters, nodes, [make_workload("w", gpus(4))], tree=tree))
-    assert reason_of(decision, "w") == "quota: q1 limit on H100-80GB would be exceeded by every feasible placement"
+    assert reason_of(decision, "w") == "quota: q1 limit is 2 H100-80GB, 0 in use, this gang needs 4"
 
 
 def test_per_model_limit_steers_a_gang_to_another_pool_of_the_same_cluster() -> None:
@@ -255,7 +255,7 @@ def test_no_fit_reason_names_the_gang_size_and_the_closest_cluster() -> None:
 
 def test_no_fit_reason_on_an_empty_fleet() -> None:
     decision = run_schedule(make_snapshot((), (), [make_workload("w")]))
-    assert reason_of(decision, "w") == "no-fit: needs 1 pods placed at once in one cluster; no clusters"
+    assert reason_of(decision, "w") == "no-fit: needs 1 pods placed at once in one cluster; no cluster has room for any"
 
 
 def test_every_pending_workload_gets_a_reason_and_a_one_based_position_in_its_queue() -> None:
@@ -274,7 +274,7 @@ def test_every_pending_workload_gets_a_reason_and_a_one_based_position_in_its_qu
     positions = {p.workload_id: p.queue_position for p in decision.pending}
     assert positions == {"q1-c": 1, "q1-a": 2, "q1-b": 3, "q2-a": 1, "q3-a": 1}
     assert all(p.reason for p in decision.pending)
-    assert decision.stats == {"pending": 6, "admitted": 1}
+    assert decision.stats == {"pending": 6, "admitted": 1, "evicted": 0}
 
 
 def test_admitted_and_pending_partition_the_pending_workloads() -> None:
@@ -309,6 +309,10 @@ def test_admissions_pack_so_later_gangs_find_whole_nodes() -> None:
     assert nodes_used(decision.admissions[4]).isdisjoint(small_nodes)
 
 
+# Backfill around a gang that waits is what these pin, so the head-of-line gang reserves nothing.
+NO_RESERVATIONS = Policy(max_reservations=0)
+
+
 def test_live_runs_consume_node_capacity() -> None:
     clusters, nodes = single_pool_fleet(nodes=1)
     live_workload = make_workload("live", gpus(6))
@@ -319,7 +323,7 @@ def test_live_runs_consume_node_capacity() -> None:
         [make_workload("big", gpus(4)), make_workload("small", gpus(2))],
         live=[live_run_of(admission, live_workload)],
     )
-    decision = run_schedule(snapshot)
+    decision = run_schedule(snapshot, NO_RESERVATIONS)
     assert admitted_ids(decision) == ["small"]
     assert reason_of(decision, "big").endswith("has room for 0")
 
@@ -339,7 +343,7 @@ def test_live_mig_slices_and_shares_are_not_offered_again() -> None:
         make_workload("s3", frac(0.25), seq=5),
         make_workload("m3", mig("2g.20gb"), seq=6),
     ]
-    decision = run_schedule(make_snapshot(clusters, nodes, second, live=live))
+    decision = run_schedule(make_snapshot(clusters, nodes, second, live=live), NO_RESERVATIONS)
     assert admitted_ids(decision) == ["s3", "m3"]
 
 

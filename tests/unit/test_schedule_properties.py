@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.invariants import check_decision
-from controlplane.core.snapshot import Decision, Snapshot
+from controlplane.core.snapshot import Decision, Policy, Snapshot
 from controlplane.domain.model import Cluster, Node, NodePool, PodSet, QueueNode, Taint, Toleration, Workload
 from tests.unit.builders import (
     cpu_only,
@@ -194,9 +194,10 @@ def assert_decision_is_sound(snapshot: Snapshot, decision: Decision) -> None:
 
     # no limit anywhere in the tree is exceeded (live + admitted usage of its subtree)
     usage: dict[str, Fraction] = defaultdict(Fraction)
-    held_by_queue = [(r.queue_id, r.assignments) for r in snapshot.live_runs] + [
-        (pending[a.workload_id].queue_id, a.assignments) for a in decision.admissions
-    ]
+    evicted = {e.run_id or e.workload_id for e in decision.evictions}
+    held_by_queue = [
+        (r.queue_id, r.assignments) for r in snapshot.live_runs if (r.run_id or r.workload_id) not in evicted
+    ] + [(pending[a.workload_id].queue_id, a.assignments) for a in decision.admissions]
     for queue_id, assignments in held_by_queue:
         held = sum((gpu_eq_held(a.demand, pool_of_node[a.node_id]) for a in assignments), Fraction(0))
         node: str | None = queue_id
@@ -265,6 +266,11 @@ def test_a_second_round_with_no_new_capacity_admits_nothing_the_first_round_left
     by_id = {w.id: w for w in first.pending}
     live = [live_run_of(a, by_id[a.workload_id]) for a in decision.admissions]
     leftovers = [by_id[p.workload_id] for p in decision.pending]
-    again = run_schedule(make_snapshot(first.clusters, first.nodes, leftovers, tree=first.queue_tree, live=live))
+    # Without evictions: a leftover may rightly preempt a lower-priority gang admitted after it.
+    no_evictions = Policy(preemption=False, reclaim=False)
+    again = run_schedule(
+        make_snapshot(first.clusters, first.nodes, leftovers, tree=first.queue_tree, live=live), no_evictions
+    )
     assert again.admissions == ()
-    assert [p.workload_id for p in again.pending] == [p.workload_id for p in decision.pending]
+    # Fair share may order queues differently once usage changed; the set left pending is the same.
+    assert sorted(p.workload_id for p in again.pending) == sorted(p.workload_id for p in decision.pending)

@@ -1,0 +1,133 @@
+"""The quota ledger of one cycle: usage per node of the queue tree, and the rules on it.
+
+Amounts are kept per resource key: `gpu-eq` (model-agnostic) and one key per GPU model.
+A key missing from a `limit` or `borrowing_limit` means unbounded; a key missing from
+`guaranteed` means nothing is guaranteed for it.
+
+Rules (issue 3):
+- nobody goes above a `limit`, anywhere on its chain (queue -> team -> cohort);
+- usage above a node's guarantee is borrowed and bounded by its `borrowing_limit`;
+- a node under its guarantee keeps the part it does not lend (`guaranteed - usage -
+  lending_limit`) out of reach of borrowers;
+- non-preemptible work runs only within guarantees, so a lender can always get its guarantee back;
+- a queue whose usage is above its guarantee runs (part of) its work on borrowed capacity, and
+  that work may be reclaimed by a queue that is below its own guarantee.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+
+from controlplane.domain.model import GPU_EQ, QueueNode
+
+Usage = dict[str, Fraction]
+ZERO = Fraction(0)
+
+
+def as_fraction(value: float) -> Fraction:
+    return Fraction(value).limit_denominator(10**6)
+
+
+def fmt(value: Fraction) -> str:
+    return f"{float(value):g}"
+
+
+class Ledger:
+    """Usage of every node of the queue tree, updated as the cycle admits and evicts."""
+
+    def __init__(self, tree: Mapping[str, QueueNode]) -> None:
+        self.tree = tree
+        self.usage: dict[str, Usage] = {}
+        self._chains: dict[str, tuple[QueueNode, ...]] = {}
+
+    def chain(self, queue_id: str) -> tuple[QueueNode, ...]:
+        """The queue and its ancestors, bottom up."""
+        cached = self._chains.get(queue_id)
+        if cached is None:
+            nodes = []
+            current: str | None = queue_id
+            while current is not None and current in self.tree:
+                nodes.append(self.tree[current])
+                current = self.tree[current].parent_id
+            cached = self._chains[queue_id] = tuple(nodes)
+        return cached
+
+    def used(self, node_id: str, key: str) -> Fraction:
+        return self.usage.get(node_id, {}).get(key, ZERO)
+
+    def charge(self, queue_id: str, amounts: Mapping[str, Fraction], sign: int = 1) -> None:
+        for node in self.chain(queue_id):
+            bucket = self.usage.setdefault(node.id, {})
+            for key, value in amounts.items():
+                bucket[key] = bucket.get(key, ZERO) + sign * value
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    def limit_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
+        for node in self.chain(queue_id):
+            for key, bound in node.limit.amounts.items():
+                want = amounts.get(key, ZERO)
+                if want and self.used(node.id, key) + want > as_fraction(bound):
+                    return (
+                        f"quota: {node.name} limit is {bound:g} {key}, {fmt(self.used(node.id, key))} in use, "
+                        f"this gang needs {fmt(want)}"
+                    )
+        return None
+
+    def borrowing_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
+        for node in self.chain(queue_id):
+            for key, bound in node.borrowing_limit.amounts.items():
+                want = amounts.get(key, ZERO)
+                if not want:
+                    continue
+                guaranteed = as_fraction(node.guaranteed.amounts.get(key, 0))
+                borrowed = max(ZERO, self.used(node.id, key) + want - guaranteed)
+                if borrowed > as_fraction(bound):
+                    return f"quota: {node.name} may borrow at most {bound:g} {key} above its guarantee"
+        return None
+
+    def within_guarantee(self, queue_id: str, amounts: Mapping[str, Fraction], queue_only: bool = False) -> bool:
+        """True when the queue has a guarantee covering `amounts` on top of its usage, and so do
+        all its ancestors that declare guarantees (only the queue itself with `queue_only`)."""
+        chain = self.chain(queue_id)
+        if not chain or not _covers_any(chain[0], amounts):
+            return False
+        for node in chain[:1] if queue_only else chain:
+            for key, bound in node.guaranteed.amounts.items():
+                want = amounts.get(key, ZERO)
+                if want and self.used(node.id, key) + want > as_fraction(bound):
+                    return False
+        return True
+
+    def borrowing(self, queue_id: str) -> bool:
+        """Whether the queue uses more than it is guaranteed (all of it, without a guarantee)."""
+        node = self.tree.get(queue_id)
+        if node is None:
+            return True
+        usage = self.usage.get(queue_id, {})
+        if not node.guaranteed.amounts:
+            return any(value > 0 for value in usage.values())
+        return any(usage.get(key, ZERO) > as_fraction(bound) for key, bound in node.guaranteed.amounts.items())
+
+    def protected(self, queues: Iterable[str], excluding: str) -> Usage:
+        """Unused guarantee other queues do not lend: borrowers must leave it free."""
+        total: Usage = {}
+        for queue_id in queues:
+            node = self.tree.get(queue_id)
+            if queue_id == excluding or node is None:
+                continue
+            for key, bound in node.guaranteed.amounts.items():
+                lend = node.lending_limit.amounts.get(key)
+                if lend is None:
+                    continue  # without a lending limit a queue lends all it does not use
+                unused = max(ZERO, as_fraction(bound) - self.used(queue_id, key))
+                keep = max(ZERO, unused - as_fraction(lend))
+                if keep:
+                    total[key] = total.get(key, ZERO) + keep
+        return total
+
+
+def _covers_any(node: QueueNode, amounts: Mapping[str, Fraction]) -> bool:
+    keys = set(node.guaranteed.amounts)
+    return bool(keys) and all(key in keys or key == GPU_EQ or GPU_EQ in keys for key in amounts if amounts[key])
