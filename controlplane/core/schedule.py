@@ -314,7 +314,7 @@ class _Cycle:
                 self.unplaceable[shape] = no_fit
             return no_fit
         first_reason = ""
-        for placement in sorted(placements, key=lambda p: (p.spread, p.leftover_gpu_slots, p.cluster_id)):
+        for placement in sorted(placements, key=lambda p: (p.spread, self._score(p), p.cluster_id)):
             assignments = placement.assignments
             while True:
                 blocked = self._quota_block(workload, usage_of(assignments, self.pool_of_node))
@@ -327,9 +327,46 @@ class _Cycle:
             first_reason = first_reason or blocked
         return first_reason
 
+    def _score(self, placement: Placement) -> float:
+        """Lower is better: free GPU slots left on the nodes it touches (fit), nodes it leaves
+        partly used (fragmentation) and what its GPUs cost per hour (price), weighted by the policy."""
+        touched: dict[str, int] = {}
+        price = 0.0
+        for a in placement.assignments:
+            pool = self.pool_of_node[a.node_id]
+            touched[a.node_id] = touched.get(a.node_id, 0) + sum(
+                v for k, v in a.demand.items() if k in ("gpu", "share") or k.startswith("mig:")
+            )
+            price += float(gpu_eq_of_demand(a.demand, pool)) * pool.price_per_gpu_hour
+        fragments = 0
+        for node_id, taken in touched.items():
+            left = sum(v for k, v in self.free[node_id].items() if k in ("gpu", "share") or k.startswith("mig:"))
+            if left - taken > 0:
+                fragments += 1
+        policy = self.policy
+        return (
+            policy.fit_weight * placement.leftover_gpu_slots
+            + policy.fragmentation_weight * fragments
+            + policy.price_weight * price
+        )
+
     def _no_fit(self, workload: Workload, miss: Miss | None) -> str:
+        if workload.requires_isolation and self._only_time_sliced(workload):
+            return (
+                "isolation: this workload requires isolation, and only time-sliced pools offer what it asks for; "
+                "use MIG or whole GPUs, or set requires_isolation: false"
+            )
         best = f"best cluster {miss.detail} has room for {miss.placed}" if miss else "no cluster has room for any"
         return f"no-fit: needs {workload.min_available} pods placed at once in one cluster; {best}"
+
+    def _only_time_sliced(self, workload: Workload) -> bool:
+        """Whether some pod set could be served by time-sliced pools and by nothing else."""
+        pools = list(self.pools.values())
+        for pod_set in workload.pod_sets:
+            serving = [p for p in pools if pod_set.demand_on(p) is not None]
+            if serving and all(not p.sharing.isolated for p in serving):
+                return True
+        return False
 
     def _quota_block(self, workload: Workload, held: Usage) -> str | None:
         reason = self.ledger.limit_block(workload.queue_id, held) or self.ledger.borrowing_block(

@@ -71,6 +71,11 @@ class Policy:
     # A gang at the head of its queue that finds no room holds the nodes it waits for, so smaller
     # work cannot starve it; at most this many such reservations per cycle.
     max_reservations: int = 4
+    # How placements are scored (lower wins): free GPU slots left on the touched nodes, nodes left
+    # partly used, and price per hour of the GPUs taken.
+    fit_weight: float = 1.0
+    fragmentation_weight: float = 2.0
+    price_weight: float = 0.5
 
 
 @dataclass(frozen=True)

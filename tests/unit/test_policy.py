@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from controlplane.core.invariants import check_decision
 from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
-from controlplane.domain.model import PodAssignment, QueueNode, Quota, Workload
+from controlplane.domain.model import PodAssignment, PodSet, QueueNode, Quota, Workload
 from tests.unit.builders import (
     NOW,
     gpus,
@@ -250,3 +250,37 @@ def test_queue_below_its_guarantee_goes_before_borrowers() -> None:
     pending = [make_workload("a-next", gpus(8), queue="a", seq=0), make_workload("b-first", gpus(8), queue="b", seq=9)]
     decision = decide(pending, live, tree)
     assert admitted(decision)[0] == "b-first"
+
+
+# --- placement scoring and reasons -----------------------------------------------------------------
+
+
+def test_cheaper_cluster_wins_when_fit_is_equal() -> None:
+    dear = make_pool("dear", "c1", gpus_per_node=8)
+    cheap = make_pool("cheap", "c2", gpus_per_node=8)
+    dear = replace(dear, price_per_gpu_hour=11.0)
+    cheap = replace(cheap, price_per_gpu_hour=6.9)
+    clusters = (make_cluster("c1", dear), make_cluster("c2", cheap))
+    snapshot = make_snapshot(clusters, make_nodes(dear, 1) + make_nodes(cheap, 1), [make_workload("w", gpus(8))])
+    assert [a.cluster_id for a in run_schedule(snapshot).admissions] == ["c2"]
+
+
+def test_placement_avoids_leaving_a_node_partly_used() -> None:
+    # 4 GPUs fit on the half-used node (no new fragment) or on an empty one (which it would split).
+    pool = make_pool(gpus_per_node=8)
+    nodes = make_nodes(pool, 2)
+    half = LiveRun("old", "a", "c1", 0, (PodAssignment("worker", 0, nodes[1].id, {"gpu": 4, "cpu": 1, "mem": 1}),))
+    snapshot = make_snapshot((make_cluster("c1", pool),), nodes, [make_workload("w", gpus(4))], live=[half])
+    [admission] = run_schedule(snapshot).admissions
+    assert admission.assignments[0].node_id == nodes[1].id
+
+
+def test_isolation_is_named_when_only_time_sliced_pools_could_serve() -> None:
+    shared = make_pool("ts", sharing="timeslice:4", gpus_per_node=4)
+    snapshot = make_snapshot(
+        (make_cluster("c1", shared),),
+        make_nodes(shared, 1),
+        [make_workload("llm", PodSet("server", 1, gpu_fraction=0.5), isolation=True)],
+    )
+    [pending] = run_schedule(snapshot).pending
+    assert pending.reason.startswith("isolation: this workload requires isolation")

@@ -172,7 +172,7 @@ def assert_decision_is_sound(snapshot: Snapshot, decision: Decision) -> None:
     positions: dict[str, list[int]] = {}
     for reason in decision.pending:
         assert reason.reason.strip()
-        assert reason.reason.startswith(("quota:", "no-fit:")), reason.reason
+        assert reason.reason.startswith(("quota:", "no-fit:", "isolation:")), reason.reason
         positions.setdefault(pending[reason.workload_id].queue_id, []).append(reason.queue_position)
     for queue, seen in positions.items():
         assert seen == list(range(1, len(seen) + 1)), queue
