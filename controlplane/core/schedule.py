@@ -16,7 +16,7 @@ evictions per cycle.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from fractions import Fraction
@@ -49,6 +49,11 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
         evictions=tuple(cycle.evictions),
         stats={"pending": len(snapshot.pending), "admitted": len(cycle.admissions), "evicted": len(cycle.evictions)},
     )
+
+
+def _slots(amounts: Mapping[str, int]) -> int:
+    """GPU slots in a demand or a node's free capacity: whole GPUs, MIG slices and shares."""
+    return sum(v for k, v in amounts.items() if k in ("gpu", "share") or k.startswith("mig:"))
 
 
 def _least_gpu_eq(workload: Workload) -> Fraction:
@@ -100,8 +105,10 @@ class _Cycle:
         self.free_eq: Usage = dict(self.capacity)
         self.ledger = Ledger(snapshot.queue_tree)
         self.live: dict[str, LiveRun] = {}
+        self.live_by_queue: dict[str, dict[str, LiveRun]] = {}
         for run in snapshot.live_runs:
             self.live[run.run_id or run.workload_id] = run
+            self.live_by_queue.setdefault(run.queue_id, {})[run.run_id or run.workload_id] = run
             self._hold(run.assignments, run.queue_id, +1)
         parents = {node.parent_id for node in snapshot.queue_tree.values()}
         # Leaf queues that keep part of their guarantee back from borrowers.
@@ -112,6 +119,7 @@ class _Cycle:
         # Shapes that found no room this cycle, with the reason: room only shrinks until an eviction.
         self.unplaceable: dict[tuple[object, ...], str] = {}
         self.positions: dict[str, int] = {}
+        self.failed_evictions: set[tuple[object, ...]] = set()
         self.reservations: list[_Reservation] = []
         self.reserved_queues: dict[str, str] = {}
 
@@ -314,6 +322,7 @@ class _Cycle:
                 self.unplaceable[shape] = no_fit
             return no_fit
         first_reason = ""
+        # Score each placement once (the sort key), best first.
         for placement in sorted(placements, key=lambda p: (p.spread, self._score(p), p.cluster_id)):
             assignments = placement.assignments
             while True:
@@ -333,16 +342,12 @@ class _Cycle:
         touched: dict[str, int] = {}
         price = 0.0
         for a in placement.assignments:
+            slots = _slots(a.demand)
+            touched[a.node_id] = touched.get(a.node_id, 0) + slots
             pool = self.pool_of_node[a.node_id]
-            touched[a.node_id] = touched.get(a.node_id, 0) + sum(
-                v for k, v in a.demand.items() if k in ("gpu", "share") or k.startswith("mig:")
-            )
-            price += float(gpu_eq_of_demand(a.demand, pool)) * pool.price_per_gpu_hour
-        fragments = 0
-        for node_id, taken in touched.items():
-            left = sum(v for k, v in self.free[node_id].items() if k in ("gpu", "share") or k.startswith("mig:"))
-            if left - taken > 0:
-                fragments += 1
+            if slots and pool.price_per_gpu_hour:
+                price += float(gpu_eq_of_demand(a.demand, pool)) * pool.price_per_gpu_hour
+        fragments = sum(1 for node_id, taken in touched.items() if _slots(self.free[node_id]) > taken)
         policy = self.policy
         return (
             policy.fit_weight * placement.leftover_gpu_slots
@@ -398,13 +403,20 @@ class _Cycle:
         return started + timedelta(seconds=run.min_runtime_seconds) > self.now
 
     def _candidates(self, workload: Workload, kind: str) -> list[LiveRun]:
+        if kind == "preempt":
+            pool = list(self.live_by_queue.get(workload.queue_id, {}).values())
+        else:
+            pool = [
+                run
+                for queue_id, runs in self.live_by_queue.items()
+                if queue_id != workload.queue_id and self.ledger.borrowing(queue_id)
+                for run in runs.values()
+            ]
         runs = []
-        for run in self.live.values():
+        for run in pool:
             if not run.preemptible or self._protected_by_runtime(run) or run.workload_id == workload.id:
                 continue
-            if kind == "preempt" and (run.queue_id != workload.queue_id or run.priority >= workload.priority):
-                continue
-            if kind == "reclaim" and (run.queue_id == workload.queue_id or not self.ledger.borrowing(run.queue_id)):
+            if kind == "preempt" and run.priority >= workload.priority:
                 continue
             runs.append(run)
         # Idle runs first, then the lowest priority, then the most recently admitted.
@@ -415,8 +427,17 @@ class _Cycle:
         return runs
 
     def _evict_for(self, workload: Workload, kind: str) -> bool:
+        if self.budget <= 0:
+            return False
+        # Within a cycle, capacity and candidates only shrink until an eviction happens: an attempt
+        # that failed for this shape, queue and priority fails again. (A queue that starts
+        # borrowing through this cycle's admissions becomes reclaimable from the next cycle.)
+        attempt = (kind, workload.queue_id, workload.priority, _shape(workload))
+        if attempt in self.failed_evictions:
+            return False
         candidates = self._candidates(workload, kind)
-        if not candidates or self.budget <= 0:
+        if not candidates:
+            self.failed_evictions.add(attempt)
             return False
         best: tuple[list[LiveRun], Placement] | None = None
         for cluster_id in sorted({run.cluster_id for run in candidates}):
@@ -424,11 +445,13 @@ class _Cycle:
             if found is not None and (best is None or len(found[0]) < len(best[0])):
                 best = found
         if best is None:
+            self.failed_evictions.add(attempt)
             return False
         victims, _ = best
         for victim in victims:
             self._evict(victim, workload, kind)
         self.unplaceable.clear()  # capacity grew: shapes that failed may fit now
+        self.failed_evictions.clear()
         placement = self._place(workload, self.free)
         assert isinstance(placement, Placement), "simulated eviction must make room"
         self._admit(workload, placement)
@@ -491,6 +514,7 @@ class _Cycle:
     def _evict(self, victim: LiveRun, beneficiary: Workload, kind: str) -> None:
         self._hold(victim.assignments, victim.queue_id, -1)
         del self.live[victim.run_id or victim.workload_id]
+        del self.live_by_queue[victim.queue_id][victim.run_id or victim.workload_id]
         self.budget -= 1
         victim_queue = self.snapshot.queue_tree.get(victim.queue_id)
         own_queue = self.snapshot.queue_tree.get(beneficiary.queue_id)

@@ -1,0 +1,1 @@
+"""Synthetic fleets and workloads for benchmarking the scheduling core (pure: no clock, no I/O)."""
