@@ -166,11 +166,12 @@ def why_never_fits(workload: Workload, clusters: tuple[Cluster, ...], nodes: tup
     if not clusters:
         return "the fleet has no clusters"
     pools_by_id = {pool.id: pool for cluster in clusters for pool in cluster.pools}
+    # A cordon is temporary: a gang that fits the fleet once its nodes come back is not refused.
+    whole_fleet = [replace(node, schedulable=True) for node in nodes]
     nodes_by_pool: dict[str, list[Node]] = {}
-    for node in nodes:
-        if node.schedulable:
-            nodes_by_pool.setdefault(node.pool_id, []).append(node)
-    free = empty_capacity(list(nodes), pools_by_id)
+    for node in whole_fleet:
+        nodes_by_pool.setdefault(node.pool_id, []).append(node)
+    free = empty_capacity(whole_fleet, pools_by_id)
     best: Miss | None = None
     for cluster in clusters:
         result = place_in_cluster(workload, cluster, nodes_by_pool, free)

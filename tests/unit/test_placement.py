@@ -321,15 +321,6 @@ def test_why_never_fits_names_the_cluster_that_came_closest() -> None:
     assert "best cluster (bigger) holds at most 3" in reason
 
 
-def test_why_never_fits_ignores_cordoned_nodes() -> None:
-    pool = make_pool(gpus_per_node=8)
-    clusters = (make_cluster("c1", pool),)
-    assert why_never_fits(make_workload("w", gpus(8, 2)), clusters, make_nodes(pool, 2)) is None
-    reason = why_never_fits(make_workload("w", gpus(8, 2)), clusters, make_nodes(pool, 2, unschedulable=[1]))
-    assert reason is not None
-    assert "holds at most 1" in reason
-
-
 def test_why_never_fits_on_an_empty_fleet() -> None:
     assert why_never_fits(make_workload("w"), (), ()) == "the fleet has no clusters"
 
@@ -346,3 +337,11 @@ def test_why_never_fits_respects_isolation() -> None:
     clusters = (make_cluster("c1", ts),)
     assert why_never_fits(make_workload("w", frac(0.5)), clusters, make_nodes(ts, 1)) is None
     assert why_never_fits(make_workload("w", frac(0.5), isolation=True), clusters, make_nodes(ts, 1)) is not None
+
+
+def test_a_cordoned_node_still_counts_for_what_the_fleet_could_ever_hold() -> None:
+    pool = make_pool(gpus_per_node=8)
+    cluster = make_cluster("c1", pool)
+    nodes = make_nodes(pool, 2, unschedulable=[1])
+    assert why_never_fits(make_workload("w", gpus(8, 2)), (cluster,), nodes) is None
+    assert why_never_fits(make_workload("w", gpus(8, 3)), (cluster,), nodes) is not None
