@@ -11,17 +11,13 @@ from dataclasses import dataclass, replace
 from controlplane.domain.model import (
     Cluster,
     Node,
-    NodePool,
-    PodSet,
     PriorityClass,
     QueueNode,
     Quota,
-    Taint,
     Toleration,
     Workload,
     WorkloadKind,
 )
-from controlplane.domain.sharing import SharingMode
 from controlplane.scenario.format import QuotaChange, ScenarioDoc, TreeNodeDoc, WorkloadDoc
 
 
@@ -48,24 +44,7 @@ def _fleet(doc: ScenarioDoc) -> tuple[tuple[Cluster, ...], tuple[Node, ...]]:
     clusters: list[Cluster] = []
     nodes: list[Node] = []
     for spec in doc.fleet:
-        pools = tuple(
-            NodePool(
-                id=f"{spec.name}/{p.name}",
-                cluster_id=spec.name,
-                name=p.name,
-                gpu_model=p.gpu_model,
-                gpus_per_node=p.gpus_per_node,
-                cpu_millis=p.cpu_millis,
-                memory_mib=p.memory_mib,
-                sharing=SharingMode.parse(p.sharing),
-                taints=tuple(Taint(t.key, t.value, t.effect) for t in p.taints),
-                labels=dict(p.labels),
-                price_per_gpu_hour=p.price_per_gpu_hour,
-                spot=p.spot,
-                node_count=p.node_count,
-            )
-            for p in spec.pools
-        )
+        pools = tuple(p.to_pool(f"{spec.name}/{p.name}", spec.name) for p in spec.pools)
         clusters.append(Cluster(spec.name, spec.name, spec.provider, spec.region, pools))
         for pool in pools:
             for index in range(pool.node_count):
@@ -126,19 +105,7 @@ def _workloads(doc: ScenarioDoc) -> tuple[Workload, ...]:
         class_name = spec.priority_class or default
         assert class_name is not None, "validated: a workload without a class needs a default class"
         pc = classes[class_name]
-        pod_sets = tuple(
-            PodSet(
-                name=p.name,
-                replicas=p.replicas,
-                gpus=p.gpus,
-                mig_profile=p.mig_profile,
-                gpu_fraction=p.gpu_fraction,
-                cpu_millis=p.cpu_millis,
-                memory_mib=p.memory_mib,
-                gpu_models=tuple(p.gpu_models),
-            )
-            for p in spec.pod_sets
-        )
+        pod_sets = tuple(p.to_pod_set() for p in spec.pod_sets)
         isolation = spec.requires_isolation
         if isolation is None:  # the API's default
             isolation = spec.kind is WorkloadKind.INFERENCE

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from controlplane.domain.model import Cluster, Node, NodePool, Taint
-from controlplane.domain.sharing import SharingMode
+from controlplane.domain.model import Cluster, Node, NodePool
 from controlplane.service.commands import (
     ClusterSpec,
     ClusterUpdate,
@@ -27,21 +26,7 @@ def _build_fleet(cluster_id: str, spec: ClusterSpec, region: str) -> tuple[Clust
     pools: list[NodePool] = []
     nodes: list[Node] = []
     for pool_spec in spec.pools:
-        pool = NodePool(
-            id=new_id("pool"),
-            cluster_id=cluster_id,
-            name=pool_spec.name,
-            gpu_model=pool_spec.gpu_model,
-            gpus_per_node=pool_spec.gpus_per_node,
-            cpu_millis=pool_spec.cpu_millis,
-            memory_mib=pool_spec.memory_mib,
-            sharing=SharingMode.parse(pool_spec.sharing),
-            taints=tuple(Taint(t.key, t.value, t.effect) for t in pool_spec.taints),
-            labels=dict(pool_spec.labels),
-            price_per_gpu_hour=pool_spec.price_per_gpu_hour,
-            spot=pool_spec.spot,
-            node_count=pool_spec.node_count,
-        )
+        pool = pool_spec.to_pool(new_id("pool"), cluster_id)
         pools.append(pool)
         nodes.extend(
             Node(new_id("node"), cluster_id, pool.id, f"{spec.name}-{pool.name}-{i}")

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controlplane.domain.model import WorkloadKind
+from controlplane.domain.model import NodePool, PodSet, Taint, WorkloadKind
 from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_compute_slices
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -46,6 +46,23 @@ class PoolSpec(Strict):
     price_per_gpu_hour: float = Field(default=0.0, ge=0)
     spot: bool = False
     node_count: int = Field(ge=0, le=20_000)
+
+    def to_pool(self, pool_id: str, cluster_id: str) -> NodePool:
+        return NodePool(
+            id=pool_id,
+            cluster_id=cluster_id,
+            name=self.name,
+            gpu_model=self.gpu_model,
+            gpus_per_node=self.gpus_per_node,
+            cpu_millis=self.cpu_millis,
+            memory_mib=self.memory_mib,
+            sharing=SharingMode.parse(self.sharing),
+            taints=tuple(Taint(t.key, t.value, t.effect) for t in self.taints),
+            labels=dict(self.labels),
+            price_per_gpu_hour=self.price_per_gpu_hour,
+            spot=self.spot,
+            node_count=self.node_count,
+        )
 
     @model_validator(mode="after")
     def _sharing_is_valid(self) -> PoolSpec:
@@ -138,6 +155,18 @@ class PodSetSpec(Strict):
     cpu_millis: int = Field(default=1000, ge=1, le=1_000_000)
     memory_mib: int = Field(default=4096, ge=1, le=10_000_000)
     gpu_models: list[str] = Field(default_factory=list, max_length=20)
+
+    def to_pod_set(self) -> PodSet:
+        return PodSet(
+            name=self.name,
+            replicas=self.replicas,
+            gpus=self.gpus,
+            mig_profile=self.mig_profile,
+            gpu_fraction=self.gpu_fraction,
+            cpu_millis=self.cpu_millis,
+            memory_mib=self.memory_mib,
+            gpu_models=tuple(self.gpu_models),
+        )
 
     @model_validator(mode="after")
     def _one_gpu_request(self) -> PodSetSpec:

@@ -8,7 +8,6 @@ from datetime import datetime
 
 from controlplane.core.placement import why_never_fits
 from controlplane.domain.model import (
-    PodSet,
     Toleration,
     Workload,
     WorkloadKind,
@@ -114,19 +113,7 @@ def _to_domain(
     request: SubmitWorkload,
     now: datetime,
 ) -> Workload:
-    pod_sets = tuple(
-        PodSet(
-            name=p.name,
-            replicas=p.replicas,
-            gpus=p.gpus,
-            mig_profile=p.mig_profile,
-            gpu_fraction=p.gpu_fraction,
-            cpu_millis=p.cpu_millis,
-            memory_mib=p.memory_mib,
-            gpu_models=tuple(p.gpu_models),
-        )
-        for p in request.pod_sets
-    )
+    pod_sets = tuple(p.to_pod_set() for p in request.pod_sets)
     total = sum(p.replicas for p in pod_sets)
     isolation = request.requires_isolation
     if isolation is None:
