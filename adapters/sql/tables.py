@@ -161,6 +161,7 @@ class WorkloadRow(Base):
     tolerations: Mapped[list[Any]] = mapped_column(default=list)
     duration_seconds: Mapped[float | None] = mapped_column(Float)
     max_runtime_seconds: Mapped[float | None] = mapped_column(Float)
+    spot: Mapped[str] = mapped_column(String(10), default="allow")
     container: Mapped[dict[str, Any]] = mapped_column(default=dict)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(100))

@@ -59,10 +59,12 @@ def _is_slot(key: str) -> bool:
 
 
 def candidate_pools(workload: Workload, cluster: Cluster) -> list[NodePool]:
-    """Pools of `cluster` this workload may use at all (isolation, taints)."""
+    """Pools of `cluster` this workload may use at all (isolation, taints, spot)."""
     pools = []
     for pool in cluster.pools:
         if workload.requires_isolation and not pool.sharing.isolated:
+            continue
+        if pool.spot and workload.spot == "never":
             continue
         if pool.untolerated_taints(workload.tolerations):
             continue
@@ -134,7 +136,9 @@ def empty_capacity(nodes: list[Node], pools_by_id: Mapping[str, NodePool]) -> Fr
 
     The dicts it returns tell the placement indexes which nodes changed, so keep updating them in
     place (`free[node][key] -= amount`); replacing or adding whole node entries is allowed too but
-    makes every later call rebuild its indexes.
+    makes every later call rebuild its indexes. The node lists of the `nodes_by_pool` passed with
+    it are taken as they are while the capacity is in use (another list, or one of another length,
+    is indexed afresh; a list changed in place keeping its length is not noticed).
     """
     capacity = _TrackedCapacity()
     dirty = capacity.ledger.dirty

@@ -21,7 +21,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from fractions import Fraction
 
-from controlplane.core.placement import FreeCapacity, Miss, Placement, empty_capacity, placements_in_cluster
+from controlplane.core.placement import (
+    FreeCapacity,
+    Miss,
+    Placement,
+    candidate_pools,
+    empty_capacity,
+    place_gang,
+    placements_in_cluster,
+)
 from controlplane.core.quota import ZERO, Ledger, Usage, fmt
 from controlplane.core.snapshot import (
     Admission,
@@ -49,6 +57,10 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
         evictions=tuple(cycle.evictions),
         stats={"pending": len(snapshot.pending), "admitted": len(cycle.admissions), "evicted": len(cycle.evictions)},
     )
+
+
+# Node labels that name a failure or network domain; the scorer keeps a gang inside one of each.
+TOPOLOGY_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/rack", "cloud.google.com/gke-placement-group")
 
 
 def _slots(amounts: Mapping[str, int]) -> int:
@@ -316,6 +328,8 @@ class _Cycle:
                     best_miss = found
             else:
                 placements.extend(found)
+                if all(len({self.pool_of_node[a.node_id].id for a in p.assignments}) > 1 for p in found):
+                    placements.extend(self._zone_placements(workload, cluster, free))
         if not placements:
             no_fit = self._no_fit(workload, best_miss)
             if use_cache:
@@ -323,7 +337,7 @@ class _Cycle:
             return no_fit
         first_reason = ""
         # Score each placement once (the sort key), best first.
-        for placement in sorted(placements, key=lambda p: (p.spread, self._score(p), p.cluster_id)):
+        for placement in sorted(placements, key=lambda p: (p.spread, self._score(p, workload), p.cluster_id)):
             assignments = placement.assignments
             while True:
                 blocked = self._quota_block(workload, usage_of(assignments, self.pool_of_node))
@@ -336,7 +350,23 @@ class _Cycle:
             first_reason = first_reason or blocked
         return first_reason
 
-    def _score(self, placement: Placement) -> float:
+    def _zone_placements(self, workload: Workload, cluster: Cluster, free: FreeCapacity) -> list[Placement]:
+        """A gang no single pool can hold may still stay inside one zone or rack: offer those too."""
+        pools = candidate_pools(workload, cluster)
+        found = []
+        for label in TOPOLOGY_LABELS:
+            groups: dict[str, list[NodePool]] = {}
+            for pool in pools:
+                if label in pool.labels:
+                    groups.setdefault(pool.labels[label], []).append(pool)
+            for _, group in sorted(groups.items()):
+                if 1 < len(group) < len(pools):
+                    placed = place_gang(workload, cluster, group, self.nodes_by_pool, free)
+                    if isinstance(placed, Placement):
+                        found.append(replace(placed, spread=False))
+        return found
+
+    def _score(self, placement: Placement, workload: Workload | None = None) -> float:
         """Lower is better: free GPU slots left on the nodes it touches (fit), nodes it leaves
         partly used (fragmentation) and what its GPUs cost per hour (price), weighted by the policy."""
         touched: dict[str, int] = {}
@@ -348,11 +378,20 @@ class _Cycle:
             if slots and pool.price_per_gpu_hour:
                 price += float(gpu_eq_of_demand(a.demand, pool)) * pool.price_per_gpu_hour
         fragments = sum(1 for node_id, taken in touched.items() if _slots(self.free[node_id]) > taken)
+        pools = list({self.pool_of_node[node_id].id: self.pool_of_node[node_id] for node_id in touched}.values())
+        # Topology: a gang spread over pools in different zones or racks talks across them.
+        domains = sum(len({p.labels.get(label) for p in pools}) - 1 for label in TOPOLOGY_LABELS)
+        spot = 0.0
+        if workload is not None and workload.spot in ("prefer", "avoid"):
+            on_spot = sum(1 for p in pools if p.spot) / len(pools) if pools else 0.0
+            spot = on_spot if workload.spot == "avoid" else 1.0 - on_spot
         policy = self.policy
         return (
             policy.fit_weight * placement.leftover_gpu_slots
             + policy.fragmentation_weight * fragments
             + policy.price_weight * price
+            + policy.topology_weight * domains
+            + policy.spot_weight * spot
         )
 
     def _no_fit(self, workload: Workload, miss: Miss | None) -> str:

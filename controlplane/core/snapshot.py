@@ -76,6 +76,9 @@ class Policy:
     fit_weight: float = 1.0
     fragmentation_weight: float = 2.0
     price_weight: float = 0.5
+    # Per extra zone/rack a gang spans, and for a placement against the workload's spot preference.
+    topology_weight: float = 4.0
+    spot_weight: float = 100.0
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,7 @@ class Workload:
     preemptible: bool = True
     min_runtime_seconds: int = 0
     max_runtime_seconds: float | None = None
+    spot: str = "allow"  # allow | prefer | avoid | never: how it treats spot (preemptible-by-cloud) pools
 
     @property
     def total_pods(self) -> int:

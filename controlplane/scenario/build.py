@@ -127,6 +127,7 @@ def _workloads(doc: ScenarioDoc) -> tuple[Workload, ...]:
                 preemptible=pc.preemptible,
                 min_runtime_seconds=pc.min_runtime_seconds,
                 max_runtime_seconds=spec.max_runtime_seconds,
+                spot=spec.spot,
             )
         )
     return tuple(workloads)

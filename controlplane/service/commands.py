@@ -198,6 +198,9 @@ class SubmitWorkload(Strict):
     max_runtime_seconds: float | None = Field(
         default=None, gt=0, le=90 * 86400, description="declared upper bound; lets a gang backfill before a reservation"
     )
+    spot: Literal["allow", "prefer", "avoid", "never"] = Field(
+        default="allow", description="spot pools: allow, prefer, avoid (only if nothing else fits) or never"
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     container: dict[str, Any] = Field(default_factory=dict, description="opaque, passed to Kubernetes")
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=100)

@@ -127,6 +127,7 @@ class WorkloadView:
     pod_sets: list[dict[str, Any]]
     duration_seconds: float | None
     max_runtime_seconds: float | None
+    spot: str
     idempotency_key: str | None
     labels: dict[str, str]
     created_at: datetime

@@ -132,6 +132,7 @@ def _to_domain(
         tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in request.tolerations),
         duration_seconds=request.duration_seconds,
         max_runtime_seconds=request.max_runtime_seconds,
+        spot=request.spot,
         created_seq=int(now.timestamp() * 1_000_000),
     )
 

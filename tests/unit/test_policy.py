@@ -284,3 +284,43 @@ def test_isolation_is_named_when_only_time_sliced_pools_could_serve() -> None:
     )
     [pending] = run_schedule(snapshot).pending
     assert pending.reason.startswith("isolation: this workload requires isolation")
+
+
+def _spot_and_on_demand() -> tuple[tuple[object, ...], tuple[object, ...]]:
+    on_demand = replace(make_pool("od", "c1", gpus_per_node=8), price_per_gpu_hour=4.0)
+    spot = replace(make_pool("spot", "c1", gpus_per_node=8), spot=True, price_per_gpu_hour=1.5)
+    return (make_cluster("c1", on_demand, spot),), make_nodes(on_demand, 1) + make_nodes(spot, 1)
+
+
+def test_spot_preference_steers_placement() -> None:
+    clusters, nodes = _spot_and_on_demand()
+
+    def pool_for(preference: str) -> str:
+        workload = replace(make_workload("w", gpus(8)), spot=preference)
+        [admission] = run_schedule(make_snapshot(clusters, nodes, [workload])).admissions  # type: ignore[arg-type]
+        return admission.assignments[0].node_id.split("-")[0]
+
+    assert pool_for("prefer") == "spot"
+    assert pool_for("allow") == "spot"  # cheaper, nothing against it
+    assert pool_for("avoid") == "od"
+
+
+def test_never_spot_keeps_a_gang_off_spot_pools_even_when_only_they_have_room() -> None:
+    clusters, nodes = _spot_and_on_demand()
+    busy = LiveRun("old", "q1", "c1", 0, (PodAssignment("worker", 0, nodes[0].id, {"gpu": 8, "cpu": 1, "mem": 1}),))
+    workload = replace(make_workload("w", gpus(8)), spot="never")
+    decision = run_schedule(make_snapshot(clusters, nodes, [workload], live=[busy]))  # type: ignore[arg-type]
+    assert decision.admissions == ()
+    assert decision.pending[0].reason.startswith("no-fit")
+
+
+def test_a_gang_spread_over_pools_stays_in_one_zone() -> None:
+    zone = "topology.kubernetes.io/zone"
+    a = make_pool("a", "c1", gpus_per_node=8)
+    b = make_pool("b", "c1", gpus_per_node=8)
+    c = make_pool("c", "c1", gpus_per_node=8)
+    a, b, c = (replace(a, labels={zone: "z1"}), replace(b, labels={zone: "z2"}), replace(c, labels={zone: "z1"}))
+    nodes = make_nodes(a, 1) + make_nodes(b, 1) + make_nodes(c, 1)
+    snapshot = make_snapshot((make_cluster("c1", a, b, c),), nodes, [make_workload("w", gpus(8, replicas=2))])
+    [admission] = run_schedule(snapshot).admissions
+    assert sorted(x.node_id.split("-")[0] for x in admission.assignments) == ["a", "c"]
