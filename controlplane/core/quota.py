@@ -39,6 +39,7 @@ class Ledger:
     def __init__(self, tree: Mapping[str, QueueNode]) -> None:
         self.tree = tree
         self.usage: dict[str, Usage] = {}
+        self.versions: dict[str, int] = {}  # bumped on every change of a node's usage
         self._chains: dict[str, tuple[QueueNode, ...]] = {}
 
     def chain(self, queue_id: str) -> tuple[QueueNode, ...]:
@@ -58,6 +59,7 @@ class Ledger:
 
     def charge(self, queue_id: str, amounts: Mapping[str, Fraction], sign: int = 1) -> None:
         for node in self.chain(queue_id):
+            self.versions[node.id] = self.versions.get(node.id, 0) + 1
             bucket = self.usage.setdefault(node.id, {})
             for key, value in amounts.items():
                 bucket[key] = bucket.get(key, ZERO) + sign * value

@@ -132,6 +132,7 @@ class _Cycle:
         self.unplaceable: dict[tuple[object, ...], str] = {}
         self.positions: dict[str, int] = {}
         self.failed_evictions: set[tuple[object, ...]] = set()
+        self.shares: dict[str, tuple[int, Fraction]] = {}
         self.reservations: list[_Reservation] = []
         self.reserved_queues: dict[str, str] = {}
 
@@ -185,7 +186,17 @@ class _Cycle:
         return (int(self.ledger.borrowing(queue_id)), self._share(queue_id), -head.priority, head.created_seq, queue_id)
 
     def _share(self, queue_id: str) -> Fraction:
-        """Weighted dominant share of what the queue uses above its guarantee (DRF over keys)."""
+        """Weighted dominant share of what the queue uses above its guarantee (DRF over keys),
+        recomputed only when the queue's usage changed."""
+        version = self.ledger.versions.get(queue_id, 0)
+        cached = self.shares.get(queue_id)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        share = self._compute_share(queue_id)
+        self.shares[queue_id] = (version, share)
+        return share
+
+    def _compute_share(self, queue_id: str) -> Fraction:
         node = self.snapshot.queue_tree.get(queue_id)
         weight = Fraction(node.weight).limit_denominator(1000) if node else Fraction(1)
         guaranteed = node.guaranteed.amounts if node else {}
