@@ -113,4 +113,5 @@ def workload_from_row(row: WorkloadRow, priority_class: PriorityClassRow) -> Wor
         min_runtime_seconds=priority_class.min_runtime_seconds,
         max_runtime_seconds=row.max_runtime_seconds,
         spot=row.spot,
+        same_pool=row.same_pool,
     )

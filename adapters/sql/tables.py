@@ -162,6 +162,7 @@ class WorkloadRow(Base):
     duration_seconds: Mapped[float | None] = mapped_column(Float)
     max_runtime_seconds: Mapped[float | None] = mapped_column(Float)
     spot: Mapped[str] = mapped_column(String(10), default="allow")
+    same_pool: Mapped[str] = mapped_column(String(10), default="preferred")
     container: Mapped[dict[str, Any]] = mapped_column(default=dict)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(100))

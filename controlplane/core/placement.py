@@ -176,14 +176,19 @@ def why_never_fits(workload: Workload, clusters: tuple[Cluster, ...], nodes: tup
     for node in whole_fleet:
         nodes_by_pool.setdefault(node.pool_id, []).append(node)
     free = empty_capacity(whole_fleet, pools_by_id)
+    pool_of = {node.id: node.pool_id for node in whole_fleet}
     best: Miss | None = None
     for cluster in clusters:
         result = place_in_cluster(workload, cluster, nodes_by_pool, free)
         if not isinstance(result, Miss):
-            return None
+            # place_in_cluster offers a single-pool placement first whenever one exists.
+            if workload.same_pool != "required" or len({pool_of[a.node_id] for a in result.assignments}) == 1:
+                return None
+            continue
         if best is None or result.placed > best.placed:
             best = result
-    assert best is not None
+    if best is None:
+        return "same_pool is required, but only several node pools together could ever hold this gang"
     return (
         f"no cluster in the fleet could ever hold this gang: it needs {workload.min_available} pods "
         f"placed at once and the best cluster ({best.detail}) holds at most {best.placed} even when empty"
@@ -462,10 +467,17 @@ class _Shape:
     min_available: int
     requires_isolation: bool
     tolerations: tuple[object, ...]
+    no_spot: bool  # spot pools are not candidates
 
     @staticmethod
     def of(workload: Workload) -> _Shape:
-        return _Shape(workload.pod_sets, workload.min_available, workload.requires_isolation, workload.tolerations)
+        return _Shape(
+            workload.pod_sets,
+            workload.min_available,
+            workload.requires_isolation,
+            workload.tolerations,
+            workload.spot == "never",
+        )
 
     @property
     def one_pod(self) -> bool:

@@ -76,7 +76,14 @@ def _least_gpu_eq(workload: Workload) -> Fraction:
 
 def _shape(workload: Workload) -> tuple[object, ...]:
     """What placement depends on: gangs of one shape fit or fail alike on the same capacity."""
-    return (workload.pod_sets, workload.min_available, workload.requires_isolation, workload.tolerations)
+    return (
+        workload.pod_sets,
+        workload.min_available,
+        workload.requires_isolation,
+        workload.tolerations,
+        workload.spot,
+        workload.same_pool,
+    )
 
 
 @dataclass
@@ -337,9 +344,11 @@ class _Cycle:
             if isinstance(found, Miss):
                 if best_miss is None or found.placed > best_miss.placed:
                     best_miss = found
+            elif workload.same_pool == "required":
+                placements.extend(p for p in found if self._pools_used(p) == 1)
             else:
                 placements.extend(found)
-                if all(len({self.pool_of_node[a.node_id].id for a in p.assignments}) > 1 for p in found):
+                if all(self._pools_used(p) > 1 for p in found):
                     placements.extend(self._zone_placements(workload, cluster, free))
         if not placements:
             no_fit = self._no_fit(workload, best_miss)
@@ -360,6 +369,9 @@ class _Cycle:
                 assignments = assignments[:-1]
             first_reason = first_reason or blocked
         return first_reason
+
+    def _pools_used(self, placement: Placement) -> int:
+        return len({self.pool_of_node[a.node_id].id for a in placement.assignments})
 
     def _zone_placements(self, workload: Workload, cluster: Cluster, free: FreeCapacity) -> list[Placement]:
         """A gang no single pool can hold may still stay inside one zone or rack: offer those too."""

@@ -246,6 +246,7 @@ class Workload:
     min_runtime_seconds: int = 0
     max_runtime_seconds: float | None = None
     spot: str = "allow"  # allow | prefer | avoid | never: how it treats spot (preemptible-by-cloud) pools
+    same_pool: str = "preferred"  # preferred | required: may the gang span node pools of its cluster
 
     @property
     def total_pods(self) -> int:

@@ -128,6 +128,7 @@ def _workloads(doc: ScenarioDoc) -> tuple[Workload, ...]:
                 min_runtime_seconds=pc.min_runtime_seconds,
                 max_runtime_seconds=spec.max_runtime_seconds,
                 spot=spec.spot,
+                same_pool=spec.same_pool,
             )
         )
     return tuple(workloads)

@@ -76,6 +76,7 @@ class WorkloadDoc(Strict):
     tolerations: list[TolerationSpec] = Field(default_factory=list)
     max_runtime_seconds: Seconds | None = Field(default=None, gt=0)
     spot: Literal["allow", "prefer", "avoid", "never"] = "allow"
+    same_pool: Literal["preferred", "required"] = "preferred"
     idle_after: Seconds | None = Field(default=None, ge=0, description="a run is idle once it has run this long")
 
     @model_validator(mode="after")

@@ -201,6 +201,9 @@ class SubmitWorkload(Strict):
     spot: Literal["allow", "prefer", "avoid", "never"] = Field(
         default="allow", description="spot pools: allow, prefer, avoid (only if nothing else fits) or never"
     )
+    same_pool: Literal["preferred", "required"] = Field(
+        default="preferred", description="required: all pods in one node pool, or not at all"
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     container: dict[str, Any] = Field(default_factory=dict, description="opaque, passed to Kubernetes")
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=100)

@@ -128,6 +128,7 @@ class WorkloadView:
     duration_seconds: float | None
     max_runtime_seconds: float | None
     spot: str
+    same_pool: str
     idempotency_key: str | None
     labels: dict[str, str]
     created_at: datetime

@@ -133,6 +133,7 @@ def _to_domain(
         duration_seconds=request.duration_seconds,
         max_runtime_seconds=request.max_runtime_seconds,
         spot=request.spot,
+        same_pool=request.same_pool,
         created_seq=int(now.timestamp() * 1_000_000),
     )
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 15:27:56.836413
+Create Date: 2026-12-02 15:36:55.968437
 """
 
 from collections.abc import Sequence
@@ -184,6 +184,7 @@ def upgrade() -> None:
     sa.Column('duration_seconds', sa.Float(), nullable=True),
     sa.Column('max_runtime_seconds', sa.Float(), nullable=True),
     sa.Column('spot', sa.String(length=10), nullable=False),
+    sa.Column('same_pool', sa.String(length=10), nullable=False),
     sa.Column('container', sa.JSON(), nullable=False),
     sa.Column('labels', sa.JSON(), nullable=False),
     sa.Column('idempotency_key', sa.String(length=100), nullable=True),

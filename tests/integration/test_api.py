@@ -249,3 +249,17 @@ def test_a_team_sees_the_team_of_its_queues(client: TestClient, admin: dict[str,
     assert queue["parent"] == "vision"
     team = client.get("/v1/teams/vision", headers=admin).json()
     assert team["parent"] is None
+
+
+def test_same_pool_required_is_refused_when_no_single_pool_could_hold_the_gang(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    setup_fleet(client, admin, h100_cluster(nodes=4))
+    tenant = add_tenant(client, admin, "vision", "vision-train")
+    ok = client.post("/v1/workloads", json=gang("fits", tenant.queue, same_pool="required"), headers=tenant.headers)
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["same_pool"] == "required"
+    too_big = gang("spread", tenant.queue, replicas=5, same_pool="required")
+    r = client.post("/v1/workloads", json=too_big, headers=tenant.headers)
+    assert r.status_code == 422
+    assert "no cluster in the fleet could ever hold" in r.json()["detail"]

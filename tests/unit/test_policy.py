@@ -324,3 +324,26 @@ def test_a_gang_spread_over_pools_stays_in_one_zone() -> None:
     snapshot = make_snapshot((make_cluster("c1", a, b, c),), nodes, [make_workload("w", gpus(8, replicas=2))])
     [admission] = run_schedule(snapshot).admissions
     assert sorted(x.node_id.split("-")[0] for x in admission.assignments) == ["a", "c"]
+
+
+def test_same_pool_required_waits_rather_than_spread() -> None:
+    a = make_pool("a", "c1", gpus_per_node=8)
+    b = make_pool("b", "c1", gpus_per_node=8)
+    nodes = make_nodes(a, 1) + make_nodes(b, 2)
+    busy = LiveRun("old", "q1", "c1", 0, (PodAssignment("worker", 0, nodes[1].id, {"gpu": 8, "cpu": 1, "mem": 1}),))
+    strict = replace(make_workload("strict", gpus(8, replicas=2)), same_pool="required")
+    loose = make_workload("loose", gpus(8, replicas=2), seq=1)
+    snapshot = make_snapshot((make_cluster("c1", a, b),), nodes, [strict, loose], live=[busy])
+    decision = run_schedule(snapshot, Policy(max_reservations=0))
+    assert admitted(decision) == ["loose"]  # one node of a + the free node of b
+    assert [p.workload_id for p in decision.pending] == ["strict"]
+
+
+def test_a_never_spot_gang_does_not_reuse_the_answer_of_an_identical_spot_tolerant_one() -> None:
+    clusters, nodes = _spot_and_on_demand()
+    busy = LiveRun("old", "q1", "c1", 0, (PodAssignment("worker", 0, nodes[0].id, {"gpu": 8, "cpu": 1, "mem": 1}),))
+    allow = make_workload("allow", gpus(8))
+    never = replace(make_workload("never", gpus(8), seq=1), spot="never")
+    for order in ([allow, never], [never, allow]):
+        decision = run_schedule(make_snapshot(clusters, nodes, order, live=[busy]), Policy(max_reservations=0))  # type: ignore[arg-type]
+        assert admitted(decision) == ["allow"]
