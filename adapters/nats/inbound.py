@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats.errors
@@ -68,6 +67,3 @@ class JetStreamInbound:
     def reset(self) -> None:
         """Forget the subscription; the next fetch binds again (after a server restart)."""
         self._sub = None
-
-
-Publish = Callable[[str, bytes, str], Awaitable[None]]

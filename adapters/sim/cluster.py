@@ -5,8 +5,6 @@ in-cluster agent. State is kept in a JSON file so a cluster outlives a control-p
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -123,9 +121,3 @@ class SimCluster:
         if sent:
             self._persist()
         return sent
-
-    async def run_forever(self, stop: asyncio.Event, interval: float = 0.2) -> None:
-        while not stop.is_set():
-            await self.tick()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)

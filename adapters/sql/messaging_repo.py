@@ -46,9 +46,6 @@ class SqlOutbox:
             .execution_options(synchronize_session=False)
         )
 
-    def backlog(self) -> int:
-        return int(self.s.scalar(select(func.count()).where(OutboxRow.published_at.is_(None))) or 0)
-
     def prune(self, published_before: datetime) -> int:
         result = self.s.execute(delete(OutboxRow).where(OutboxRow.published_at < published_before))
         return int(result.rowcount)  # type: ignore[attr-defined]

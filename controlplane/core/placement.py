@@ -54,6 +54,11 @@ class Miss:
     detail: str
 
 
+def gpu_slots(amounts: Mapping[str, int]) -> int:
+    """GPU slots in a demand or a node's free capacity: whole GPUs, MIG slices and shares."""
+    return sum(value for key, value in amounts.items() if _is_slot(key))
+
+
 def _is_slot(key: str) -> bool:
     return key in (GPU, SHARE) or key.startswith("mig:")
 

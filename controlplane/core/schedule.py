@@ -16,7 +16,7 @@ evictions per cycle.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from fractions import Fraction
@@ -27,6 +27,7 @@ from controlplane.core.placement import (
     Placement,
     candidate_pools,
     empty_capacity,
+    gpu_slots,
     place_gang,
     placements_in_cluster,
 )
@@ -61,11 +62,6 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
 
 # Node labels that name a failure or network domain; the scorer keeps a gang inside one of each.
 TOPOLOGY_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/rack", "cloud.google.com/gke-placement-group")
-
-
-def _slots(amounts: Mapping[str, int]) -> int:
-    """GPU slots in a demand or a node's free capacity: whole GPUs, MIG slices and shares."""
-    return sum(v for k, v in amounts.items() if k in ("gpu", "share") or k.startswith("mig:"))
 
 
 def _least_gpu_eq(workload: Workload) -> Fraction:
@@ -395,12 +391,12 @@ class _Cycle:
         touched: dict[str, int] = {}
         price = 0.0
         for a in placement.assignments:
-            slots = _slots(a.demand)
+            slots = gpu_slots(a.demand)
             touched[a.node_id] = touched.get(a.node_id, 0) + slots
             pool = self.pool_of_node[a.node_id]
             if slots and pool.price_per_gpu_hour:
                 price += float(gpu_eq_of_demand(a.demand, pool)) * pool.price_per_gpu_hour
-        fragments = sum(1 for node_id, taken in touched.items() if _slots(self.free[node_id]) > taken)
+        fragments = sum(1 for node_id, taken in touched.items() if gpu_slots(self.free[node_id]) > taken)
         pools = list({self.pool_of_node[node_id].id: self.pool_of_node[node_id] for node_id in touched}.values())
         # Topology: a gang spread over pools in different zones or racks talks across them.
         domains = sum(len({p.labels.get(label) for p in pools}) - 1 for label in TOPOLOGY_LABELS)

@@ -15,6 +15,7 @@ from controlplane.domain.model import (
     QueueNode,
     Workload,
 )
+from controlplane.domain.sharing import mig_gpu_eq
 
 
 @dataclass(frozen=True)
@@ -132,5 +133,5 @@ def gpu_eq_of_demand(demand: Mapping[str, int], pool: NodePool) -> Fraction:
         total += Fraction(demand["share"], pool.sharing.replicas)
     for key, count in demand.items():
         if key.startswith("mig:"):
-            total += Fraction(int(key[4:].split("g", 1)[0]) * count, 7)
+            total += mig_gpu_eq(key[4:]) * count
     return total

@@ -25,7 +25,6 @@ MEM = "mem"  # MiB
 # chooses, any other taint must be tolerated by the workload itself.
 GPU_TAINT_KEYS = frozenset({"nvidia.com/gpu", "sku"})
 
-Resources = Mapping[str, int]
 EXCLUSIVE = SharingMode(SharingKind.EXCLUSIVE)
 
 
