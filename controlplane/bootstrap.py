@@ -27,7 +27,6 @@ from adapters.sql.uow import SqlUnitOfWork
 from controlplane.api.app import create_app
 from controlplane.api.context import ApiContext
 from controlplane.config import Settings
-from controlplane.core.snapshot import Policy
 from controlplane.service import admin
 from controlplane.service.commands import ClusterSpec
 from controlplane.service.ports import ClusterDriver, UnitOfWork
@@ -149,7 +148,7 @@ async def run_components(
     await ensure_topology(js, prefix)
     publisher = JetStreamPublisher(js)
     tasks: list[asyncio.Task[None]] = []
-    policy = Policy()
+    policy = settings.scheduling_policy()
     clock = utc_now
     server: uvicorn.Server | None = None
     if "api" in components:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
+from pydantic import Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controlplane.core.snapshot import Policy
+
+POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
 
 
 def default_state_dir() -> Path:
@@ -32,6 +37,21 @@ class Settings(BaseSettings):
     relay_interval: float = Field(default=0.2, gt=0)
     sim_start_delay: float = Field(default=1.0, ge=0)
     check_invariants: bool = False
+    # Scheduling policy knobs (fields of `controlplane.core.snapshot.Policy`), e.g. fair-share
+    # history or opt-in rebalancing; unset fields keep their defaults.
+    policy: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy_fields(cls, policy: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(policy) - POLICY_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown policy field(s) {', '.join(unknown)}; known: {', '.join(sorted(POLICY_FIELDS))}")
+        TypeAdapter(Policy).validate_python(policy)
+        return policy
+
+    def scheduling_policy(self) -> Policy:
+        return TypeAdapter(Policy).validate_python(self.policy)
 
     @property
     def effective_database_url(self) -> str:

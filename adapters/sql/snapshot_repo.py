@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import datetime
+from fractions import Fraction
+
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.convert import workload_from_row
 from adapters.sql.tables import CohortRow, PriorityClassRow, QueueRow, RunRow, TeamRow, WorkloadRow
-from controlplane.core.snapshot import LiveRun, Snapshot
-from controlplane.domain.model import PodAssignment, QueueNode, Quota, WorkloadState
+from controlplane.core.history import UsageInterval
+from controlplane.core.snapshot import LiveRun, Snapshot, usage_of
+from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, QueueNode, Quota, WorkloadState
 
 LIVE = ("admitted", "dispatching", "running")
 
@@ -31,7 +35,7 @@ class SqlSnapshotReader:
     def __init__(self, session: Session) -> None:
         self.s = session
 
-    def load(self) -> Snapshot:
+    def load(self, history_since: datetime | None = None, rebalance_marker: str | None = None) -> Snapshot:
         if self.s.get_bind().dialect.name == "postgresql":
             # Every query below must see the same committed state.
             self.s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
@@ -82,4 +86,45 @@ class SqlSnapshotReader:
                 .options(selectinload(RunRow.assignments))
             )
         )
-        return Snapshot(clusters=clusters, nodes=nodes, queue_tree=tree, pending=pending, live_runs=live)
+        pools = {pool.id: pool for cluster in clusters for pool in cluster.pools}
+        history = () if history_since is None else self._history(history_since, nodes, pools)
+        last_rebalance = None
+        if rebalance_marker is not None:
+            last_rebalance = self.s.scalar(
+                select(func.max(RunRow.finished_at)).where(
+                    RunRow.state == "preempted", RunRow.message.startswith(rebalance_marker)
+                )
+            )
+        return Snapshot(
+            clusters=clusters,
+            nodes=nodes,
+            queue_tree=tree,
+            pending=pending,
+            live_runs=live,
+            usage_history=history,
+            last_rebalance_at=last_rebalance,
+        )
+
+    def _history(
+        self, since: datetime, nodes: tuple[Node, ...], pools: dict[str, NodePool]
+    ) -> tuple[UsageInterval, ...]:
+        """What every run that held capacity since `since` consumed, per queue (for fair share)."""
+        pool_of_node = {node.id: pools[node.pool_id] for node in nodes if node.pool_id in pools}
+        intervals = []
+        rows = self.s.execute(
+            select(RunRow, WorkloadRow.queue_id)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .where(or_(RunRow.finished_at.is_(None), RunRow.finished_at >= since))
+            .options(selectinload(RunRow.assignments))
+        )
+        for run, queue_id in rows:
+            start = run.started_at or run.created_at
+            known = tuple(
+                PodAssignment(a.pod_set, a.pod_index, a.node_id, dict(a.demand))
+                for a in run.assignments
+                if a.node_id in pool_of_node  # a node since removed from the fleet no longer counts
+            )
+            gpu_eq = usage_of(known, pool_of_node).get(GPU_EQ, Fraction(0))
+            if gpu_eq:
+                intervals.append(UsageInterval(queue_id, float(gpu_eq), start, run.finished_at))
+        return tuple(intervals)

@@ -107,4 +107,10 @@ def _check_evictions(snapshot: Snapshot, decision: Decision, pending: Mapping[st
             raise InvariantViolation(f"{key} preempted across queues or by equal or lower priority")
         if eviction.kind == "reclaim" and run.queue_id == beneficiary.queue_id:
             raise InvariantViolation(f"{key} reclaimed by its own queue")
+        if eviction.kind == "rebalance" and (
+            run.queue_id == beneficiary.queue_id or run.priority > beneficiary.priority
+        ):
+            raise InvariantViolation(f"{key} rebalanced away by its own queue or by lower priority")
+        if eviction.kind not in ("preempt", "reclaim", "rebalance"):
+            raise InvariantViolation(f"eviction of {key} has unknown kind {eviction.kind!r}")
     return evicted

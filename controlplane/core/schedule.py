@@ -7,7 +7,9 @@ One cycle, least disruptive action first, for each pending gang in fair-share or
 2. else, if its queue stays within its guarantee, reclaim capacity that other queues run on
    borrowed quota (idle runs first, then lowest priority, newest first), whatever their priority;
 3. else preempt lower-priority preemptible gangs of its own queue;
-4. else leave it pending with one precise reason.
+4. else, only when the policy opts in and at a bounded rate, evict equal- or lower-priority work of
+   queues above their fair share to rebalance toward a queue below it;
+5. else leave it pending with one precise reason.
 Every disruptive step is simulated first (victims released on a trial copy of the free
 capacity) and applied only if the gang then fits; the victim set is minimised; a budget bounds
 evictions per cycle.
@@ -21,11 +23,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from fractions import Fraction
 
+from controlplane.core.history import decayed_gpu_hours, history_shares
 from controlplane.core.placement import (
     FreeCapacity,
     Miss,
     Placement,
     candidate_pools,
+    copy_capacity,
     empty_capacity,
     gpu_slots,
     place_gang,
@@ -136,6 +140,20 @@ class _Cycle:
         self.positions: dict[str, int] = {}
         self.failed_evictions: set[tuple[object, ...]] = set()
         self.shares: dict[str, tuple[int, Fraction]] = {}
+        self.history: dict[str, Fraction] = {}
+        if self.policy.usage_history_weight > 0 and snapshot.usage_history:
+            decayed = decayed_gpu_hours(snapshot.usage_history, self.now, self.policy.usage_half_life_seconds)
+            weight = Fraction(self.policy.usage_history_weight).limit_denominator(1000)
+            self.history = {
+                queue_id: weight * Fraction(part).limit_denominator(10**6)
+                for queue_id, part in history_shares(decayed).items()
+            }
+        self.rebalanced = 0
+        # Free capacity as the cycle found it: a gang that would have fit there but not after this
+        # cycle's admissions waits on fair share, not on the fleet (`_fair_share_reason`).
+        self.initial_free: FreeCapacity = copy_capacity(self.free)
+        self.fit_at_start: dict[tuple[object, ...], bool] = {}
+        self.admitted_queues: list[str] = []
         self.reservations: list[_Reservation] = []
         self.reserved_queues: dict[str, str] = {}
 
@@ -199,11 +217,15 @@ class _Cycle:
         self.shares[queue_id] = (version, share)
         return share
 
-    def _compute_share(self, queue_id: str) -> Fraction:
+    def _compute_share(self, queue_id: str, extra: Usage | None = None) -> Fraction:
+        """The queue's weighted dominant share, plus its weighted part of recent consumption when
+        the policy keeps history; `extra` is usage it would add (for rebalancing trials)."""
         node = self.snapshot.queue_tree.get(queue_id)
         weight = Fraction(node.weight).limit_denominator(1000) if node else Fraction(1)
         guaranteed = node.guaranteed.amounts if node else {}
         usage = self.ledger.usage.get(queue_id, {})
+        if extra:
+            usage = {key: usage.get(key, ZERO) + extra.get(key, ZERO) for key in usage.keys() | extra.keys()}
         # Shares are compared on the keys the guarantee speaks of: per GPU model (DRF over models)
         # when it names models or names nothing, on gpu-eq when it is model-agnostic.
         model_keys = [k for k in usage if k != GPU_EQ]
@@ -220,7 +242,7 @@ class _Cycle:
             above = used - Fraction(guaranteed.get(key, 0)).limit_denominator(10**6)
             if above > 0:
                 dominant = max(dominant, above / total)
-        return dominant / weight
+        return (dominant + self.history.get(queue_id, ZERO)) / weight
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -249,9 +271,32 @@ class _Cycle:
             return None
         if self.policy.preemption and self._evict_for(workload, "preempt"):
             return None
+        if blocked is None and self._rebalance_open() and self._evict_for(workload, "rebalance"):
+            return None
         if blocked is None and reason.startswith("no-fit"):
+            reason = self._fair_share_reason(workload) or reason
             reason = self._reserve(workload, reason)
         return reason
+
+    def _fair_share_reason(self, workload: Workload) -> str | None:
+        """When the gang fitted the free capacity at the start of the cycle and queues ordered ahead
+        of it by fair share took that capacity, say so: it waits its turn, the fleet is not too small."""
+        others = [q for q in dict.fromkeys(self.admitted_queues) if q != workload.queue_id]
+        if not self.policy.fair_share or not others:
+            return None
+        shape = _shape(workload)
+        if shape not in self.fit_at_start:
+            self.fit_at_start[shape] = isinstance(self._place(workload, self.initial_free, use_cache=False), Placement)
+        if not self.fit_at_start[shape]:
+            return None
+        tree = self.snapshot.queue_tree
+        names = ", ".join(tree[q].name if q in tree else q for q in others[:3])
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        own = tree[workload.queue_id].name if workload.queue_id in tree else workload.queue_id
+        return (
+            f"fair-share: queue {own} (share {float(self._share(workload.queue_id)):.3f}) waits its turn; "
+            f"queues ordered ahead of it by fair share ({names}{more}) took the capacity it fits this cycle"
+        )
 
     # -- reservations --------------------------------------------------------------------------
 
@@ -450,6 +495,7 @@ class _Cycle:
 
     def _admit(self, workload: Workload, placement: Placement) -> None:
         self._hold(placement.assignments, workload.queue_id, +1)
+        self.admitted_queues.append(workload.queue_id)
         self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments))
 
     # -- eviction ------------------------------------------------------------------------------
@@ -460,9 +506,28 @@ class _Cycle:
             return False
         return started + timedelta(seconds=run.min_runtime_seconds) > self.now
 
+    def _rebalance_open(self) -> bool:
+        policy = self.policy
+        if not policy.rebalance or self.rebalanced >= policy.rebalance_max_per_cycle:
+            return False
+        last = self.snapshot.last_rebalance_at
+        return last is None or (self.now - last).total_seconds() >= policy.rebalance_interval_seconds
+
     def _candidates(self, workload: Workload, kind: str) -> list[LiveRun]:
         if kind == "preempt":
             pool = list(self.live_by_queue.get(workload.queue_id, {}).values())
+        elif kind == "rebalance":
+            # Only queues above their guarantee and already ahead of the preemptor's share.
+            own_share = self._share(workload.queue_id)
+            pool = [
+                run
+                for queue_id, runs in self.live_by_queue.items()
+                if queue_id != workload.queue_id
+                and self.ledger.borrowing(queue_id)
+                and self._share(queue_id) > own_share
+                for run in runs.values()
+                if run.priority <= workload.priority
+            ]
         else:
             pool = [
                 run
@@ -525,16 +590,19 @@ class _Cycle:
         only = tuple(c for c in self.snapshot.clusters if c.id == cluster_id)
         chosen: list[LiveRun] = []
         placement: Placement | str = "no candidates"
+        limit = self.budget
+        if kind == "rebalance":
+            limit = min(limit, self.policy.rebalance_max_per_cycle - self.rebalanced)
         try:
             for run in candidates:
-                if len(chosen) >= self.budget:
+                if len(chosen) >= limit:
                     return None
-                if kind == "reclaim" and not self.ledger.borrowing(run.queue_id):
+                if kind != "preempt" and not self.ledger.borrowing(run.queue_id):
                     continue  # its queue is back within its guarantee: the rest is not borrowed
                 self._release_trial(run, trial)
                 chosen.append(run)
                 placement = self._place(workload, trial, only)
-                if isinstance(placement, Placement) and self._may_evict_for(workload, kind, placement):
+                if isinstance(placement, Placement) and self._may_evict_for(workload, kind, placement, chosen):
                     break
             else:
                 return None
@@ -542,7 +610,7 @@ class _Cycle:
                 self._restore_trial(run, trial)
                 chosen.remove(run)
                 again = self._place(workload, trial, only)
-                if isinstance(again, Placement) and self._may_evict_for(workload, kind, again):
+                if isinstance(again, Placement) and self._may_evict_for(workload, kind, again, chosen):
                     placement = again
                 else:
                     self._release_trial(run, trial)
@@ -553,13 +621,19 @@ class _Cycle:
             for run in chosen:
                 self._restore_trial(run, trial)
 
-    def _may_evict_for(self, workload: Workload, kind: str, placement: Placement) -> bool:
+    def _may_evict_for(self, workload: Workload, kind: str, placement: Placement, victims: list[LiveRun]) -> bool:
         """Reclaim only restores a guarantee: with the victims gone, the gang must fit within the
         guarantee of its queue and of every ancestor that declares one. Nobody evicts to borrow."""
-        if kind != "reclaim":
+        if kind == "preempt":
             return True
         held = usage_of(placement.assignments, self.pool_of_node)
-        return self.ledger.within_guarantee(workload.queue_id, held)
+        if kind == "reclaim":
+            return self.ledger.within_guarantee(workload.queue_id, held)
+        # Rebalance: afterwards the preemptor's queue must not have a higher share than any queue
+        # it takes from. Candidates come only from queues strictly ahead, so the victims' queues
+        # cannot take the capacity back next cycle (no ping-pong).
+        after = self._compute_share(workload.queue_id, extra=held)
+        return all(after <= self._compute_share(queue_id) for queue_id in {v.queue_id for v in victims})
 
     def _release_trial(self, run: LiveRun, trial: FreeCapacity) -> None:
         self._hold(run.assignments, run.queue_id, -1, free=trial)
@@ -576,7 +650,15 @@ class _Cycle:
         self.budget -= 1
         victim_queue = self.snapshot.queue_tree.get(victim.queue_id)
         own_queue = self.snapshot.queue_tree.get(beneficiary.queue_id)
-        if kind == "reclaim":
+        if kind == "rebalance":
+            self.rebalanced += 1
+            reason = (
+                f"rebalanced: queue {victim_queue.name if victim_queue else victim.queue_id} runs above its fair "
+                f"share and queue {own_queue.name if own_queue else beneficiary.queue_id} below it; workload "
+                f"{beneficiary.name} (priority {beneficiary.priority}) takes this priority {victim.priority} gang's "
+                "capacity"
+            )
+        elif kind == "reclaim":
             reason = (
                 f"reclaimed: queue {own_queue.name if own_queue else beneficiary.queue_id} takes back its guarantee "
                 f"from capacity queue {victim_queue.name if victim_queue else victim.queue_id} borrowed, "

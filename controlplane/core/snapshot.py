@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from fractions import Fraction
 
+from controlplane.core.history import UsageInterval
 from controlplane.domain.model import (
     Cluster,
     Node,
@@ -49,6 +50,10 @@ class Snapshot:
     queue_tree: Mapping[str, QueueNode]
     pending: tuple[Workload, ...]
     live_runs: tuple[LiveRun, ...] = ()
+    # Recent consumption per run, for fair-share history (empty when the policy does not use it).
+    usage_history: tuple[UsageInterval, ...] = ()
+    # When the last rebalancing eviction happened, so the policy can rate-limit them across cycles.
+    last_rebalance_at: datetime | None = None
 
     def pools_by_id(self) -> dict[str, NodePool]:
         return {pool.id: pool for cluster in self.clusters for pool in cluster.pools}
@@ -80,6 +85,16 @@ class Policy:
     # Per extra zone/rack a gang spans, and for a placement against the workload's spot preference.
     topology_weight: float = 4.0
     spot_weight: float = 100.0
+    # Fair-share history: a queue's part of recent fleet consumption (decayed with this half-life)
+    # is added, times this weight, to its current share when queues are ordered. 0 turns it off.
+    usage_history_weight: float = 0.0
+    usage_half_life_seconds: float = 4 * 3600.0
+    # Opt-in: evict equal- or lower-priority work of queues above their fair share so a queue with
+    # a lower share gets capacity, even above its own guarantee. Rate-limited: at most this many
+    # evictions per cycle, and none within `rebalance_interval_seconds` of the last one.
+    rebalance: bool = False
+    rebalance_max_per_cycle: int = 1
+    rebalance_interval_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +110,7 @@ class Eviction:
 
     workload_id: str
     run_id: str
-    kind: str  # preempt | reclaim
+    kind: str  # preempt | reclaim | rebalance
     reason: str
     beneficiary: str  # the workload that needs the capacity
 

@@ -119,6 +119,21 @@ class QuotaChange(Strict):
         raise AssertionError("validated to name one target")
 
 
+class HistoryDoc(Strict):
+    """Consumption before the scenario starts (negative seconds), for fair-share history."""
+
+    queue: Name
+    gpu_eq: float = Field(gt=0)
+    start: Seconds = Field(le=0)
+    end: Seconds = Field(le=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HistoryDoc:
+        if self.end <= self.start:
+            raise ValueError("history: end must be after start")
+        return self
+
+
 class StepDoc(Strict):
     """One change to the world at a moment: exactly one action."""
 
@@ -155,7 +170,7 @@ class WorkloadExpectation(Strict):
     pod_count: int | None = Field(default=None, ge=0)
     preemptions: int | None = Field(default=None, ge=0)
     preempted_by: Name | None = None  # of the first preemption, as are the three below
-    preempted_kind: Literal["preempt", "reclaim"] | None = None
+    preempted_kind: Literal["preempt", "reclaim", "rebalance"] | None = None
     preempted_at: Seconds | None = None
     preempted_within: Window | None = None
     preempted_others: int | None = Field(default=None, ge=0)  # evictions made for this workload
@@ -178,7 +193,7 @@ class Expectations(Strict):
     workloads: dict[Name, WorkloadExpectation] = Field(default_factory=dict)
     total_evictions: int | None = Field(default=None, ge=0)
     max_evictions_per_cycle: int | None = Field(default=None, ge=0)
-    eviction_kinds: list[Literal["preempt", "reclaim"]] | None = None  # the set of kinds seen, sorted
+    eviction_kinds: list[Literal["preempt", "reclaim", "rebalance"]] | None = None  # the set of kinds seen, sorted
     queue_gpu_eq_at: list[QueueUsageExpectation] = Field(default_factory=list)
 
 
@@ -195,6 +210,7 @@ class ScenarioDoc(Strict):
     priority_classes: list[PriorityClassDoc] = Field(default_factory=lambda: list(DEFAULT_PRIORITY_CLASSES))
     workloads: list[WorkloadDoc] = Field(default_factory=list)
     steps: list[StepDoc] = Field(default_factory=list)
+    history: list[HistoryDoc] = Field(default_factory=list)
     policy: dict[str, Any] = Field(default_factory=dict)
     cycle_seconds: Seconds = Field(default=10.0, gt=0)
     until: Seconds = Field(default=3600.0, ge=0)

@@ -25,7 +25,7 @@ class ReasonAt:
 class Preemption:
     at: Seconds
     by: str  # the workload that needed the capacity
-    kind: str  # preempt | reclaim
+    kind: str  # preempt | reclaim | rebalance
     reason: str
 
 
@@ -40,6 +40,7 @@ class RunRecord:
     pods: int
     ended_at: Seconds | None = None
     end: str = "running"  # running | finished | preempted | cancelled
+    gpu_eq: float = 0.0  # what the run holds, for usage history
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 
+from controlplane.core.history import UsageInterval
 from controlplane.core.invariants import InvariantViolation, check_decision
 from controlplane.core.placement import why_never_fits
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot, usage_of
 from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, Workload
-from controlplane.scenario.build import World, build_world, change_quota
+from controlplane.scenario.build import World, build_world, change_quota, tree_id
 from controlplane.scenario.format import ScenarioDoc, StepDoc
 from controlplane.scenario.result import (
     Preemption,
@@ -120,6 +121,18 @@ class _Simulation:
         self.evictions: list[tuple[Seconds, int]] = []
         self.usage: dict[str, list[UsageAt]] = {q.name: [] for q in doc.queues}
         self.cycles = 0
+        # Consumption for fair-share history: what the document declares happened before 0, then
+        # every run, its end filled in when it ends.
+        self.consumed: list[UsageInterval] = [
+            UsageInterval(
+                tree_id("queue", h.queue),
+                h.gpu_eq,
+                EPOCH + timedelta(seconds=h.start),
+                EPOCH + timedelta(seconds=h.end),
+            )
+            for h in doc.history
+        ]
+        self.last_rebalance: Seconds | None = None
 
     def run(self) -> ScenarioResult:
         index, t = 0, 0.0
@@ -230,7 +243,29 @@ class _Simulation:
             queue_tree=dict(self.tree),
             pending=tuple(pending),
             live_runs=tuple(live_runs),
+            usage_history=self._usage_history(t) if self.policy.usage_history_weight > 0 else (),
+            last_rebalance_at=None if self.last_rebalance is None else EPOCH + timedelta(seconds=self.last_rebalance),
         )
+
+    def pools_of_nodes(self) -> dict[str, NodePool]:
+        return {node_id: self.pools[node.pool_id] for node_id, node in self.nodes.items()}
+
+    def _usage_history(self, t: Seconds) -> tuple[UsageInterval, ...]:
+        intervals = list(self.consumed)
+        for track in self.tracks.values():
+            for run in track.runs:
+                end = run.ended_at if run.ended_at is not None else t
+                if end <= run.admitted_at:
+                    continue
+                intervals.append(
+                    UsageInterval(
+                        track.workload.queue_id,
+                        run.gpu_eq,
+                        EPOCH + timedelta(seconds=run.admitted_at),
+                        EPOCH + timedelta(seconds=end),
+                    )
+                )
+        return tuple(intervals)
 
     def _cycle(self, t: Seconds) -> None:
         snapshot = self._snapshot(t)
@@ -256,6 +291,8 @@ class _Simulation:
                 beneficiary.preempted_others += 1
         if decision.evictions:
             self.evictions.append((t, len(decision.evictions)))
+        if any(e.kind == "rebalance" for e in decision.evictions):
+            self.last_rebalance = t
 
         for admission in decision.admissions:
             track = self.tracks[admission.workload_id]
@@ -264,8 +301,11 @@ class _Simulation:
             track.live = _Live(run_id, t, admission.cluster_id, admission.assignments, ends_at)
             pools = sorted({self.pools[self.nodes[a.node_id].pool_id].name for a in admission.assignments})
             nodes = sorted({self.nodes[a.node_id].name for a in admission.assignments})
+            gpu_eq = float(usage_of(admission.assignments, self.pools_of_nodes()).get(GPU_EQ, Fraction(0)))
             track.runs.append(
-                RunRecord(t, admission.cluster_id, tuple(pools), tuple(nodes), len(admission.assignments))
+                RunRecord(
+                    t, admission.cluster_id, tuple(pools), tuple(nodes), len(admission.assignments), gpu_eq=gpu_eq
+                )
             )
             track.state = "running"
             if track.admitted_at is None:

@@ -86,6 +86,10 @@ def reference_problems(doc: ScenarioDoc) -> list[tuple[str, str]]:
         elif workload.priority_class is not None and workload.priority_class not in classes:
             problems.append((f"workloads.{i}.priority_class", f"unknown priority class {workload.priority_class!r}"))
 
+    for i, entry in enumerate(doc.history):
+        if entry.queue not in queues:
+            problems.append((f"history.{i}.queue", f"unknown queue {entry.queue!r}"))
+
     nodes = node_names(doc)
     levels = {"cohort": cohorts, "team": teams, "queue": queues}
     for i, step in enumerate(doc.steps):

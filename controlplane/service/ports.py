@@ -184,7 +184,11 @@ class AuditLog(Protocol):
 
 
 class SnapshotReader(Protocol):
-    def load(self) -> Snapshot: ...
+    def load(self, history_since: datetime | None = None, rebalance_marker: str | None = None) -> Snapshot:
+        """The scheduling snapshot; with `history_since`, also the consumption of runs that ran
+        since then (fair-share history); with `rebalance_marker`, when a run was last evicted with
+        a message starting with it (the rebalancing rate limit)."""
+        ...
 
 
 class UnitOfWork(Protocol):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
@@ -14,6 +14,11 @@ from controlplane.service.ports import UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
 LEASE_NAME = "scheduler"
+# Evictions made to rebalance fair share start their message with this; the snapshot reads when
+# the last one happened to rate-limit them across cycles.
+REBALANCE_MARKER = "rebalanced:"
+# Usage older than this many half-lives weighs under 0.4 % and is not read.
+HISTORY_HALF_LIVES = 8
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
 LIVE_WORKLOAD_STATES = (WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 
@@ -54,7 +59,12 @@ def run_cycle(
     check_invariants: bool = False,
 ) -> CycleResult:
     with uow_factory() as uow:
-        snapshot = uow.snapshots.load()
+        since = None
+        if policy.usage_history_weight > 0:
+            since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
+        snapshot = uow.snapshots.load(
+            history_since=since, rebalance_marker=REBALANCE_MARKER if policy.rebalance else None
+        )
     decision: Decision = schedule(snapshot, policy, now)
     if check_invariants:
         check_decision(snapshot, decision)
