@@ -41,6 +41,11 @@ class Ledger:
         self.usage: dict[str, Usage] = {}
         self.versions: dict[str, int] = {}  # bumped on every change of a node's usage
         self._chains: dict[str, tuple[QueueNode, ...]] = {}
+        # Bounds as exact fractions, converted once: the rules below run for every placement tried.
+        self.limits = {i: _fractions(n.limit.amounts) for i, n in tree.items()}
+        self.guarantees = {i: _fractions(n.guaranteed.amounts) for i, n in tree.items()}
+        self.borrowing_limits = {i: _fractions(n.borrowing_limit.amounts) for i, n in tree.items()}
+        self.lending_limits = {i: _fractions(n.lending_limit.amounts) for i, n in tree.items()}
 
     def chain(self, queue_id: str) -> tuple[QueueNode, ...]:
         """The queue and its ancestors, bottom up."""
@@ -68,25 +73,28 @@ class Ledger:
 
     def limit_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
         for node in self.chain(queue_id):
-            for key, bound in node.limit.amounts.items():
+            for key, bound in self.limits[node.id].items():
                 want = amounts.get(key, ZERO)
-                if want and self.used(node.id, key) + want > as_fraction(bound):
+                if want and self.used(node.id, key) + want > bound:
                     return (
-                        f"quota: {node.name} limit is {bound:g} {key}, {fmt(self.used(node.id, key))} in use, "
-                        f"this gang needs {fmt(want)}"
+                        f"quota: {node.name} limit is {node.limit.amounts[key]:g} {key}, "
+                        f"{fmt(self.used(node.id, key))} in use, this gang needs {fmt(want)}"
                     )
         return None
 
     def borrowing_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
         for node in self.chain(queue_id):
-            for key, bound in node.borrowing_limit.amounts.items():
+            for key, bound in self.borrowing_limits[node.id].items():
                 want = amounts.get(key, ZERO)
                 if not want:
                     continue
-                guaranteed = as_fraction(node.guaranteed.amounts.get(key, 0))
+                guaranteed = self.guarantees[node.id].get(key, ZERO)
                 borrowed = max(ZERO, self.used(node.id, key) + want - guaranteed)
-                if borrowed > as_fraction(bound):
-                    return f"quota: {node.name} may borrow at most {bound:g} {key} above its guarantee"
+                if borrowed > bound:
+                    return (
+                        f"quota: {node.name} may borrow at most {node.borrowing_limit.amounts[key]:g} {key} "
+                        "above its guarantee"
+                    )
         return None
 
     def within_guarantee(self, queue_id: str, amounts: Mapping[str, Fraction], queue_only: bool = False) -> bool:
@@ -96,9 +104,9 @@ class Ledger:
         if not chain or not _covers_any(chain[0], amounts):
             return False
         for node in chain[:1] if queue_only else chain:
-            for key, bound in node.guaranteed.amounts.items():
+            for key, bound in self.guarantees[node.id].items():
                 want = amounts.get(key, ZERO)
-                if want and self.used(node.id, key) + want > as_fraction(bound):
+                if want and self.used(node.id, key) + want > bound:
                     return False
         return True
 
@@ -110,7 +118,7 @@ class Ledger:
         usage = self.usage.get(queue_id, {})
         if not node.guaranteed.amounts:
             return any(value > 0 for value in usage.values())
-        return any(usage.get(key, ZERO) > as_fraction(bound) for key, bound in node.guaranteed.amounts.items())
+        return any(usage.get(key, ZERO) > bound for key, bound in self.guarantees[queue_id].items())
 
     def protected(self, queues: Iterable[str], excluding: str) -> Usage:
         """Unused guarantee other queues do not lend: borrowers must leave it free."""
@@ -119,15 +127,19 @@ class Ledger:
             node = self.tree.get(queue_id)
             if queue_id == excluding or node is None:
                 continue
-            for key, bound in node.guaranteed.amounts.items():
-                lend = node.lending_limit.amounts.get(key)
+            for key, bound in self.guarantees[queue_id].items():
+                lend = self.lending_limits[queue_id].get(key)
                 if lend is None:
                     continue  # without a lending limit a queue lends all it does not use
-                unused = max(ZERO, as_fraction(bound) - self.used(queue_id, key))
-                keep = max(ZERO, unused - as_fraction(lend))
+                unused = max(ZERO, bound - self.used(queue_id, key))
+                keep = max(ZERO, unused - lend)
                 if keep:
                     total[key] = total.get(key, ZERO) + keep
         return total
+
+
+def _fractions(amounts: Mapping[str, float]) -> dict[str, Fraction]:
+    return {key: as_fraction(value) for key, value in amounts.items()}
 
 
 def _covers_any(node: QueueNode, amounts: Mapping[str, Fraction]) -> bool:

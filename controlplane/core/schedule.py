@@ -222,7 +222,7 @@ class _Cycle:
         the policy keeps history; `extra` is usage it would add (for rebalancing trials)."""
         node = self.snapshot.queue_tree.get(queue_id)
         weight = Fraction(node.weight).limit_denominator(1000) if node else Fraction(1)
-        guaranteed = node.guaranteed.amounts if node else {}
+        guaranteed = self.ledger.guarantees.get(queue_id, {})
         usage = self.ledger.usage.get(queue_id, {})
         if extra:
             usage = {key: usage.get(key, ZERO) + extra.get(key, ZERO) for key in usage.keys() | extra.keys()}
@@ -239,7 +239,7 @@ class _Cycle:
             total = self.capacity.get(key)
             if not total:
                 continue
-            above = used - Fraction(guaranteed.get(key, 0)).limit_denominator(10**6)
+            above = used - guaranteed.get(key, ZERO)
             if above > 0:
                 dominant = max(dominant, above / total)
         return (dominant + self.history.get(queue_id, ZERO)) / weight
@@ -286,6 +286,10 @@ class _Cycle:
             return None
         shape = _shape(workload)
         if shape not in self.fit_at_start:
+            # Trying the start-of-cycle capacity costs a placement: only for the head of a queue
+            # (the one whose turn it is); behind it a gang waits on its queue anyway.
+            if self.positions.get(workload.queue_id, 0):
+                return None
             self.fit_at_start[shape] = isinstance(self._place(workload, self.initial_free, use_cache=False), Placement)
         if not self.fit_at_start[shape]:
             return None
@@ -496,6 +500,7 @@ class _Cycle:
     def _admit(self, workload: Workload, placement: Placement) -> None:
         self._hold(placement.assignments, workload.queue_id, +1)
         self.admitted_queues.append(workload.queue_id)
+        self.fit_at_start.setdefault(_shape(workload), True)  # it fitted with less free than at the start
         self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments))
 
     # -- eviction ------------------------------------------------------------------------------

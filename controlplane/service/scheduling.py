@@ -95,6 +95,8 @@ def run_cycle(
                 run_id=eviction.run_id,
                 epoch=epoch,
                 beneficiary=eviction.beneficiary,
+                kind=eviction.kind,
+                reason=eviction.reason,
             )
             evicted += 1
         for admission in decision.admissions:
