@@ -111,6 +111,8 @@ def _check_evictions(snapshot: Snapshot, decision: Decision, pending: Mapping[st
             run.queue_id == beneficiary.queue_id or run.priority > beneficiary.priority
         ):
             raise InvariantViolation(f"{key} rebalanced away by its own queue or by lower priority")
-        if eviction.kind not in ("preempt", "reclaim", "rebalance"):
+        if eviction.kind == "idle" and not run.idle_reclaimable:
+            raise InvariantViolation(f"{key} reclaimed as idle without the idle policy marking it")
+        if eviction.kind not in ("idle", "preempt", "reclaim", "rebalance"):
             raise InvariantViolation(f"eviction of {key} has unknown kind {eviction.kind!r}")
     return evicted

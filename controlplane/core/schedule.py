@@ -4,6 +4,7 @@ No I/O, no clock reads, no globals: the same snapshot gives the same decision.
 
 One cycle, least disruptive action first, for each pending gang in fair-share order:
 1. admit it if a placement on real free nodes of one cluster passes the quota rules;
+1b. else take GPUs from runs the idle policy marked reclaimable (measured idle), any queue;
 2. else, if its queue stays within its guarantee, reclaim capacity that other queues run on
    borrowed quota (idle runs first, then lowest priority, newest first), whatever their priority;
 3. else preempt lower-priority preemptible gangs of its own queue;
@@ -265,6 +266,10 @@ class _Cycle:
             reason = outcome
         else:
             reason = blocked
+        if not workload.may_evict:
+            return self._reserve(workload, reason) if blocked is None and reason.startswith("no-fit") else reason
+        if blocked is None and self._evict_for(workload, "idle"):
+            return None
         # Ancestors are checked with the victims gone (their usage counts there too).
         reclaimable = blocked is None and self.ledger.within_guarantee(workload.queue_id, wanted, queue_only=True)
         if self.policy.reclaim and reclaimable and self._evict_for(workload, "reclaim"):
@@ -521,6 +526,8 @@ class _Cycle:
     def _candidates(self, workload: Workload, kind: str) -> list[LiveRun]:
         if kind == "preempt":
             pool = list(self.live_by_queue.get(workload.queue_id, {}).values())
+        elif kind == "idle":
+            pool = [run for runs in self.live_by_queue.values() for run in runs.values() if run.idle_reclaimable]
         elif kind == "rebalance":
             # Only queues above their guarantee and already ahead of the preemptor's share.
             own_share = self._share(workload.queue_id)
@@ -602,7 +609,7 @@ class _Cycle:
             for run in candidates:
                 if len(chosen) >= limit:
                     return None
-                if kind != "preempt" and not self.ledger.borrowing(run.queue_id):
+                if kind in ("reclaim", "rebalance") and not self.ledger.borrowing(run.queue_id):
                     continue  # its queue is back within its guarantee: the rest is not borrowed
                 self._release_trial(run, trial)
                 chosen.append(run)
@@ -629,8 +636,8 @@ class _Cycle:
     def _may_evict_for(self, workload: Workload, kind: str, placement: Placement, victims: list[LiveRun]) -> bool:
         """Reclaim only restores a guarantee: with the victims gone, the gang must fit within the
         guarantee of its queue and of every ancestor that declares one. Nobody evicts to borrow."""
-        if kind == "preempt":
-            return True
+        if kind in ("preempt", "idle"):
+            return True  # the gang's own placement already passed every quota rule
         held = usage_of(placement.assignments, self.pool_of_node)
         if kind == "reclaim":
             return self.ledger.within_guarantee(workload.queue_id, held)
@@ -655,7 +662,12 @@ class _Cycle:
         self.budget -= 1
         victim_queue = self.snapshot.queue_tree.get(victim.queue_id)
         own_queue = self.snapshot.queue_tree.get(beneficiary.queue_id)
-        if kind == "rebalance":
+        if kind == "idle":
+            reason = (
+                f"reclaimed-idle: the idle policy found this run's GPUs idle and workload {beneficiary.name} "
+                f"(queue {own_queue.name if own_queue else beneficiary.queue_id}) is waiting for them"
+            )
+        elif kind == "rebalance":
             self.rebalanced += 1
             reason = (
                 f"rebalanced: queue {victim_queue.name if victim_queue else victim.queue_id} runs above its fair "

@@ -34,6 +34,9 @@ class LiveRun:
     admitted_at: datetime | None = None
     min_runtime_seconds: int = 0
     idle: bool = False  # filled by idle-GPU detection: idle runs are evicted before busy ones
+    # The idle policy reached its reclaim stage: any waiting gang that fits once it is gone may
+    # take its GPUs, whatever queue or priority (the policy's exemptions already applied).
+    idle_reclaimable: bool = False
     max_runtime_seconds: float | None = None  # declared bound: when its capacity is due back
 
     def ends_by(self) -> datetime | None:
@@ -110,7 +113,7 @@ class Eviction:
 
     workload_id: str
     run_id: str
-    kind: str  # preempt | reclaim | rebalance
+    kind: str  # idle | preempt | reclaim | rebalance
     reason: str
     beneficiary: str  # the workload that needs the capacity
 

@@ -246,6 +246,9 @@ class Workload:
     max_runtime_seconds: float | None = None
     spot: str = "allow"  # allow | prefer | avoid | never: how it treats spot (preemptible-by-cloud) pools
     same_pool: str = "preferred"  # preferred | required: may the gang span node pools of its cluster
+    # False for a workload whose last run was reclaimed for idleness: it waits for free capacity
+    # and never evicts anyone to get back (else its guarantee would take the GPUs straight back).
+    may_evict: bool = True
 
     @property
     def total_pods(self) -> int:

@@ -78,6 +78,9 @@ class WorkloadDoc(Strict):
     spot: Literal["allow", "prefer", "avoid", "never"] = "allow"
     same_pool: Literal["preferred", "required"] = "preferred"
     idle_after: Seconds | None = Field(default=None, ge=0, description="a run is idle once it has run this long")
+    idle_reclaim_after: Seconds | None = Field(
+        default=None, ge=0, description="the idle policy marks the run reclaimable once it has run this long"
+    )
 
     @model_validator(mode="after")
     def _gang_is_consistent(self) -> WorkloadDoc:
@@ -170,7 +173,7 @@ class WorkloadExpectation(Strict):
     pod_count: int | None = Field(default=None, ge=0)
     preemptions: int | None = Field(default=None, ge=0)
     preempted_by: Name | None = None  # of the first preemption, as are the three below
-    preempted_kind: Literal["preempt", "reclaim", "rebalance"] | None = None
+    preempted_kind: Literal["idle", "preempt", "reclaim", "rebalance"] | None = None
     preempted_at: Seconds | None = None
     preempted_within: Window | None = None
     preempted_others: int | None = Field(default=None, ge=0)  # evictions made for this workload
@@ -193,7 +196,8 @@ class Expectations(Strict):
     workloads: dict[Name, WorkloadExpectation] = Field(default_factory=dict)
     total_evictions: int | None = Field(default=None, ge=0)
     max_evictions_per_cycle: int | None = Field(default=None, ge=0)
-    eviction_kinds: list[Literal["preempt", "reclaim", "rebalance"]] | None = None  # the set of kinds seen, sorted
+    # The set of eviction kinds seen, sorted.
+    eviction_kinds: list[Literal["idle", "preempt", "reclaim", "rebalance"]] | None = None
     queue_gpu_eq_at: list[QueueUsageExpectation] = Field(default_factory=list)
 
 

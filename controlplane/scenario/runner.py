@@ -63,6 +63,7 @@ class _Track:
     queue: str
     submit_at: Seconds
     idle_after: Seconds | None
+    idle_reclaim_after: Seconds | None
     state: str = "unsubmitted"
     submitted_at: Seconds | None = None
     admitted_at: Seconds | None = None
@@ -112,7 +113,13 @@ class _Simulation:
         self.pools: dict[str, NodePool] = {pool.id: pool for c in world.clusters for pool in c.pools}
         specs = {w.name: w for w in doc.workloads}
         self.tracks: dict[str, _Track] = {
-            w.id: _Track(w, specs[w.name].queue, specs[w.name].submit_at, specs[w.name].idle_after)
+            w.id: _Track(
+                w,
+                specs[w.name].queue,
+                specs[w.name].submit_at,
+                specs[w.name].idle_after,
+                specs[w.name].idle_reclaim_after,
+            )
             for w in world.workloads
         }
         # Stable sort: steps due at the same moment apply in document order.
@@ -234,6 +241,8 @@ class _Simulation:
                     admitted_at=admitted,
                     min_runtime_seconds=track.workload.min_runtime_seconds,
                     idle=track.idle_after is not None and t - live.admitted_at >= track.idle_after,
+                    idle_reclaimable=track.idle_reclaim_after is not None
+                    and t - live.admitted_at >= track.idle_reclaim_after,
                     max_runtime_seconds=track.workload.max_runtime_seconds,
                 )
             )
@@ -285,6 +294,8 @@ class _Simulation:
                 raise ScenarioFailure(f"at {t:g}s the decision evicts run {eviction.run_id}, which is not live")
             track.end_run(t, "preempted")
             track.state = "queued"
+            if eviction.kind == "idle":
+                track.workload = replace(track.workload, may_evict=False)
             track.preemptions.append(Preemption(t, eviction.beneficiary, eviction.kind, eviction.reason))
             beneficiary = self.tracks.get(eviction.beneficiary)
             if beneficiary is not None:

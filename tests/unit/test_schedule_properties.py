@@ -10,6 +10,7 @@ import os
 import random
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from dataclasses import replace
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -172,7 +173,7 @@ def assert_decision_is_sound(snapshot: Snapshot, decision: Decision) -> None:
     positions: dict[str, list[int]] = {}
     for reason in decision.pending:
         assert reason.reason.strip()
-        assert reason.reason.startswith(("quota:", "no-fit:", "isolation:")), reason.reason
+        assert reason.reason.startswith(("quota:", "no-fit:", "isolation:", "fair-share:")), reason.reason
         positions.setdefault(pending[reason.workload_id].queue_id, []).append(reason.queue_position)
     for queue, seen in positions.items():
         assert seen == list(range(1, len(seen) + 1)), queue
@@ -274,3 +275,50 @@ def test_a_second_round_with_no_new_capacity_admits_nothing_the_first_round_left
     assert again.admissions == ()
     # Fair share may order queues differently once usage changed; the set left pending is the same.
     assert sorted(p.workload_id for p in again.pending) == sorted(p.workload_id for p in decision.pending)
+
+
+@PROPERTY_SETTINGS
+@given(scenarios(), st.integers(1, 3))
+def test_opt_in_rebalancing_stays_sound_and_within_its_rate(scenario: Scenario, per_cycle: int) -> None:
+    """Rebalancing takes only from other queues, never higher priority, at most `per_cycle` gangs,
+    and only for a gang it then admits."""
+    snapshot = scenario.snapshot
+    policy = Policy(rebalance=True, rebalance_max_per_cycle=per_cycle)
+    decision = run_schedule(snapshot, policy)
+    assert_decision_is_sound(snapshot, decision)
+    assert run_schedule(snapshot, policy) == decision
+    rebalanced = [e for e in decision.evictions if e.kind == "rebalance"]
+    assert len(rebalanced) <= per_cycle
+    runs = {r.run_id or r.workload_id: r for r in snapshot.live_runs}
+    pending = {w.id: w for w in snapshot.pending}
+    admitted = {a.workload_id for a in decision.admissions}
+    for eviction in rebalanced:
+        victim, beneficiary = runs[eviction.run_id or eviction.workload_id], pending[eviction.beneficiary]
+        assert victim.queue_id != beneficiary.queue_id
+        assert victim.priority <= beneficiary.priority
+        assert beneficiary.id in admitted
+        assert eviction.reason.startswith("rebalanced:")
+
+
+@PROPERTY_SETTINGS
+@given(scenarios())
+def test_rebalancing_and_idle_reclaim_need_their_inputs(scenario: Scenario) -> None:
+    """Off by default, and with no run marked reclaimable nothing is taken for idleness."""
+    kinds = {e.kind for e in run_schedule(scenario.snapshot).evictions}
+    assert not kinds & {"rebalance", "idle"}
+
+
+@PROPERTY_SETTINGS
+@given(scenarios(), st.data())
+def test_idle_reclaim_takes_only_marked_runs_for_gangs_it_admits(scenario: Scenario, data: st.DataObject) -> None:
+    snapshot = scenario.snapshot
+    marked = data.draw(st.sets(st.sampled_from(range(len(snapshot.live_runs))))) if snapshot.live_runs else set()
+    live = tuple(replace(r, idle_reclaimable=i in marked) for i, r in enumerate(snapshot.live_runs))
+    snapshot = replace(snapshot, live_runs=live)
+    decision = run_schedule(snapshot)
+    assert_decision_is_sound(snapshot, decision)
+    admitted = {a.workload_id for a in decision.admissions}
+    for eviction in decision.evictions:
+        if eviction.kind == "idle":
+            assert live[[r.workload_id for r in live].index(eviction.workload_id)].idle_reclaimable
+            assert eviction.beneficiary in admitted
