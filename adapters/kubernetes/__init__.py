@@ -1,0 +1,39 @@
+"""Kubernetes dispatch: manifests (pure), the `ClusterDriver`, and pod status read back."""
+
+from adapters.kubernetes.driver import (
+    Drift,
+    KubernetesCluster,
+    ReconcileReport,
+    configuration_for,
+)
+from adapters.kubernetes.manifests import (
+    GangMode,
+    KubeSettings,
+    ManifestError,
+    RunManifests,
+    build_run_manifests,
+)
+from adapters.kubernetes.status import (
+    NodeInfo,
+    PodStatusWatcher,
+    ReportSink,
+    list_nodes,
+    reports_from_pods,
+)
+
+__all__ = [
+    "Drift",
+    "GangMode",
+    "KubeSettings",
+    "KubernetesCluster",
+    "ManifestError",
+    "NodeInfo",
+    "PodStatusWatcher",
+    "ReconcileReport",
+    "ReportSink",
+    "RunManifests",
+    "build_run_manifests",
+    "configuration_for",
+    "list_nodes",
+    "reports_from_pods",
+]
