@@ -1,0 +1,5 @@
+"""Azure AKS adapter."""
+
+from adapters.clouds.aks.provider import AksProvider, build
+
+__all__ = ["AksProvider", "build"]

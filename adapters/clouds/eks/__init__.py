@@ -1,0 +1,5 @@
+"""AWS EKS adapter."""
+
+from adapters.clouds.eks.provider import EksProvider, build
+
+__all__ = ["EksProvider", "build"]

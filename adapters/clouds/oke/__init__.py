@@ -1,0 +1,5 @@
+"""Oracle OKE adapter."""
+
+from adapters.clouds.oke.provider import OkeProvider, build
+
+__all__ = ["OkeProvider", "build"]
