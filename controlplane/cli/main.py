@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from controlplane.cli import bench_commands, client_commands, scenario_commands, server_commands
+from controlplane.cli import bench_commands, client_commands, scenario_commands, server_commands, sim_commands
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,6 +17,7 @@ server_commands.register(main)
 client_commands.register(main)
 scenario_commands.register(main)
 bench_commands.register(main)
+sim_commands.register(main)
 
 if __name__ == "__main__":
     main()
