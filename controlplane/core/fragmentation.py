@@ -307,9 +307,15 @@ def gang_fragmentation_cost(
     assignments: Iterable[PodAssignment],
     free: Mapping[str, Mapping[str, int]],
     pool_of_node: Mapping[str, NodePool],
+    memo: dict[tuple[object, ...], tuple[float, int]] | None = None,
 ) -> float:
     """Sum of `placement_choice(...).cost()` over a gang's pods, each on its node as the pods
-    before it left it (`free` is the capacity before the gang and is not modified)."""
+    before it left it (`free` is the capacity before the gang and is not modified).
+
+    `memo` (owned by the caller, e.g. one scheduling cycle with one `mix`) remembers choices by
+    (model, free CPU, free GPUs, shape): a fleet's nodes repeat the same few states, and the
+    scheduler scores many candidate placements per gang.
+    """
     pod_sets = {pod_set.name: pod_set for pod_set in workload.pod_sets}
     trial: dict[str, tuple[int, GpuFree]] = {}
     total = 0.0
@@ -324,7 +330,14 @@ def gang_fragmentation_cost(
         shape = pod_shape(pod_sets[assignment.pod_set])
         if not shape.allows(pool.gpu_model) or not fits(gpus, shape):
             continue  # the slot view disagrees with the placement (e.g. MIG geometry): no opinion
-        choice = placement_choice(mix, pool.gpu_model, cpu_free, gpus, shape)
-        total += choice.cost()
-        trial[node_id] = (cpu_free - shape.cpu_milli, take(gpus, shape, choice.share_from))
+        key = (pool.gpu_model, cpu_free, gpus, shape)
+        known = memo.get(key) if memo is not None else None
+        if known is None:
+            choice = placement_choice(mix, pool.gpu_model, cpu_free, gpus, shape)
+            known = (choice.cost(), choice.share_from)
+            if memo is not None:
+                memo[key] = known
+        cost, share_from = known
+        total += cost
+        trial[node_id] = (cpu_free - shape.cpu_milli, take(gpus, shape, share_from))
     return total

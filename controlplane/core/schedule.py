@@ -19,11 +19,12 @@ evictions per cycle.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from fractions import Fraction
 
+from controlplane.core.fragmentation import gang_fragmentation_cost, workload_mix
 from controlplane.core.history import decayed_gpu_hours, history_shares
 from controlplane.core.placement import (
     FreeCapacity,
@@ -49,6 +50,7 @@ from controlplane.core.snapshot import (
     usage_of,
 )
 from controlplane.domain.model import GPU_EQ, Cluster, Node, NodePool, PodAssignment, Workload
+from controlplane.domain.sharing import mig_gpu_eq
 
 
 def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
@@ -65,8 +67,27 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
     )
 
 
+# The expected next pod (for fragmentation) is estimated from the oldest pending gangs; a deep
+# backlog adds nothing the first few thousand do not already say.
+MIX_SAMPLE = 5000
+
+# How many of the best placements by the cheap terms also get the fragmentation term.
+FRAGMENTATION_CANDIDATES = 6
+
 # Node labels that name a failure or network domain; the scorer keeps a gang inside one of each.
 TOPOLOGY_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/rack", "cloud.google.com/gke-placement-group")
+
+
+def _gpu_eq_float(demand: Mapping[str, int], pool: NodePool) -> float:
+    """`gpu_eq_of_demand` in floating point, for scores (quota maths stays exact)."""
+    total = float(demand.get("gpu", 0))
+    shares = demand.get("share")
+    if shares:
+        total += shares / pool.sharing.replicas
+    for key, count in demand.items():
+        if key.startswith("mig:"):
+            total += float(mig_gpu_eq(key[4:])) * count
+    return total
 
 
 def _least_gpu_eq(workload: Workload) -> Fraction:
@@ -150,6 +171,8 @@ class _Cycle:
                 for queue_id, part in history_shares(decayed).items()
             }
         self.rebalanced = 0
+        self.mix = workload_mix(snapshot.pending[:MIX_SAMPLE])
+        self.fragmentation_memo: dict[tuple[object, ...], tuple[float, int]] = {}
         # Free capacity as the cycle found it: a gang that would have fit there but not after this
         # cycle's admissions waits on fair share, not on the fleet (`_fair_share_reason`).
         self.initial_free: FreeCapacity = copy_capacity(self.free)
@@ -406,8 +429,7 @@ class _Cycle:
                 self.unplaceable[shape] = no_fit
             return no_fit
         first_reason = ""
-        # Score each placement once (the sort key), best first.
-        for placement in sorted(placements, key=lambda p: (p.spread, self._score(p, workload), p.cluster_id)):
+        for placement in self._ranked(placements, workload):
             assignments = placement.assignments
             while True:
                 blocked = self._quota_block(workload, usage_of(assignments, self.pool_of_node))
@@ -419,6 +441,26 @@ class _Cycle:
                 assignments = assignments[:-1]
             first_reason = first_reason or blocked
         return first_reason
+
+    def _ranked(self, placements: list[Placement], workload: Workload) -> list[Placement]:
+        """Best first. Every placement gets the cheap terms (fit, price, topology, spot); the
+        fragmentation term, which simulates the gang pod by pod, only the best few of them."""
+        base = {id(p): self._score(p, workload, fragmentation=False) for p in placements}
+        ranked = sorted(placements, key=lambda p: (p.spread, base[id(p)], p.cluster_id))
+        if self.mix is None or len(ranked) < 2:
+            return ranked
+        head, tail = ranked[:FRAGMENTATION_CANDIDATES], ranked[FRAGMENTATION_CANDIDATES:]
+        weight = self.policy.fragmentation_weight
+        head.sort(key=lambda p: (p.spread, base[id(p)] + weight * self._fragmentation(p, workload), p.cluster_id))
+        return head + tail
+
+    def _fragmentation(self, placement: Placement, workload: Workload) -> float:
+        assert self.mix is not None
+        # FGD-style: how much the gang grows the fleet's fragmentation against the expected
+        # workload (the score `gpufleet sim placement` measures on the openb trace).
+        return gang_fragmentation_cost(
+            self.mix, workload, placement.assignments, self.free, self.pool_of_node, self.fragmentation_memo
+        )
 
     def _pools_used(self, placement: Placement) -> int:
         return len({self.pool_of_node[a.node_id].id for a in placement.assignments})
@@ -439,7 +481,7 @@ class _Cycle:
                         found.append(replace(placed, spread=False))
         return found
 
-    def _score(self, placement: Placement, workload: Workload | None = None) -> float:
+    def _score(self, placement: Placement, workload: Workload | None = None, fragmentation: bool = True) -> float:
         """Lower is better: free GPU slots left on the nodes it touches (fit), nodes it leaves
         partly used (fragmentation) and what its GPUs cost per hour (price), weighted by the policy."""
         touched: dict[str, int] = {}
@@ -449,8 +491,13 @@ class _Cycle:
             touched[a.node_id] = touched.get(a.node_id, 0) + slots
             pool = self.pool_of_node[a.node_id]
             if slots and pool.price_per_gpu_hour:
-                price += float(gpu_eq_of_demand(a.demand, pool)) * pool.price_per_gpu_hour
-        fragments = sum(1 for node_id, taken in touched.items() if gpu_slots(self.free[node_id]) > taken)
+                price += _gpu_eq_float(a.demand, pool) * pool.price_per_gpu_hour
+        if not fragmentation:
+            fragments = 0.0
+        elif self.mix is not None and workload is not None:
+            fragments = self._fragmentation(placement, workload)
+        else:
+            fragments = sum(1 for node_id, taken in touched.items() if gpu_slots(self.free[node_id]) > taken)
         pools = list({self.pool_of_node[node_id].id: self.pool_of_node[node_id] for node_id in touched}.values())
         # Topology: a gang spread over pools in different zones or racks talks across them.
         domains = sum(len({p.labels.get(label) for p in pools}) - 1 for label in TOPOLOGY_LABELS)
