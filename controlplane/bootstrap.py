@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import logging
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from sqlalchemy import Engine, text
 
+from adapters.clouds import build_provider
+from adapters.dcgm.consumer import JetStreamTelemetrySource
+from adapters.kubernetes import (
+    KubernetesCluster,
+    KubeSettings,
+    ManifestError,
+    PodStatusWatcher,
+    configuration_for,
+    list_nodes,
+)
 from adapters.nats.connection import JetStreamPublisher, connect
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
@@ -28,8 +41,15 @@ from controlplane.api.app import create_app
 from controlplane.api.context import ApiContext
 from controlplane.config import Settings
 from controlplane.service import admin
+from controlplane.service.autoscale import autoscale_once
+from controlplane.service.cloud_ports import CloudProvider, ClusterLocator, UnsafeKubeconfig, validate_user_kubeconfig
+from controlplane.service.cloud_state import CloudClusterRecord
+from controlplane.service.cluster_status import PodReport
 from controlplane.service.commands import ClusterSpec
-from controlplane.service.ports import ClusterDriver, UnitOfWork
+from controlplane.service.fleet_sync import locator_of, sync_due
+from controlplane.service.gang_timeout import requeue_stalled_gangs
+from controlplane.service.kubeconfigs import FileKubeconfigStore
+from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
 from controlplane.workers import loops
 
 log = logging.getLogger(__name__)
@@ -134,13 +154,202 @@ class SimFleet:
             await loops.sleep_or_stop(stop, 0.2)
 
 
+class _CloudCredentials:
+    """A cloud cluster's Kubernetes credentials, in memory only, renewed `margin` before they expire.
+
+    Installed as the client configuration's `refresh_api_key_hook`, which the Kubernetes client calls
+    before every request (always in a worker thread), so a long-lived driver never sends a stale token.
+    """
+
+    def __init__(self, provider: CloudProvider, locator: ClusterLocator, margin: float) -> None:
+        self.provider, self.locator, self.margin = provider, locator, timedelta(seconds=margin)
+        self._lock = threading.Lock()
+        self.access = provider.credentials(locator)
+        self.renewals = 0
+
+    def hook(self, cfg: Any) -> None:
+        with self._lock:
+            if self.access.expires_within(self.margin):
+                self.access = self.provider.credentials(self.locator)
+                self.renewals += 1
+            cfg.api_key = {"authorization": self.access.token}
+
+
+class _KubeDriver:
+    """The dispatcher's view of a `KubernetesCluster`: invalid manifests are permanent failures."""
+
+    def __init__(self, cluster: KubernetesCluster) -> None:
+        self.cluster = cluster
+
+    async def apply(self, order: RunOrder) -> bool:
+        try:
+            return await self.cluster.apply(order)
+        except ManifestError as exc:
+            raise PermanentDispatchError(str(exc)) from exc
+
+    async def delete(self, run_id: str) -> bool:
+        return await self.cluster.delete(run_id)
+
+    async def list_owned(self) -> set[str]:
+        return await self.cluster.list_owned()
+
+
+class RealFleet:
+    """Kubernetes drivers and pod watchers for every registered non-simulated cluster.
+
+    A cloud cluster gets its driver once fleet sync has discovered it; its credentials come from the
+    cloud provider and are renewed before they expire. A `kubernetes` cluster is reached with the
+    kubeconfig stored in the state dir. Every watcher publishes `PodReport`s on
+    `<prefix>.cluster.<name>.pods`, which the ingest path folds into run state.
+    """
+
+    def __init__(
+        self,
+        wiring: Wiring,
+        publisher: EventPublisher,
+        prefix: str,
+        providers: Mapping[str, CloudProvider] | None = None,
+    ) -> None:
+        self.wiring = wiring
+        self.settings = wiring.settings
+        self.publisher = publisher
+        self.prefix = prefix
+        self._providers: dict[str, CloudProvider] = dict(providers or {})
+        self._provider_lock = threading.Lock()
+        self.kubeconfigs = FileKubeconfigStore(self.settings.state_dir / "kubeconfigs")
+        self.clusters: dict[str, KubernetesCluster] = {}
+        self.credentials: dict[str, _CloudCredentials] = {}
+        self.watchers: dict[str, tuple[PodStatusWatcher, asyncio.Task[None]]] = {}
+        self.errors: dict[str, str] = {}
+
+    def provider_for(self, name: str) -> CloudProvider:
+        with self._provider_lock:
+            if name not in self._providers:
+                self._providers[name] = build_provider(name, **self.settings.cloud_endpoints.get(name, {}))
+            return self._providers[name]
+
+    def _configuration(self, record: CloudClusterRecord) -> Any:
+        override = self.settings.kube_api_override
+        if record.provider == "kubernetes":
+            host, token, ca = _from_kubeconfig(self.kubeconfigs.read(record.kubeconfig_ref))
+        else:
+            source = _CloudCredentials(
+                self.provider_for(record.provider), locator_of(record), self.settings.credential_refresh_margin
+            )
+            self.credentials[record.name] = source
+            host, token, ca = source.access.host, source.access.token, source.access.ca_data
+        host = override or host
+        cfg = configuration_for(host, token, verify_ssl=not host.startswith("http://"))
+        if ca and not override:
+            cfg.ca_cert_data = base64.b64decode(ca).decode()
+        if record.provider != "kubernetes":
+            cfg.refresh_api_key_hook = self.credentials[record.name].hook  # type: ignore[assignment]
+        return cfg
+
+    def refresh(self) -> None:
+        """Build drivers for clusters that gained pools; hand every driver its current pools (blocking)."""
+        with self.wiring.uow() as uow:
+            records = uow.cloud.real_clusters()
+            clusters, _ = uow.admin.fleet()
+        pools = {c.name: {p.name: p for p in c.pools} for c in clusters}
+        for record in records:
+            if record.sync_state != "ready" or not pools.get(record.name):
+                continue
+            driver = self.clusters.get(record.name)
+            if driver is not None:
+                driver.update_pools(pools[record.name])
+                continue
+            try:
+                settings = KubeSettings(**dict(record.kube_settings))
+                cfg = self._configuration(record)
+            except Exception as exc:  # the cluster stays without a driver; dispatch reports it
+                self.errors[record.name] = f"{type(exc).__name__}: {exc}"
+                log.warning("no driver for cluster %s: %s", record.name, self.errors[record.name])
+                continue
+            self.errors.pop(record.name, None)
+            self.clusters[record.name] = KubernetesCluster(record.name, cfg, settings, pools[record.name])
+
+    def drivers(self) -> dict[str, ClusterDriver]:
+        return {name: _KubeDriver(cluster) for name, cluster in self.clusters.items()}
+
+    def _sink(self, cluster: str) -> Callable[[PodReport], Awaitable[None]]:
+        subject = f"{self.prefix}.cluster.{cluster}.pods"
+
+        async def publish(report: PodReport) -> None:
+            payload = report.model_dump_json().encode()
+            digest = hashlib.sha256(payload).hexdigest()[:16]
+            await self.publisher.publish(subject, payload, f"{cluster}:{report.run_id}:{digest}")
+
+        return publish
+
+    def start_watchers(self) -> None:
+        for name, cluster in self.clusters.items():
+            if name in self.watchers:
+                continue
+            watcher = PodStatusWatcher(cluster.configuration, cluster.settings.namespace, self._sink(name))
+            self.watchers[name] = (watcher, asyncio.create_task(watcher.run(), name=f"pods-{name}"))
+
+    async def node_names(self, record: CloudClusterRecord) -> Mapping[str, Sequence[str]] | None:
+        cluster = self.clusters.get(record.name)
+        if cluster is None:
+            return None
+        by_pool: dict[str, list[str]] = {}
+        for node in await list_nodes(cluster.api_client):
+            if node.pool:
+                by_pool.setdefault(node.pool, []).append(node.name)
+        return by_pool
+
+    async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.to_thread(self.refresh)
+                    self.start_watchers()
+                except Exception:
+                    log.exception("real fleet refresh failed")
+                await loops.sleep_or_stop(stop, interval)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        for watcher, task in self.watchers.values():
+            watcher.stop()
+            task.cancel()
+        for _, task in self.watchers.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for watcher, _ in self.watchers.values():
+            watcher.close()
+        self.watchers.clear()
+        for cluster in self.clusters.values():
+            cluster.close()
+        self.clusters.clear()
+
+
+def _from_kubeconfig(text: str) -> tuple[str, str, str]:
+    """(server, bearer token, CA data) of a stored user kubeconfig's current context (token users only)."""
+    document = validate_user_kubeconfig(text)
+    contexts = {c.get("name"): c.get("context") or {} for c in document.get("contexts") or []}
+    clusters = {c.get("name"): c.get("cluster") or {} for c in document.get("clusters") or []}
+    users = {u.get("name"): u.get("user") or {} for u in document.get("users") or []}
+    context = contexts.get(document.get("current-context")) or next(iter(contexts.values()), {})
+    cluster = clusters.get(context.get("cluster")) or next(iter(clusters.values()))
+    user = users.get(context.get("user")) or next(iter(users.values()), {})
+    token = user.get("token")
+    if not isinstance(token, str) or not token:
+        raise UnsafeKubeconfig("kubeconfig user has no bearer token (client certificates are not supported)")
+    return str(cluster["server"]), token, str(cluster.get("certificate-authority-data") or "")
+
+
 async def run_components(
     settings: Settings,
     components: tuple[str, ...],
     stop: asyncio.Event,
     extra: list[Any] | None = None,
+    providers: Mapping[str, CloudProvider] | None = None,
 ) -> None:
-    """Run the named components in this event loop until `stop` is set."""
+    """Run the named components in this event loop until `stop` is set. `providers` replaces the cloud
+    adapters `build_provider` would make (tests, embedding)."""
     wiring = Wiring(settings)
     prefix = settings.subject_prefix
     nc = await connect(settings.nats_url, f"gpufleet-{'+'.join(components)}")
@@ -160,8 +369,10 @@ async def run_components(
                 "nats": lambda: None if nc.is_connected else "not connected to NATS",
             },
         )
+        app = create_app(ctx)
+        app.state.kubeconfigs = FileKubeconfigStore(settings.state_dir / "kubeconfigs")
         config = uvicorn.Config(
-            create_app(ctx), host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="off"
+            app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="off"
         )
         server = _EmbeddedServer(config)
         tasks.append(asyncio.create_task(server.serve(), name="api"))
@@ -181,15 +392,27 @@ async def run_components(
                 name="scheduler",
             )
         )
+        idle_rules = settings.idle_rules()
+        tasks.append(
+            asyncio.create_task(
+                loops.idle_loop(
+                    wiring.uow, idle_rules, prefix, clock, stop, settings.idle_interval, settings.lease_ttl
+                ),
+                name="idle",
+            )
+        )
     if "dispatcher" in components:
         fleet = SimFleet(wiring, publisher, prefix, settings.sim_start_delay)
         await asyncio.to_thread(fleet.refresh)
         tasks.append(asyncio.create_task(fleet.run(stop), name="sim-fleet"))
+        real = RealFleet(wiring, publisher, prefix, providers)
+        tasks.append(asyncio.create_task(real.run(stop), name="real-fleet"))
+        tasks.extend(_real_cluster_tasks(wiring, real, settings, prefix, stop))
         tasks.append(
             asyncio.create_task(
                 loops.dispatcher_loop(
                     wiring.uow,
-                    fleet.drivers,
+                    lambda: {**fleet.drivers(), **real.drivers()},
                     prefix,
                     clock,
                     stop,
@@ -208,6 +431,12 @@ async def run_components(
     if "ingest" in components:
         source = JetStreamInbound(js, prefix)
         tasks.append(asyncio.create_task(loops.ingest_loop(source, wiring.uow, prefix, clock, stop), name="ingest"))
+        telemetry_source = JetStreamTelemetrySource(nc, prefix)
+        tasks.append(
+            asyncio.create_task(
+                loops.telemetry_loop(telemetry_source, wiring.uow, prefix, clock, stop), name="telemetry"
+            )
+        )
     for coroutine in extra or []:
         tasks.append(asyncio.create_task(coroutine))
     try:
@@ -225,6 +454,38 @@ async def run_components(
         # to flush, and draining a pull subscription waits out its drain timeout.
         await nc.close()
         wiring.close()
+
+
+def _real_cluster_tasks(
+    wiring: Wiring, real: RealFleet, settings: Settings, prefix: str, stop: asyncio.Event
+) -> list[asyncio.Task[None]]:
+    """Fleet sync, gang start timeout and cloud autoscaling, each a periodic step of the dispatcher."""
+
+    async def sync() -> None:
+        await sync_due(wiring.uow, real.provider_for, prefix, utc_now, settings.fleet_sync_interval, real.node_names)
+
+    async def gang_timeout() -> None:
+        await asyncio.to_thread(requeue_stalled_gangs, wiring.uow, prefix, utc_now, settings.gang_start_timeout)
+
+    async def autoscale() -> None:
+        await autoscale_once(wiring.uow, real.provider_for, prefix, utc_now, settings.autoscale_cooldown)
+
+    # Fleet sync checks often which clusters are due; each cluster is synced every fleet_sync_interval.
+    tick = min(settings.fleet_sync_interval, 1.0)
+    tasks = [
+        asyncio.create_task(loops.periodic_loop("fleet sync", sync, stop, tick), name="fleet-sync"),
+        asyncio.create_task(
+            loops.periodic_loop("gang timeout", gang_timeout, stop, settings.gang_timeout_interval),
+            name="gang-timeout",
+        ),
+    ]
+    if settings.autoscale:
+        tasks.append(
+            asyncio.create_task(
+                loops.periodic_loop("autoscale", autoscale, stop, settings.autoscale_interval), name="autoscale"
+            )
+        )
+    return tasks
 
 
 def write_secret(path: Path, value: str) -> None:

@@ -10,7 +10,9 @@ import yaml
 from pydantic import Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controlplane.core.idle import IdleRules
 from controlplane.core.snapshot import Policy
+from controlplane.service.idle import parse_idle_rules
 
 POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
 
@@ -37,6 +39,19 @@ class Settings(BaseSettings):
     relay_interval: float = Field(default=0.2, gt=0)
     sim_start_delay: float = Field(default=1.0, ge=0)
     check_invariants: bool = False
+    # Real clusters. Per-provider keyword overrides for `adapters.clouds.build_provider` (local or
+    # sovereign endpoints), e.g. {eks: {endpoint_url: ..., sts_endpoint_url: ...}, gke: {api_endpoint: ...}}.
+    cloud_endpoints: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Talk to every real cluster's Kubernetes API at this URL instead of the discovered endpoint (tests,
+    # tunnels); credentials still come from the cloud. http:// URLs skip TLS verification.
+    kube_api_override: str = ""
+    fleet_sync_interval: float = Field(default=60.0, gt=0)
+    credential_refresh_margin: float = Field(default=300.0, ge=0)
+    gang_start_timeout: float = Field(default=600.0, gt=0)
+    gang_timeout_interval: float = Field(default=5.0, gt=0)
+    autoscale: bool = True
+    autoscale_interval: float = Field(default=30.0, gt=0)
+    autoscale_cooldown: float = Field(default=600.0, ge=0)
     # Scheduling policy knobs (fields of `controlplane.core.snapshot.Policy`), e.g. fair-share
     # history or opt-in rebalancing; unset fields keep their defaults.
     policy: dict[str, Any] = Field(default_factory=dict)
@@ -49,6 +64,20 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown policy field(s) {', '.join(unknown)}; known: {', '.join(sorted(POLICY_FIELDS))}")
         TypeAdapter(Policy).validate_python(policy)
         return policy
+
+    # Anti-hoarding: the idle policy (see `controlplane.service.idle.IdleRulesSpec`) and how often
+    # running runs are judged from their telemetry.
+    idle: dict[str, Any] = Field(default_factory=dict)
+    idle_interval: float = Field(default=60.0, gt=0)
+
+    @field_validator("idle")
+    @classmethod
+    def _valid_idle_rules(cls, idle: dict[str, Any]) -> dict[str, Any]:
+        parse_idle_rules(idle)
+        return idle
+
+    def idle_rules(self) -> IdleRules:
+        return parse_idle_rules(self.idle)
 
     def scheduling_policy(self) -> Policy:
         return TypeAdapter(Policy).validate_python(self.policy)

@@ -28,6 +28,8 @@ INBOUND_STREAM = "GPUFLEET_IN"
 EVENTS_STREAM = "GPUFLEET_EVENTS"
 DLQ_STREAM = "GPUFLEET_DLQ"
 INGEST_CONSUMER = "ingest"
+TELEMETRY_STREAM = "GPUFLEET_TELEMETRY"
+TELEMETRY_CONSUMER = "telemetry"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,23 @@ def topology(prefix: str = "gpufleet") -> Topology:
             duplicate_window=120.0,
             num_replicas=1,
         ),
+        StreamConfig(
+            name=TELEMETRY_STREAM,
+            # Its own stream, not GPUFLEET_IN: telemetry is orders of magnitude more traffic, and
+            # with the command stream's discard=new a telemetry backlog would start refusing submits.
+            description="DCGM sample batches from the cluster agents, folded into SQL windows",
+            subjects=[f"{prefix}.telemetry.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            # Stale telemetry is worth little; dropping the oldest leaves gaps, which the idle
+            # policy reads as "unknown", never as "idle".
+            max_age=1 * DAY,
+            max_msg_size=1 << 20,
+            discard=DiscardPolicy.OLD,
+            max_bytes=8 << 30,
+            duplicate_window=120.0,
+            num_replicas=1,
+        ),
     )
     consumers = (
         (
@@ -84,6 +103,18 @@ def topology(prefix: str = "gpufleet") -> Topology:
                 ack_wait=30.0,
                 max_deliver=-1,
                 max_ack_pending=1000,
+            ),
+        ),
+        (
+            TELEMETRY_STREAM,
+            ConsumerConfig(
+                durable_name=TELEMETRY_CONSUMER,
+                description="gpufleet telemetry: many batches per SQL transaction, acked after the commit",
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=60.0,
+                max_deliver=-1,
+                # Room for several fetches of thousands of batches in flight, or the pull stalls.
+                max_ack_pending=50_000,
             ),
         ),
     )

@@ -45,12 +45,32 @@ def _pool_view(row: NodePoolRow, with_nodes: bool) -> PoolView:
         spot=row.spot,
         node_count=row.node_count,
         nodes=[NodeView(n.id, n.name, n.schedulable) for n in row.nodes] if with_nodes else [],
+        min_size=row.min_size,
+        max_size=row.max_size,
+        instance_type=row.instance_type,
+        cloud_pool_id=row.cloud_pool_id,
+        scale_target=row.scale_target,
     )
 
 
 def _cluster_view(row: ClusterRow, with_nodes: bool = False) -> ClusterView:
     return ClusterView(
-        row.id, row.name, row.provider, row.region, row.created_at, [_pool_view(p, with_nodes) for p in row.pools]
+        row.id,
+        row.name,
+        row.provider,
+        row.region,
+        row.created_at,
+        [_pool_view(p, with_nodes) for p in row.pools],
+        account=row.account,
+        cloud_cluster=row.cloud_cluster,
+        resource_group=row.resource_group,
+        cloud_cluster_id=row.cloud_cluster_id,
+        kubernetes=dict(row.kube_settings),
+        sync_state=row.sync_state,
+        sync_error=row.sync_error,
+        synced_at=row.synced_at,
+        pool_issues=[str(i) for i in row.pool_issues],
+        pool_prices={str(k): float(v) for k, v in row.pool_prices.items()},
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from fractions import Fraction
 
@@ -10,12 +11,14 @@ from sqlalchemy.orm import Session, selectinload
 
 from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.convert import workload_from_row
-from adapters.sql.tables import CohortRow, PriorityClassRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from adapters.sql.tables import CohortRow, IdleFindingRow, PriorityClassRow, QueueRow, RunRow, TeamRow, WorkloadRow
 from controlplane.core.history import UsageInterval
 from controlplane.core.snapshot import LiveRun, Snapshot, usage_of
-from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, QueueNode, Quota, WorkloadState
+from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, QueueNode, Quota, Workload, WorkloadState
 
 LIVE = ("admitted", "dispatching", "running")
+# Evictions for idleness start their message with this (the scheduling core's reason does).
+IDLE_RECLAIM_MARKER = "reclaimed-idle:"
 
 
 def _tree_node(row: CohortRow | TeamRow | QueueRow, parent_id: str | None) -> QueueNode:
@@ -86,6 +89,8 @@ class SqlSnapshotReader:
                 .options(selectinload(RunRow.assignments))
             )
         )
+        live = self._with_idle_marks(live)
+        pending = self._without_evictions_after_idle_reclaim(pending)
         pools = {pool.id: pool for cluster in clusters for pool in cluster.pools}
         history = () if history_since is None else self._history(history_since, nodes, pools)
         last_rebalance = None
@@ -104,6 +109,43 @@ class SqlSnapshotReader:
             usage_history=history,
             last_rebalance_at=last_rebalance,
         )
+
+    def _with_idle_marks(self, live: tuple[LiveRun, ...]) -> tuple[LiveRun, ...]:
+        """The idle policy's stage per run: deprioritized runs are taken first as victims, runs at
+        the reclaim stage may be taken by any waiting gang that fits."""
+        stages = dict(
+            self.s.execute(
+                select(IdleFindingRow.run_id, IdleFindingRow.stage).where(IdleFindingRow.status == "idle")
+            ).all()
+        )
+        if not stages:
+            return live
+        return tuple(
+            replace(
+                run,
+                idle=stages.get(run.run_id) in ("deprioritize", "reclaim"),
+                idle_reclaimable=stages.get(run.run_id) == "reclaim",
+            )
+            if run.run_id in stages
+            else run
+            for run in live
+        )
+
+    def _without_evictions_after_idle_reclaim(self, pending: tuple[Workload, ...]) -> tuple[Workload, ...]:
+        """A workload whose last run was reclaimed for idleness waits for free capacity: it may not
+        evict anyone to get its GPUs straight back."""
+        latest: dict[str, tuple[datetime, str]] = {}
+        for workload_id, created_at, message in self.s.execute(
+            select(RunRow.workload_id, RunRow.created_at, RunRow.message)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .where(WorkloadRow.state == WorkloadState.QUEUED)
+        ):
+            if workload_id not in latest or created_at > latest[workload_id][0]:
+                latest[workload_id] = (created_at, message)
+        held_back = {w for w, (_, message) in latest.items() if message.startswith(IDLE_RECLAIM_MARKER)}
+        if not held_back:
+            return pending
+        return tuple(replace(w, may_evict=False) if w.id in held_back else w for w in pending)
 
     def _history(
         self, since: datetime, nodes: tuple[Node, ...], pools: dict[str, NodePool]

@@ -108,6 +108,20 @@ class ClusterRow(Base):
     provider: Mapped[str] = mapped_column(String(20))
     region: Mapped[str] = mapped_column(String(63), default="")
     created_at: Mapped[datetime]
+    # Cloud clusters (migration 0003): where the cluster lives and how to reach its scheduler stack.
+    # Locators and settings only: credentials are built in memory, a user kubeconfig lives in a 0600
+    # file of the state dir and `kubeconfig_ref` is its file name.
+    account: Mapped[str] = mapped_column(String(255), default="")
+    cloud_cluster: Mapped[str] = mapped_column(String(253), default="")
+    resource_group: Mapped[str] = mapped_column(String(90), default="")
+    cloud_cluster_id: Mapped[str] = mapped_column(String(255), default="")
+    kube_settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    kubeconfig_ref: Mapped[str] = mapped_column(String(255), default="")
+    sync_state: Mapped[str] = mapped_column(String(20), default="ready")  # pending | ready | error
+    sync_error: Mapped[str] = mapped_column(Text, default="")
+    synced_at: Mapped[datetime | None]
+    pool_issues: Mapped[list[Any]] = mapped_column(default=list)
+    pool_prices: Mapped[dict[str, Any]] = mapped_column(default=dict)
     pools: Mapped[list[NodePoolRow]] = relationship(
         back_populates="cluster", cascade="all, delete-orphan", order_by="NodePoolRow.name"
     )
@@ -129,6 +143,14 @@ class NodePoolRow(Base):
     price_per_gpu_hour: Mapped[float] = mapped_column(Float, default=0.0)
     spot: Mapped[bool] = mapped_column(Boolean, default=False)
     node_count: Mapped[int] = mapped_column(Integer)
+    # Cloud pools (migration 0003): bounds, shape and the autoscaler's bookkeeping.
+    min_size: Mapped[int] = mapped_column(Integer, default=0)
+    max_size: Mapped[int | None] = mapped_column(Integer)
+    instance_type: Mapped[str] = mapped_column(String(80), default="")
+    cloud_pool_id: Mapped[str] = mapped_column(String(255), default="")
+    scale_target: Mapped[int | None] = mapped_column(Integer)
+    scale_requested_at: Mapped[datetime | None]
+    idle_since: Mapped[datetime | None]
     cluster: Mapped[ClusterRow] = relationship(back_populates="pools")
     nodes: Mapped[list[NodeRow]] = relationship(cascade="all, delete-orphan", order_by="NodeRow.name")
 
@@ -274,3 +296,71 @@ class AuditRow(Base):
     object_type: Mapped[str] = mapped_column(String(40))
     object_id: Mapped[str] = mapped_column(String(100))
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class TelemetryWindowRow(Base):
+    """Roll-up of DCGM samples for one GPU (or MIG instance) of one run over one window.
+
+    Accumulators only (counts, sums, maxima, latest XID), so partial windows merge in any order.
+    `run_id` is "" for GPUs no run was attributed to: a primary key cannot hold NULL, and there is
+    deliberately no foreign key, so telemetry that arrives before or after its run row still lands.
+    """
+
+    __tablename__ = "telemetry_windows"
+    __table_args__ = (Index("ix_telemetry_windows_window_start", "window_start"),)
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    gpu_key: Mapped[str] = mapped_column(String(400), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(primary_key=True)
+    window_seconds: Mapped[int] = mapped_column(Integer)
+    cluster: Mapped[str] = mapped_column(String(63))
+    node: Mapped[str] = mapped_column(String(253))
+    gpu_uuid: Mapped[str] = mapped_column(String(80))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    mig_profile: Mapped[str | None] = mapped_column(String(20))
+    mig_instance: Mapped[int | None] = mapped_column(Integer)
+    pod: Mapped[str | None] = mapped_column(String(253))
+    namespace: Mapped[str | None] = mapped_column(String(63))
+    samples: Mapped[int] = mapped_column(Integer)
+    first_sample_at: Mapped[datetime]
+    last_sample_at: Mapped[datetime]
+    sm_active_n: Mapped[int] = mapped_column(Integer)
+    sm_active_sum: Mapped[float] = mapped_column(Float)
+    sm_active_max: Mapped[float] = mapped_column(Float)
+    gr_engine_n: Mapped[int] = mapped_column(Integer)
+    gr_engine_sum: Mapped[float] = mapped_column(Float)
+    gr_engine_max: Mapped[float] = mapped_column(Float)
+    gpu_util_n: Mapped[int] = mapped_column(Integer)
+    gpu_util_sum: Mapped[float] = mapped_column(Float)
+    gpu_util_max: Mapped[float] = mapped_column(Float)
+    tensor_n: Mapped[int] = mapped_column(Integer)
+    tensor_sum: Mapped[float] = mapped_column(Float)
+    fb_used_n: Mapped[int] = mapped_column(Integer)
+    fb_used_sum: Mapped[float] = mapped_column(Float)
+    fb_free_n: Mapped[int] = mapped_column(Integer)
+    fb_free_sum: Mapped[float] = mapped_column(Float)
+    power_n: Mapped[int] = mapped_column(Integer)
+    power_sum: Mapped[float] = mapped_column(Float)
+    xid_last: Mapped[int | None] = mapped_column(Integer)
+    xid_at: Mapped[datetime | None]
+    xid_error_samples: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime]
+
+
+class IdleFindingRow(Base):
+    """What the idle policy last concluded about one live run, with its evidence (anti-hoarding).
+
+    One row per run while it runs; the scheduling snapshot reads the stage from here.
+    """
+
+    __tablename__ = "idle_findings"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    workload_id: Mapped[str] = mapped_column(String(40), index=True)
+    cluster: Mapped[str] = mapped_column(String(63))
+    status: Mapped[str] = mapped_column(String(20))
+    stage: Mapped[str] = mapped_column(String(20))
+    idle_windows: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[list[Any]] = mapped_column(default=list)
+    action: Mapped[str] = mapped_column(String(20))
+    stage_since: Mapped[datetime]
+    updated_at: Mapped[datetime]

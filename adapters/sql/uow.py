@@ -8,9 +8,12 @@ from typing import Self
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from adapters.sql.admin_repo import SqlAdminRepository
+from adapters.sql.cloud_repo import SqlCloudRepository
+from adapters.sql.idle_repo import SqlIdleRepository
 from adapters.sql.messaging_repo import SqlAudit, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
 from adapters.sql.run_repo import SqlRunRepository
 from adapters.sql.snapshot_repo import SqlSnapshotReader
+from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from adapters.sql.workload_repo import SqlWorkloadRepository
 
 
@@ -39,6 +42,9 @@ class SqlUnitOfWork:
             self.tokens = SqlTokens(s)
             self.audit = SqlAudit(s)
             self.snapshots = SqlSnapshotReader(s)
+            self.telemetry = SqlTelemetryRepository(s)
+            self.idle = SqlIdleRepository(s)
+            self.cloud = SqlCloudRepository(s)
         else:
             self._levels.append((self._session.begin_nested(), False))
         return self

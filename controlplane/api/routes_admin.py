@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response, status
 
 from controlplane.api.security import Admin, Caller, Ctx
 from controlplane.service import admin as svc
@@ -20,14 +20,21 @@ from controlplane.service.commands import (
     TeamSpec,
     TokenSpec,
 )
+from controlplane.service.kubeconfigs import KubeconfigStore
 from controlplane.service.views import ClusterView, PriorityClassView, TokenView, TreeNodeView
 
 router = APIRouter(prefix="/v1")
 
 
+def _kubeconfigs(request: Request) -> KubeconfigStore | None:
+    """Where user kubeconfigs go (set by the composition root on `app.state`); None: not accepted."""
+    store: KubeconfigStore | None = getattr(request.app.state, "kubeconfigs", None)
+    return store
+
+
 @router.post("/clusters", status_code=201, response_model=ClusterView, tags=["fleet"])
-def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx) -> ClusterView:
-    return svc.create_cluster(ctx.uow_factory(), spec, who.token_id, ctx.clock())
+def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request) -> ClusterView:
+    return svc.create_cluster(ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request))
 
 
 @router.get("/clusters", response_model=list[ClusterView], tags=["fleet"])
@@ -46,8 +53,8 @@ def update_cluster(ref: str, update: ClusterUpdate, who: Admin, ctx: Ctx) -> Clu
 
 
 @router.delete("/clusters/{ref}", status_code=204, tags=["fleet"])
-def delete_cluster(ref: str, who: Admin, ctx: Ctx) -> Response:
-    svc.delete_cluster(ctx.uow_factory(), ref, who.token_id, ctx.clock())
+def delete_cluster(ref: str, who: Admin, ctx: Ctx, request: Request) -> Response:
+    svc.delete_cluster(ctx.uow_factory(), ref, who.token_id, ctx.clock(), _kubeconfigs(request))
     return Response(status_code=204)
 
 

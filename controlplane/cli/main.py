@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from controlplane.cli import bench_commands, client_commands, scenario_commands, server_commands, sim_commands
+from controlplane.cli import (
+    agent_commands,
+    bench_commands,
+    client_commands,
+    scenario_commands,
+    server_commands,
+    sim_commands,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,6 +25,7 @@ client_commands.register(main)
 scenario_commands.register(main)
 bench_commands.register(main)
 sim_commands.register(main)
+agent_commands.register(main)
 
 if __name__ == "__main__":
     main()

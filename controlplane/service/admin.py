@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from controlplane.domain.model import Cluster, Node, NodePool
+from controlplane.service.cloud_ports import UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.commands import (
+    CLOUD_PROVIDERS,
     ClusterSpec,
     ClusterUpdate,
     CohortSpec,
@@ -16,6 +18,7 @@ from controlplane.service.commands import (
 )
 from controlplane.service.errors import Conflict, Invalid, NotFound
 from controlplane.service.ids import new_id
+from controlplane.service.kubeconfigs import KubeconfigStore
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import ClusterView, PriorityClassView, TreeNodeView
 
@@ -35,14 +38,53 @@ def _build_fleet(cluster_id: str, spec: ClusterSpec, region: str) -> tuple[Clust
     return Cluster(cluster_id, spec.name, spec.provider, region, tuple(pools)), nodes
 
 
-def create_cluster(uow: UnitOfWork, spec: ClusterSpec, actor: str, now: datetime) -> ClusterView:
-    with uow:
-        if uow.admin.get_cluster(spec.name) is not None:
-            raise Conflict(f"cluster {spec.name} already exists")
-        cluster, nodes = _build_fleet(new_id("cl"), spec, spec.region)
-        uow.admin.add_cluster(cluster, nodes, now)
-        uow.audit.record(actor, "cluster.create", "cluster", cluster.id, spec.model_dump(), now)
-        uow.commit()
+def create_cluster(
+    uow: UnitOfWork,
+    spec: ClusterSpec,
+    actor: str,
+    now: datetime,
+    kubeconfigs: KubeconfigStore | None = None,
+) -> ClusterView:
+    """Register a cluster. Cloud clusters are stored `pending` with no pools: fleet sync discovers them
+    outside any transaction. A `kubernetes` cluster's kubeconfig goes to `kubeconfigs`, never to SQL."""
+    if spec.kubeconfig is not None:
+        try:
+            validate_user_kubeconfig(spec.kubeconfig)
+        except UnsafeKubeconfig as exc:
+            raise Invalid(str(exc)) from exc
+        if kubeconfigs is None:
+            raise Invalid("this API has no kubeconfig store configured; kubernetes clusters cannot be registered")
+    cluster_id = new_id("cl")
+    stored = False
+    try:
+        with uow:
+            if uow.admin.get_cluster(spec.name) is not None:
+                raise Conflict(f"cluster {spec.name} already exists")
+            cluster, nodes = _build_fleet(cluster_id, spec, spec.region)
+            uow.admin.add_cluster(cluster, nodes, now)
+            if spec.provider != "sim":
+                ref = ""
+                if spec.kubeconfig is not None and kubeconfigs is not None:
+                    ref = kubeconfigs.put(cluster_id, spec.kubeconfig)  # a local file write, no network
+                    stored = True
+                uow.cloud.set_cluster_meta(
+                    cluster_id,
+                    account=spec.account,
+                    cloud_cluster=spec.cluster,
+                    resource_group=spec.resource_group,
+                    cloud_cluster_id=spec.cluster_id,
+                    kube_settings=spec.kubernetes.model_dump(),
+                    kubeconfig_ref=ref,
+                    sync_state="pending" if spec.provider in CLOUD_PROVIDERS else "ready",
+                    pool_prices=spec.pool_prices,
+                )
+            detail = spec.model_dump(exclude={"kubeconfig"})  # a secret: never in the audit log
+            uow.audit.record(actor, "cluster.create", "cluster", cluster.id, detail, now)
+            uow.commit()
+    except BaseException:
+        if stored and kubeconfigs is not None:
+            kubeconfigs.delete(cluster_id)
+        raise
     return get_cluster(uow, spec.name)
 
 
@@ -52,6 +94,8 @@ def update_cluster(uow: UnitOfWork, ref: str, update: ClusterUpdate, actor: str,
         if current is None:
             raise NotFound(f"no cluster {ref}")
         if update.pools is not None:
+            if current.provider in CLOUD_PROVIDERS:
+                raise Invalid(f"cluster {current.name}: {current.provider} pools come from the cloud (fleet sync)")
             if uow.admin.cluster_has_live_runs(current.id):
                 raise Conflict(f"cluster {current.name} has live runs; drain it before changing its pools")
             spec = ClusterSpec(name=current.name, provider="sim", region=current.region, pools=update.pools)
@@ -77,7 +121,9 @@ def list_clusters(uow: UnitOfWork) -> list[ClusterView]:
         return uow.admin.list_clusters()
 
 
-def delete_cluster(uow: UnitOfWork, ref: str, actor: str, now: datetime) -> None:
+def delete_cluster(
+    uow: UnitOfWork, ref: str, actor: str, now: datetime, kubeconfigs: KubeconfigStore | None = None
+) -> None:
     with uow:
         view = uow.admin.get_cluster(ref)
         if view is None:
@@ -87,6 +133,8 @@ def delete_cluster(uow: UnitOfWork, ref: str, actor: str, now: datetime) -> None
         uow.admin.delete_cluster(view.id)
         uow.audit.record(actor, "cluster.delete", "cluster", view.id, {"name": view.name}, now)
         uow.commit()
+    if view.provider == "kubernetes" and kubeconfigs is not None:
+        kubeconfigs.delete(view.id)
 
 
 def _parent_ref(spec: CohortSpec | TeamSpec | QueueSpec) -> tuple[str | None, str | None]:

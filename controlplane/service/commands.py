@@ -73,13 +73,44 @@ class PoolSpec(Strict):
         return self
 
 
+CLOUD_PROVIDERS = ("eks", "aks", "gke", "oke")
+Provider = Literal["sim", "kubernetes", "eks", "aks", "gke", "oke"]
+
+
+class KubernetesSettingsSpec(Strict):
+    """How gpufleet talks to a real cluster's scheduler stack (see adapters.kubernetes.KubeSettings)."""
+
+    namespace: Name = "gpufleet"
+    gang: Literal["none", "volcano", "coscheduling", "kueue"] = "none"
+    use_jobset: bool = False
+    kueue_queue: Name = "gpufleet"
+
+
 class ClusterSpec(Strict):
     name: Name
-    provider: Literal["sim"] = Field(
-        default="sim", description="Only simulated clusters can be registered until cloud adapters land"
+    provider: Provider = Field(
+        default="sim",
+        description="sim: simulated; kubernetes: any cluster, reached with `kubeconfig`; eks|aks|gke|oke: "
+        "discovered from the cloud (pools come from the cloud, not from the request)",
     )
     region: str = Field(default="", max_length=63)
-    pools: list[PoolSpec] = Field(min_length=1, max_length=100)
+    pools: list[PoolSpec] = Field(default_factory=list, max_length=100)
+    account: str = Field(
+        default="", max_length=255, description="AWS account / Azure subscription / GCP project / OCI compartment"
+    )
+    cluster: str = Field(default="", max_length=253, description="the cloud's name for the cluster")
+    resource_group: str = Field(default="", max_length=90, description="AKS only")
+    cluster_id: str = Field(default="", max_length=255, description="OKE only: the cluster OCID")
+    kubernetes: KubernetesSettingsSpec = Field(default_factory=KubernetesSettingsSpec)
+    kubeconfig: str | None = Field(
+        default=None,
+        max_length=256 * 1024,
+        description="provider kubernetes only: inline credentials (no exec, auth-provider or file references); "
+        "stored in a 0600 file of the state dir, never in the database",
+    )
+    pool_prices: dict[Name, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description="cloud clusters: price per GPU-hour by pool name (discovery has none)"
+    )
 
     @field_validator("pools")
     @classmethod
@@ -88,6 +119,32 @@ class ClusterSpec(Strict):
         if len(names) != len(set(names)):
             raise ValueError("pool names must be unique within a cluster")
         return pools
+
+    @model_validator(mode="after")
+    def _fields_fit_the_provider(self) -> ClusterSpec:
+        cloud = self.provider in CLOUD_PROVIDERS
+        if cloud:
+            if self.pools:
+                raise ValueError(f"{self.provider} pools are discovered from the cloud; do not list them")
+            if not self.cluster or not self.region:
+                raise ValueError(f"provider {self.provider} needs `cluster` and `region`")
+            if self.provider != "oke" and not self.account and self.provider != "eks":
+                raise ValueError(f"provider {self.provider} needs `account`")
+            if self.provider == "oke" and not (self.account or self.cluster_id):
+                raise ValueError("provider oke needs `account` (the compartment) or `cluster_id`")
+        else:
+            if not self.pools:
+                raise ValueError(f"provider {self.provider} needs at least one pool")
+            locator = [f for f in ("account", "cluster", "resource_group", "cluster_id") if getattr(self, f)]
+            if locator or self.pool_prices:
+                raise ValueError(f"{', '.join(locator or ['pool_prices'])}: only for cloud providers")
+        if self.resource_group and self.provider != "aks":
+            raise ValueError("resource_group is for aks only")
+        if self.cluster_id and self.provider != "oke":
+            raise ValueError("cluster_id is for oke only")
+        if (self.kubeconfig is not None) != (self.provider == "kubernetes"):
+            raise ValueError("provider kubernetes needs `kubeconfig`, and only it takes one")
+        return self
 
 
 class ClusterUpdate(Strict):

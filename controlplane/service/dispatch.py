@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from controlplane.domain.model import WorkloadState
-from controlplane.service.ports import ClusterDriver, UnitOfWorkFactory
+from controlplane.service.ports import ClusterDriver, PermanentDispatchError, UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,13 @@ async def dispatch_once(
             uow.commit()
         try:
             created = await driver.apply(order)
+        except PermanentDispatchError as exc:  # retrying the same order cannot help: fail the run
+            log.warning("run %s cannot be dispatched to %s: %s", order.run_id, order.cluster, exc)
+            stats.errors.append(f"{order.run_id}: {exc}")
+            _fail_undispatchable(
+                uow_factory, order.run_id, order.workload_id, order.queue, order.cluster, str(exc), prefix, clock()
+            )
+            continue
         except Exception as exc:  # a failed call is retried next pass; the run stays pending
             log.warning("dispatch of run %s to %s failed: %s", order.run_id, order.cluster, exc)
             stats.errors.append(f"{order.run_id}: {exc}")
@@ -88,6 +95,27 @@ async def dispatch_once(
             uow.commit()
         stats.torn_down += 1
     return stats
+
+
+def _fail_undispatchable(
+    uow_factory: UnitOfWorkFactory,
+    run_id: str,
+    workload_id: str,
+    queue: str,
+    cluster: str,
+    error: str,
+    prefix: str,
+    now: datetime,
+) -> None:
+    message = f"cannot dispatch to {cluster}: {error}"[:2000]
+    with uow_factory() as uow:
+        # Failing the run also schedules a teardown of whatever part of it reached the cluster.
+        if uow.runs.set_state(run_id, ("admitted", "dispatching"), "failed", message, now):
+            uow.workloads.set_state(
+                workload_id, (WorkloadState.ADMITTED, WorkloadState.DISPATCHING), WorkloadState.FAILED, message, now
+            )
+            emit(uow, prefix, queue, "failed", workload_id, now, run_id=run_id, cluster=cluster, message=message)
+        uow.commit()
 
 
 async def collect_orphans(uow_factory: UnitOfWorkFactory, drivers: Mapping[str, ClusterDriver]) -> int:

@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from controlplane.core.snapshot import Admission, PendingReason, Snapshot
 from controlplane.domain.model import Cluster, Node, Workload
+from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.views import (
     ClusterView,
     PriorityClassView,
@@ -20,6 +21,11 @@ from controlplane.service.views import (
     TreeNodeView,
     WorkloadView,
 )
+
+if TYPE_CHECKING:
+    # Only for annotations: the telemetry module imports this one at run time.
+    from controlplane.service.idle import IdleRepository
+    from controlplane.service.telemetry import TelemetryWindow, WindowQuery
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,24 @@ class SnapshotReader(Protocol):
         ...
 
 
+class TelemetryRepository(Protocol):
+    """GPU telemetry windows (roll-ups of DCGM samples, never raw samples)."""
+
+    def claim_batches(self, consumer: str, msg_ids: Sequence[str], now: datetime) -> set[str]:
+        """Record the ids in the inbox; return those not seen before (all in this transaction)."""
+        ...
+
+    def merge_windows(self, windows: Sequence[TelemetryWindow], now: datetime) -> None:
+        """Upsert partial windows: counters add up, maxima take the larger, the latest XID wins."""
+        ...
+
+    def windows(self, query: WindowQuery) -> list[TelemetryWindow]: ...
+
+    def prune(self, windows_before: datetime, consumer: str, inbox_before: datetime) -> tuple[int, int]:
+        """Delete windows that ended before `windows_before`, and the consumer's old inbox rows."""
+        ...
+
+
 class UnitOfWork(Protocol):
     """One database transaction. Leaving the block without `commit()` rolls back."""
 
@@ -221,6 +245,15 @@ class UnitOfWork(Protocol):
     @property
     def snapshots(self) -> SnapshotReader: ...
 
+    @property
+    def telemetry(self) -> TelemetryRepository: ...
+
+    @property
+    def idle(self) -> IdleRepository: ...
+
+    @property
+    def cloud(self) -> CloudRepository: ...
+
     def __enter__(self) -> Self: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -230,6 +263,11 @@ class UnitOfWork(Protocol):
 
 class UnitOfWorkFactory(Protocol):
     def __call__(self) -> UnitOfWork: ...
+
+
+class PermanentDispatchError(Exception):
+    """The run can never be created on its cluster as ordered (e.g. its manifests are invalid there):
+    the dispatcher fails the run instead of retrying it."""
 
 
 class ClusterDriver(Protocol):

@@ -77,14 +77,34 @@ def run_cycle(
         evicted = 0
         for eviction in decision.evictions:
             # The run may have finished since the snapshot; then there is nothing to evict.
+            finding = uow.idle.finding(eviction.run_id) if eviction.kind == "idle" else None
             if not uow.runs.set_state(eviction.run_id, LIVE_RUN_STATES, "preempted", eviction.reason, now):
                 continue
-            uow.workloads.set_state(
-                eviction.workload_id, LIVE_WORKLOAD_STATES, WorkloadState.QUEUED, eviction.reason, now
-            )
+            # An idle policy with action `stop` ends the workload instead of requeueing it.
+            stop = finding is not None and finding.action == "stop"
+            target = WorkloadState.FAILED if stop else WorkloadState.QUEUED
+            uow.workloads.set_state(eviction.workload_id, LIVE_WORKLOAD_STATES, target, eviction.reason, now)
             head = uow.workloads.head(eviction.workload_id)
             assert head is not None
-            event = "reclaimed" if eviction.kind == "reclaim" else "preempted"
+            event = {"reclaim": "reclaimed", "idle": "reclaimed-idle"}.get(eviction.kind, "preempted")
+            if eviction.kind == "idle":
+                # Every reclaim for idleness is audited with the evidence it rests on and the epoch.
+                uow.audit.record(
+                    "scheduler",
+                    "run.reclaim-idle",
+                    "run",
+                    eviction.run_id,
+                    {
+                        "epoch": epoch,
+                        "workload_id": eviction.workload_id,
+                        "beneficiary": eviction.beneficiary,
+                        "action": "stop" if stop else "requeue",
+                        "finding": finding.reason if finding else "",
+                        "idle_windows": finding.idle_windows if finding else 0,
+                        "evidence": list(finding.evidence) if finding else [],
+                    },
+                    now,
+                )
             emit(
                 uow,
                 prefix,

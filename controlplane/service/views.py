@@ -29,6 +29,12 @@ class PoolView:
     spot: bool
     node_count: int
     nodes: list[NodeView] = field(default_factory=list)
+    # Cloud pools: bounds from the cloud, and the size the autoscaler last asked for.
+    min_size: int = 0
+    max_size: int | None = None
+    instance_type: str = ""
+    cloud_pool_id: str = ""
+    scale_target: int | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,17 @@ class ClusterView:
     region: str
     created_at: datetime
     pools: list[PoolView]
+    # Real clusters: the cloud locator, Kubernetes settings and the fleet-sync state. No secrets.
+    account: str = ""
+    cloud_cluster: str = ""
+    resource_group: str = ""
+    cloud_cluster_id: str = ""
+    kubernetes: dict[str, Any] = field(default_factory=dict)
+    sync_state: str = "ready"  # pending (not discovered yet) | ready | error
+    sync_error: str = ""
+    synced_at: datetime | None = None
+    pool_issues: list[str] = field(default_factory=list)  # discovered pools gpufleet could not map
+    pool_prices: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def test_exported_jetstream_topology_matches_the_code() -> None:
     exported = json.loads((ROOT / "deploy" / "nats" / "jetstream.json").read_text())
     assert exported == json.loads(json.dumps(as_json("gpufleet")))
     names = [s["name"] for s in exported["streams"]]
-    assert names == ["GPUFLEET_IN", "GPUFLEET_EVENTS", "GPUFLEET_DLQ"]
+    assert names == ["GPUFLEET_IN", "GPUFLEET_EVENTS", "GPUFLEET_DLQ", "GPUFLEET_TELEMETRY"]
 
 
 def test_nats_topology_command_prints_the_declarations() -> None:

@@ -1,0 +1,77 @@
+"""The durable pull consumer of telemetry batches: big fetches, fire-and-forget acks after commit."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from adapters.nats.topology import TELEMETRY_CONSUMER, TELEMETRY_STREAM
+from controlplane.service.telemetry import BatchMessage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TelemetryDelivery:
+    message: BatchMessage
+    published_at: float | None  # unix seconds at which JetStream stored it
+    msg: Msg
+
+
+class JetStreamTelemetrySource:
+    def __init__(self, nc: Client, prefix: str) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.prefix = prefix
+        self._sub: JetStreamContext.PullSubscription | None = None
+
+    async def fetch(self, batch: int, timeout: float) -> list[TelemetryDelivery]:
+        if self._sub is None:
+            self._sub = await self.js.pull_subscribe_bind(durable=TELEMETRY_CONSUMER, stream=TELEMETRY_STREAM)
+        try:
+            msgs = await self._sub.fetch(batch, timeout=timeout)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        out: list[TelemetryDelivery] = []
+        for msg in msgs:
+            meta = msg.metadata
+            msg_id = (msg.headers or {}).get("Nats-Msg-Id") or f"{TELEMETRY_STREAM}:{meta.sequence.stream}"
+            stamp = meta.timestamp.timestamp() if meta.timestamp is not None else None
+            out.append(TelemetryDelivery(BatchMessage(msg.subject, msg.data, msg_id), stamp, msg))
+        return out
+
+    async def ack(self, deliveries: Sequence[TelemetryDelivery]) -> None:
+        # Plain acks, then one flush: a double ack per message would cost a round trip each, and a
+        # lost ack only means a redelivery that the inbox turns into a no-op.
+        for delivery in deliveries:
+            await delivery.msg.ack()
+        await self.nc.flush(timeout=10)
+
+    async def retry_later(self, deliveries: Sequence[TelemetryDelivery], delay: float) -> None:
+        for delivery in deliveries:
+            with contextlib.suppress(nats.errors.Error):
+                await delivery.msg.nak(delay=delay)
+
+    async def dead_letter(self, message: BatchMessage, reason: str) -> None:
+        tail = message.subject.removeprefix(self.prefix + ".")
+        await self.js.publish(
+            f"{self.prefix}.dlq.{tail}",
+            message.data,
+            timeout=5.0,
+            headers={
+                "Nats-Msg-Id": f"dlq:{message.msg_id}",
+                "Gpufleet-Dlq-Reason": reason[:1000],
+                "Gpufleet-Original-Subject": message.subject,
+            },
+        )
+
+    def reset(self) -> None:
+        """Forget the subscription; the next fetch binds again (after a server restart)."""
+        self._sub = None

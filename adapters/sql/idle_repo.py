@@ -1,0 +1,102 @@
+"""Idle findings, and the running runs the idle policy judges."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session, selectinload
+
+from adapters.sql.tables import ClusterRow, IdleFindingRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from controlplane.service.idle import IdleCandidate, IdleFinding
+
+
+def _devices(demand: dict[str, int]) -> int:
+    """GPU devices one pod holds as dcgm-exporter reports them: GPUs, MIG instances, or the one
+    GPU a shared slot runs on."""
+    count = int(demand.get("gpu", 0)) + sum(int(n) for key, n in demand.items() if key.startswith("mig:"))
+    return count + (1 if demand.get("share") else 0)
+
+
+class SqlIdleRepository:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def candidates(self) -> list[IdleCandidate]:
+        rows = self.s.execute(
+            select(RunRow, WorkloadRow, TeamRow.name, QueueRow.name, ClusterRow.name)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .where(RunRow.state == "running")
+            .order_by(RunRow.id)
+            .options(selectinload(RunRow.assignments))
+        )
+        out = []
+        for run, workload, team, queue, cluster in rows:
+            devices = sum(_devices(dict(a.demand)) for a in run.assignments)
+            gpu_eq = float(sum(int(a.demand.get("gpu", 0)) for a in run.assignments))
+            out.append(
+                IdleCandidate(
+                    run_id=run.id,
+                    workload_id=workload.id,
+                    workload_name=workload.name,
+                    team=team,
+                    queue=queue,
+                    priority_class=workload.priority_class,
+                    kind=workload.kind,
+                    cluster=cluster,
+                    started_at=run.started_at,
+                    gpu_devices=devices,
+                    gpu_eq=gpu_eq if gpu_eq else float(devices),
+                )
+            )
+        return out
+
+    def findings(self) -> dict[str, IdleFinding]:
+        return {row.run_id: _finding(row) for row in self.s.scalars(select(IdleFindingRow))}
+
+    def finding(self, run_id: str) -> IdleFinding | None:
+        row = self.s.get(IdleFindingRow, run_id)
+        return None if row is None else _finding(row)
+
+    def put_finding(self, finding: IdleFinding) -> None:
+        row = self.s.get(IdleFindingRow, finding.run_id)
+        values = {
+            "workload_id": finding.workload_id,
+            "cluster": finding.cluster,
+            "status": finding.status,
+            "stage": finding.stage,
+            "idle_windows": finding.idle_windows,
+            "reason": finding.reason,
+            "evidence": [dict(e) for e in finding.evidence],
+            "action": finding.action,
+            "stage_since": finding.stage_since,
+            "updated_at": finding.updated_at,
+        }
+        if row is None:
+            self.s.add(IdleFindingRow(run_id=finding.run_id, **values))
+        else:
+            for key, value in values.items():
+                setattr(row, key, value)
+        self.s.flush()
+
+    def drop_findings(self, run_ids: Sequence[str]) -> None:
+        self.s.execute(delete(IdleFindingRow).where(IdleFindingRow.run_id.in_(list(run_ids))))
+
+
+def _finding(row: IdleFindingRow) -> IdleFinding:
+    return IdleFinding(
+        run_id=row.run_id,
+        workload_id=row.workload_id,
+        cluster=row.cluster,
+        status=row.status,
+        stage=row.stage,
+        idle_windows=row.idle_windows,
+        reason=row.reason,
+        evidence=tuple(row.evidence),
+        action=row.action,
+        stage_since=row.stage_since,
+        updated_at=row.updated_at,
+    )

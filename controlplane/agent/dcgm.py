@@ -1,0 +1,153 @@
+"""The in-cluster telemetry agent: scrape dcgm-exporter, attribute GPUs to runs, publish batches.
+
+One agent per node (a DaemonSet next to dcgm-exporter) or one per cluster scraping several
+exporters. It never writes to SQL and never manages streams: the control plane declares the
+telemetry stream, and NATS permissions can limit an agent to `<prefix>.telemetry.<its cluster>.>`.
+Telemetry is allowed to be lossy: a scrape that cannot be published is dropped after a few tries
+with the same Nats-Msg-Id, leaving a gap that the idle policy reads as "unknown", never "idle".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from adapters.dcgm.exposition import RunResolver, SlotAssignments, parse_exposition
+from adapters.nats.connection import JetStreamPublisher, connect
+from controlplane.service.ports import EventPublisher
+from controlplane.service.telemetry import encode_batch, telemetry_subject
+
+log = logging.getLogger(__name__)
+SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
+# Well under the stream's 1 MiB message limit: a sample encodes to ~300 bytes.
+SAMPLES_PER_MESSAGE = 500
+PUBLISH_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    cluster: str
+    dcgm_url: str
+    prefix: str = "gpufleet"
+    interval: float = 10.0
+    node: str = socket.gethostname()  # for series without a Hostname label (`--no-hostname`)
+    scrape_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("cluster", "prefix"):
+            if not SUBJECT_TOKEN.match(getattr(self, name)):
+                raise ValueError(f"{name} must be letters, digits, '-' or '_' (it becomes a NATS subject token)")
+        if not self.interval > 0:
+            raise ValueError("interval must be positive")
+
+    @property
+    def subject(self) -> str:
+        return telemetry_subject(self.prefix, self.cluster)
+
+
+@dataclass(frozen=True)
+class ScrapeReport:
+    samples: int
+    messages: int  # published (or already stored: a retried publish is de-duplicated by NATS)
+    attributed: int  # samples with a run id
+    blanks: int
+    unidentified: int
+
+
+async def scrape_once(
+    client: httpx.AsyncClient,
+    config: AgentConfig,
+    resolver: RunResolver,
+    publisher: EventPublisher,
+    now: float,
+) -> ScrapeReport:
+    """Scrape, map and publish one round; raises on a failed scrape or publish."""
+    response = await client.get(config.dcgm_url, timeout=config.scrape_timeout)
+    response.raise_for_status()
+    result = parse_exposition(response.text, config.cluster, config.node, resolver, now)
+    samples = result.samples
+    # One id per scrape and chunk: a retry after an unknown publish outcome reuses it, so the
+    # stream keeps one copy, and the consumer's inbox catches anything past the dedup window.
+    scrape_id = f"dcgm:{config.cluster}:{config.node}:{math.floor(now * 1000)}"
+    messages = 0
+    for chunk_no, start in enumerate(range(0, len(samples), SAMPLES_PER_MESSAGE)):
+        payload = encode_batch(config.cluster, samples[start : start + SAMPLES_PER_MESSAGE])
+        await _publish(publisher, config.subject, payload, f"{scrape_id}:{chunk_no}")
+        messages += 1
+    return ScrapeReport(
+        samples=len(samples),
+        messages=messages,
+        attributed=sum(1 for s in samples if s.run_id is not None),
+        blanks=result.blanks,
+        unidentified=result.unidentified,
+    )
+
+
+async def _publish(publisher: EventPublisher, subject: str, payload: bytes, msg_id: str) -> None:
+    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+        try:
+            await publisher.publish(subject, payload, msg_id)
+            return
+        except Exception:
+            if attempt == PUBLISH_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.5 * attempt)
+
+
+async def run_agent(
+    config: AgentConfig,
+    publisher: EventPublisher,
+    resolver: RunResolver,
+    stop: asyncio.Event,
+    clock: Callable[[], float] = time.time,
+    once: bool = False,
+) -> ScrapeReport | None:
+    """Scrape every `interval` seconds until `stop`; a failed round is logged and skipped."""
+    last: ScrapeReport | None = None
+    async with httpx.AsyncClient() as client:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                last = await scrape_once(client, config, resolver, publisher, clock())
+                log.debug("published %d samples in %d messages", last.samples, last.messages)
+            except Exception as exc:
+                if once:
+                    raise
+                log.warning("telemetry round failed: %s: %s", type(exc).__name__, exc)
+            if once:
+                break
+            # Fixed cadence: the next round starts `interval` after this one started.
+            remaining = config.interval - (time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, remaining))
+    return last
+
+
+def default_resolver(assignments: Path | None) -> RunResolver:
+    """Until the Kubernetes pod lookup exists: only the node-assignment file, if one is given."""
+    return RunResolver(pod_run=None, slot_run=SlotAssignments(assignments) if assignments is not None else None)
+
+
+async def main(
+    config: AgentConfig,
+    nats_url: str,
+    stop: asyncio.Event,
+    resolver: RunResolver,
+    once: bool = False,
+) -> ScrapeReport | None:
+    """The agent process: one NATS connection that reconnects forever, and the scrape loop."""
+    nc = await connect(nats_url, f"gpufleet-agent-{config.cluster}-{config.node}")
+    try:
+        return await run_agent(config, JetStreamPublisher(nc.jetstream()), resolver, stop, once=once)
+    finally:
+        await nc.drain()

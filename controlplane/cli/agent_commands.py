@@ -1,0 +1,79 @@
+"""`gpufleet agent`: the in-cluster telemetry agent (dcgm-exporter -> NATS)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from controlplane.agent import dcgm
+
+
+@click.command("agent")
+@click.option("--cluster", required=True, help="this cluster's name in gpufleet (a NATS subject token)")
+@click.option("--dcgm-url", required=True, help="dcgm-exporter's metrics endpoint, e.g. http://localhost:9400/metrics")
+@click.option("--nats-url", envvar="GPUFLEET_NATS_URL", default="nats://127.0.0.1:4222", show_default=True)
+@click.option("--prefix", envvar="GPUFLEET_SUBJECT_PREFIX", default="gpufleet", show_default=True)
+@click.option("--interval", default=10.0, show_default=True, type=click.FloatRange(min=0.5), help="seconds")
+@click.option(
+    "--node",
+    envvar="NODE_NAME",
+    default=socket.gethostname(),
+    show_default="$NODE_NAME or the host name",
+    help="node name for series without a Hostname label",
+)
+@click.option(
+    "--assignments",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help='JSON {"<hostname>/<gpu>[/<GPU_I_ID>]": "<run id>"}: the fallback when a pod names no run',
+)
+@click.option("--once", is_flag=True, help="scrape and publish one round, print what was sent, and exit")
+@click.option("-v", "--verbose", is_flag=True)
+def agent(
+    cluster: str,
+    dcgm_url: str,
+    nats_url: str,
+    prefix: str,
+    interval: float,
+    node: str,
+    assignments: Path | None,
+    once: bool,
+    verbose: bool,
+) -> None:
+    """Scrape dcgm-exporter every INTERVAL seconds and publish GPU samples to <prefix>.telemetry.<cluster>.dcgm."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("nats").setLevel(logging.WARNING)
+    try:
+        config = dcgm.AgentConfig(cluster=cluster, dcgm_url=dcgm_url, prefix=prefix, interval=interval, node=node)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    resolver = dcgm.default_resolver(assignments)
+
+    async def run() -> dcgm.ScrapeReport | None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await dcgm.main(config, nats_url, stop, resolver, once=once)
+
+    try:
+        report = asyncio.run(run())
+    except Exception as exc:
+        if not once:
+            raise
+        raise click.ClickException(f"telemetry round failed: {type(exc).__name__}: {exc}") from None
+    if once and report is not None:
+        click.echo(json.dumps({"subject": config.subject, **asdict(report)}))
+
+
+def register(group: click.Group) -> None:
+    group.add_command(agent)

@@ -1,0 +1,133 @@
+"""What the service layer reads and writes about real (non-simulated) clusters: plain records and the
+repository protocol the SQL adapter implements. No secrets travel through here: locators, settings and
+the file name of a user kubeconfig only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from controlplane.service.commands import CLOUD_PROVIDERS, PoolSpec
+
+
+@dataclass(frozen=True)
+class CloudClusterRecord:
+    """A registered cluster that is not simulated (`kubernetes` or a cloud provider)."""
+
+    id: str
+    name: str
+    provider: str
+    region: str
+    account: str = ""
+    cloud_cluster: str = ""
+    resource_group: str = ""
+    cloud_cluster_id: str = ""
+    kube_settings: Mapping[str, Any] = field(default_factory=dict)
+    kubeconfig_ref: str = ""
+    sync_state: str = "ready"
+    synced_at: datetime | None = None
+    pool_prices: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def is_cloud(self) -> bool:
+        return self.provider in CLOUD_PROVIDERS
+
+
+@dataclass(frozen=True)
+class SyncedPool:
+    """One pool as fleet sync found it: the gpufleet pool, its cloud bounds and its nodes' names."""
+
+    spec: PoolSpec
+    min_size: int
+    max_size: int | None
+    instance_type: str
+    cloud_pool_id: str
+    node_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PoolChanges:
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    resized: tuple[tuple[str, int, int], ...] = ()  # (pool, before, after)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.removed or self.resized)
+
+
+@dataclass(frozen=True)
+class CloudPoolRecord:
+    """A pool of a cloud cluster as the autoscaler sees it."""
+
+    id: str
+    cluster_id: str
+    cluster: str
+    provider: str
+    name: str
+    node_count: int
+    min_size: int
+    max_size: int | None
+    scale_target: int | None
+    scale_requested_at: datetime | None
+    idle_since: datetime | None
+    busy: bool  # live runs hold nodes of this pool
+
+
+@dataclass(frozen=True)
+class StalledRun:
+    run_id: str
+    workload_id: str
+    queue: str
+    cluster: str
+    dispatched_at: datetime
+
+
+class CloudRepository(Protocol):
+    def set_cluster_meta(
+        self,
+        cluster_id: str,
+        *,
+        account: str,
+        cloud_cluster: str,
+        resource_group: str,
+        cloud_cluster_id: str,
+        kube_settings: Mapping[str, Any],
+        kubeconfig_ref: str,
+        sync_state: str,
+        pool_prices: Mapping[str, float],
+    ) -> None: ...
+
+    def real_clusters(self) -> list[CloudClusterRecord]:
+        """Every cluster whose provider is not `sim`, by name."""
+        ...
+
+    def sync_pools(
+        self, cluster_id: str, pools: Sequence[SyncedPool], issues: Sequence[str], now: datetime
+    ) -> PoolChanges:
+        """Make the cluster's pools and nodes what `pools` says, keeping the ids of pools and nodes that
+        stay (runs refer to them); nodes that runs refer to are cordoned rather than deleted."""
+        ...
+
+    def sync_failed(self, cluster_id: str, error: str) -> None: ...
+
+    def cloud_pools(self) -> list[CloudPoolRecord]: ...
+
+    def set_scale_target(self, pool_id: str, target: int, now: datetime) -> None: ...
+
+    def set_idle_since(self, pool_id: str, since: datetime | None) -> None: ...
+
+    def pending_reasons(self) -> dict[str, str]:
+        """workload id -> pending reason, for queued workloads."""
+        ...
+
+    def stalled_runs(self, dispatched_before: datetime) -> list[StalledRun]:
+        """Runs applied to their cluster before `dispatched_before` whose gang is not running yet."""
+        ...
+
+    def requeue_run(self, run_id: str, message: str, now: datetime) -> bool:
+        """End a live, not-yet-running run (as `preempted`: its workload goes back to its queue) and schedule
+        its objects for teardown."""
+        ...

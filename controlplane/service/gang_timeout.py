@@ -1,0 +1,51 @@
+"""Gang start timeout: a run whose pods are not all running `timeout` seconds after it was applied to
+its cluster is torn down and its workload requeued as a unit (Kueue's waitForPodsReady). A partially
+started gang holds GPUs without doing work, and may block another gang's pods from ever starting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from controlplane.domain.model import WorkloadState
+from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.service.workloads import emit
+
+DEFAULT_GANG_START_TIMEOUT = 600.0
+NOT_RUNNING = (WorkloadState.ADMITTED, WorkloadState.DISPATCHING)
+
+
+def requeue_stalled_gangs(
+    uow_factory: UnitOfWorkFactory, prefix: str, clock: Callable[[], datetime], timeout: float
+) -> list[str]:
+    """Requeue every gang dispatched more than `timeout` seconds ago that is not running; returns the
+    run ids ended. One transaction per run, each re-checking the run's state (a pod report may have
+    made it run meanwhile)."""
+    now = clock()
+    with uow_factory() as uow:
+        stalled = uow.cloud.stalled_runs(now - timedelta(seconds=timeout))
+    ended: list[str] = []
+    for run in stalled:
+        waited = (now - run.dispatched_at).total_seconds()
+        reason = (
+            f"gang-start-timeout: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
+            f" (limit {timeout:g}s)"
+        )
+        with uow_factory() as uow:
+            if not uow.cloud.requeue_run(run.run_id, reason, now):
+                continue
+            uow.workloads.set_state(run.workload_id, NOT_RUNNING, WorkloadState.QUEUED, reason, now)
+            emit(
+                uow,
+                prefix,
+                run.queue,
+                "requeued",
+                run.workload_id,
+                now,
+                run_id=run.run_id,
+                cluster=run.cluster,
+                reason=reason,
+            )
+            uow.commit()
+        ended.append(run.run_id)
+    return ended

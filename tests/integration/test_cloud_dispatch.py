@@ -1,0 +1,115 @@
+"""A gang dispatched to a GKE cluster (cloud fake for discovery and credentials, fake Kubernetes API
+server for the cluster): objects created once, also by a new driver; orphans collected; a gang whose
+pods never all run is torn down and requeued."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from controlplane.bootstrap import RealFleet, Wiring, utc_now
+from controlplane.service.dispatch import collect_orphans, dispatch_once
+from controlplane.service.gang_timeout import requeue_stalled_gangs
+from tests.clouds import test_gke
+from tests.clouds.keys import KeyPair
+from tests.integration.cloud_support import GKE_CLUSTER, gke_provider, schedule, sync
+from tests.integration.fleet import add_tenant
+from tests.kubernetes.fake_apiserver import FakeApiServer
+
+JOBS = ("batch", "v1", "jobs")
+
+
+class Published:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, bytes, str]] = []
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        self.messages.append((subject, payload, msg_id))
+
+
+def _sql(wiring: Wiring, statement: str) -> Any:
+    engine = create_engine(wiring.settings.database_url.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.begin() as conn:
+        rows = conn.execute(text(statement)).all() if statement.lstrip().upper().startswith("SELECT") else None
+        if rows is None:
+            conn.execute(text(statement))
+    engine.dispose()
+    return rows
+
+
+def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring: Wiring) -> None:
+    key = KeyPair.generate()
+    google = test_gke.FakeGoogle(key)
+    google.server.start()
+    kube = FakeApiServer(token=test_gke.ACCESS_TOKEN).start()  # only the cloud-minted token is accepted
+    try:
+        provider = gke_provider(google, key)
+        assert client.post("/v1/clusters", json=GKE_CLUSTER, headers=admin).status_code == 201
+        sync(wiring, {"gke": provider})
+        for pc in ({"name": "batch", "value": 100, "is_default": True},):
+            assert client.post("/v1/priority-classes", json=pc, headers=admin).status_code == 201
+        tenant = add_tenant(client, admin, "vision", "vision-train")
+        body = {
+            "name": "mig-gang",
+            "queue": tenant.queue,
+            "pod_sets": [{"name": "workers", "replicas": 2, "mig_profile": "1g.10gb"}],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "container": {"image": "trainer:1"},
+        }
+        r = client.post("/v1/workloads", json=body, headers=tenant.headers)
+        assert r.status_code == 201, r.text
+        workload_id = r.json()["id"]
+        assert schedule(wiring) == 1
+
+        wiring.settings.kube_api_override = kube.url
+        prefix = wiring.settings.subject_prefix
+        fleet = RealFleet(wiring, Published(), prefix, {"gke": provider})
+        fleet.refresh()
+        stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))
+        assert (stats.applied, stats.errors) == (1, [])
+        jobs = kube.objects_of(JOBS, "gpufleet")
+        assert len(jobs) == 1  # both pods packed on one node: one placement group, one indexed Job
+        assert jobs[0]["spec"]["completions"] == 2
+        created = list(kube.creations)
+
+        # A dispatcher that crashed after the call but before recording it: a new driver applies again.
+        _sql(wiring, "UPDATE runs SET dispatch_state = 'pending'")
+        restarted = RealFleet(wiring, Published(), prefix, {"gke": provider})
+        restarted.refresh()
+        stats = asyncio.run(dispatch_once(wiring.uow, restarted.drivers(), prefix, utc_now))
+        assert (stats.applied, stats.already_present) == (0, 1)
+        assert kube.creations == created  # nothing created twice
+
+        # An object of a run gpufleet does not know is garbage-collected.
+        orphan = dict(jobs[0], metadata=dict(jobs[0]["metadata"]))
+        orphan["metadata"] = {
+            "name": "orphan-job",
+            "namespace": "gpufleet",
+            "labels": dict(jobs[0]["metadata"]["labels"], **{"gpufleet.io/run": "run-orphan"}),
+            "annotations": jobs[0]["metadata"].get("annotations", {}),
+        }
+        kube.put(JOBS, orphan)
+        assert asyncio.run(collect_orphans(wiring.uow, restarted.drivers())) == 1
+        assert [j["metadata"]["name"] for j in kube.objects_of(JOBS, "gpufleet")] == [jobs[0]["metadata"]["name"]]
+
+        # Pods never all run: after the gang start timeout the run is torn down and the gang requeued.
+        late = utc_now() + timedelta(seconds=601)
+        ended = requeue_stalled_gangs(wiring.uow, prefix, lambda: late, 600.0)
+        assert len(ended) == 1
+        view = client.get(f"/v1/workloads/{workload_id}", headers=tenant.headers).json()
+        assert view["state"] == "queued"
+        assert "gang-start-timeout" in view["reason"]
+        stats = asyncio.run(dispatch_once(wiring.uow, restarted.drivers(), prefix, utc_now))
+        assert stats.torn_down == 1
+        assert kube.objects_of(JOBS, "gpufleet") == []
+        subjects = [s for (s,) in _sql(wiring, "SELECT subject FROM outbox")]
+        assert f"{prefix}.events.workload.{tenant.queue}.requeued" in subjects
+        for f in (fleet, restarted):
+            asyncio.run(f.close())
+    finally:
+        kube.stop()
+        google.server.stop()
