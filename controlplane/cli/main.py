@@ -11,6 +11,7 @@ from controlplane.cli import (
     scenario_commands,
     server_commands,
     sim_commands,
+    sim_run_commands,
 )
 
 
@@ -25,6 +26,7 @@ client_commands.register(main)
 scenario_commands.register(main)
 bench_commands.register(main)
 sim_commands.register(main)
+sim_run_commands.add_commands(sim_commands.sim)
 agent_commands.register(main)
 
 if __name__ == "__main__":

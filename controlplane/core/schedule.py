@@ -171,6 +171,7 @@ class _Cycle:
                 for queue_id, part in history_shares(decayed).items()
             }
         self.rebalanced = 0
+        self.pending_memo: dict[tuple[object, ...], str] = {}
         self.mix = workload_mix(snapshot.pending[:MIX_SAMPLE])
         self.fragmentation_memo: dict[tuple[object, ...], tuple[float, int]] = {}
         # Free capacity as the cycle found it: a gang that would have fit there but not after this
@@ -271,7 +272,31 @@ class _Cycle:
     # -- admission -----------------------------------------------------------------------------
 
     def try_admit(self, workload: Workload) -> str | None:
-        """Admit the gang (maybe after evictions); the pending reason when it cannot be."""
+        """Admit the gang (maybe after evictions); the pending reason when it cannot be.
+
+        Within a cycle free capacity only shrinks and usage only grows until an eviction, so a
+        gang exactly like one already left pending (same queue, priority, flags and shape) is left
+        pending for the same reason without trying again: deep backlogs of look-alike gangs cost
+        a dictionary lookup each.
+        """
+        key = (
+            workload.queue_id,
+            workload.priority,
+            workload.preemptible,
+            workload.may_evict,
+            workload.max_runtime_seconds,
+            _shape(workload),
+        )
+        known = self.pending_memo.get(key)
+        if known is not None:
+            return known
+        reason = self._try_admit(workload)
+        # A fair-share reason names the queues that went ahead, which grow during the cycle.
+        if reason is not None and not reason.startswith("fair-share"):
+            self.pending_memo[key] = reason
+        return reason
+
+    def _try_admit(self, workload: Workload) -> str | None:
         wanted = {GPU_EQ: _least_gpu_eq(workload)}
         blocked = self.ledger.limit_block(workload.queue_id, wanted)
         if not workload.preemptible and not self.ledger.within_guarantee(workload.queue_id, wanted):
@@ -633,6 +658,7 @@ class _Cycle:
         for victim in victims:
             self._evict(victim, workload, kind)
         self.unplaceable.clear()  # capacity grew: shapes that failed may fit now
+        self.pending_memo.clear()
         self.failed_evictions.clear()
         placement = self._place(workload, self.free)
         assert isinstance(placement, Placement), "simulated eviction must make room"
