@@ -150,7 +150,7 @@ class _Cycle:
         for run in snapshot.live_runs:
             self.live[run.run_id or run.workload_id] = run
             self.live_by_queue.setdefault(run.queue_id, {})[run.run_id or run.workload_id] = run
-            self._hold(run.assignments, run.queue_id, +1)
+        self._hold_live(snapshot.live_runs)
         parents = {node.parent_id for node in snapshot.queue_tree.values()}
         # Leaf queues that keep part of their guarantee back from borrowers.
         self.lenders = sorted(
@@ -200,6 +200,43 @@ class _Cycle:
             for key, value in held.items():
                 self.free_eq[key] = self.free_eq.get(key, ZERO) - sign * value
         return held
+
+    def _hold_live(self, runs: tuple[LiveRun, ...]) -> None:
+        """`_hold` for every live run at once: capacity per node, then quota once per queue.
+
+        Every cycle starts here, so it avoids per-run Fraction arithmetic: a demand's gpu-eq is
+        worked out once per (pool, demand) and summed as an int while it is whole.
+        """
+        free, pool_of_node = self.free, self.pool_of_node
+        eq_of: dict[tuple[str, tuple[tuple[str, int], ...]], int | Fraction] = {}
+        per_queue: dict[str, dict[str, int | Fraction]] = {}
+        for run in runs:
+            totals = per_queue.setdefault(run.queue_id, {})
+            for a in run.assignments:
+                demand = a.demand
+                node_free = free.get(a.node_id)
+                if node_free is not None:
+                    for key, amount in demand.items():
+                        node_free[key] = node_free.get(key, 0) - amount
+                pool = pool_of_node[a.node_id]
+                whole = demand.get("gpu", 0)
+                if whole and len(demand) == 3:  # cpu, mem and whole GPUs: the common case
+                    amount_eq: int | Fraction | None = whole
+                else:
+                    signature = (pool.id, tuple(demand.items()))
+                    amount_eq = eq_of.get(signature)
+                    if amount_eq is None:
+                        exact = gpu_eq_of_demand(demand, pool)
+                        amount_eq = eq_of[signature] = exact.numerator if exact.denominator == 1 else exact
+                if amount_eq:
+                    totals[GPU_EQ] = totals.get(GPU_EQ, 0) + amount_eq
+                    totals[pool.gpu_model] = totals.get(pool.gpu_model, 0) + amount_eq
+        for queue_id, totals in per_queue.items():
+            held = {key: Fraction(value) for key, value in totals.items()}
+            if held:
+                self.ledger.charge(queue_id, held, +1)
+            for key, value in held.items():
+                self.free_eq[key] = self.free_eq.get(key, ZERO) - value
 
     def leave_pending(self, workload: Workload, reason: str) -> None:
         position = self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1
