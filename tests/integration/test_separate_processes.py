@@ -55,7 +55,9 @@ def plane(empty_postgresql: str, running_nats: NatsServerProcess, tmp_path: Path
         "GPUFLEET_STATE_DIR": str(tmp_path / "state"),
         "GPUFLEET_API_PORT": str(free_port()),
         "GPUFLEET_SCHEDULER_INTERVAL": "0.2",
-        "GPUFLEET_LEASE_TTL": "2",
+        # Short enough for a quick failover, long enough that a busy 2-core machine does not
+        # lose a lease between renewals.
+        "GPUFLEET_LEASE_TTL": "6",
         "GPUFLEET_DISPATCHER_INTERVAL": "0.1",
         "GPUFLEET_SIM_START_DELAY": "0.2",
         "GPUFLEET_CHECK_INVARIANTS": "true",
