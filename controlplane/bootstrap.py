@@ -120,13 +120,23 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class SimFleet:
-    """Simulated clusters for every registered `sim` cluster, created as clusters appear."""
+    """Simulated clusters for every registered `sim` cluster, created as clusters appear. Each
+    publishes DCGM telemetry every `telemetry_interval` seconds (None: none), except while the file
+    `<state dir>/sim/<cluster>.telemetry-off` exists (its agent is "down")."""
 
-    def __init__(self, wiring: Wiring, publisher: JetStreamPublisher, prefix: str, start_delay: float) -> None:
+    def __init__(
+        self,
+        wiring: Wiring,
+        publisher: JetStreamPublisher,
+        prefix: str,
+        start_delay: float,
+        telemetry_interval: float | None = None,
+    ) -> None:
         self.wiring = wiring
         self.publisher = publisher
         self.prefix = prefix
         self.start_delay = start_delay
+        self.telemetry_interval = telemetry_interval
         self.clusters: dict[str, SimCluster] = {}
 
     def refresh(self) -> None:
@@ -138,6 +148,8 @@ class SimFleet:
                     prefix=self.prefix,
                     state_file=self.wiring.settings.state_dir / "sim" / f"{view.name}.json",
                     start_delay=self.start_delay,
+                    telemetry_interval=self.telemetry_interval,
+                    telemetry_switch=self.wiring.settings.state_dir / "sim" / f"{view.name}.telemetry-off",
                 )
 
     def drivers(self) -> Mapping[str, ClusterDriver]:
@@ -149,6 +161,7 @@ class SimFleet:
                 await asyncio.to_thread(self.refresh)
                 for cluster in list(self.clusters.values()):
                     await cluster.tick()
+                    await cluster.emit_telemetry()
             except Exception:
                 log.exception("simulated fleet tick failed")
             await loops.sleep_or_stop(stop, 0.2)
@@ -401,8 +414,13 @@ async def run_components(
                 name="idle",
             )
         )
+        tasks.append(
+            asyncio.create_task(
+                loops.report_loop(wiring.uow, prefix, clock, stop, lease_ttl=settings.lease_ttl), name="reports"
+            )
+        )
     if "dispatcher" in components:
-        fleet = SimFleet(wiring, publisher, prefix, settings.sim_start_delay)
+        fleet = SimFleet(wiring, publisher, prefix, settings.sim_start_delay, settings.telemetry_interval)
         await asyncio.to_thread(fleet.refresh)
         tasks.append(asyncio.create_task(fleet.run(stop), name="sim-fleet"))
         real = RealFleet(wiring, publisher, prefix, providers)
@@ -434,7 +452,15 @@ async def run_components(
         telemetry_source = JetStreamTelemetrySource(nc, prefix)
         tasks.append(
             asyncio.create_task(
-                loops.telemetry_loop(telemetry_source, wiring.uow, prefix, clock, stop), name="telemetry"
+                loops.telemetry_loop(
+                    telemetry_source,
+                    wiring.uow,
+                    prefix,
+                    clock,
+                    stop,
+                    window_seconds=settings.telemetry_window_seconds,
+                ),
+                name="telemetry",
             )
         )
     for coroutine in extra or []:

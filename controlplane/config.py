@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, TypeAdapter, field_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from controlplane.core.idle import IdleRules
+from controlplane.core.idle import IdlePolicy, IdleRules
 from controlplane.core.snapshot import Policy
 from controlplane.service.idle import parse_idle_rules
 
@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     # running runs are judged from their telemetry.
     idle: dict[str, Any] = Field(default_factory=dict)
     idle_interval: float = Field(default=60.0, gt=0)
+    # Length of the telemetry roll-up windows the consumer writes. The idle policy counts these
+    # windows, so its `window_seconds` is this value (setting it to anything else is an error).
+    telemetry_window_seconds: int = Field(default=300, ge=1)
+    # How often each simulated cluster publishes a DCGM batch for its running pods.
+    telemetry_interval: float = Field(default=10.0, gt=0)
 
     @field_validator("idle")
     @classmethod
@@ -76,8 +81,35 @@ class Settings(BaseSettings):
         parse_idle_rules(idle)
         return idle
 
+    @model_validator(mode="after")
+    def _idle_windows_match_telemetry(self) -> Settings:
+        policies: list[tuple[str, Any]] = [("default", self.idle.get("default"))]
+        for table in ("queues", "priority_classes", "kinds"):
+            policies += [(f"{table}.{k}", v) for k, v in (self.idle.get(table) or {}).items()]
+        for where, policy in policies:
+            seconds = (policy or {}).get("window_seconds")
+            if seconds is not None and seconds != self.telemetry_window_seconds:
+                raise ValueError(
+                    f"idle.{where}.window_seconds is {seconds} but telemetry windows are "
+                    f"{self.telemetry_window_seconds} s (telemetry_window_seconds); leave it unset"
+                )
+        return self
+
     def idle_rules(self) -> IdleRules:
-        return parse_idle_rules(self.idle)
+        """The idle policy, every policy counting windows of `telemetry_window_seconds`."""
+        rules = parse_idle_rules(self.idle)
+        seconds = self.telemetry_window_seconds
+
+        def fit(policy: IdlePolicy) -> IdlePolicy:
+            return dataclasses.replace(policy, window_seconds=seconds)
+
+        return dataclasses.replace(
+            rules,
+            default=fit(rules.default),
+            by_queue={k: fit(v) for k, v in rules.by_queue.items()},
+            by_priority_class={k: fit(v) for k, v in rules.by_priority_class.items()},
+            by_kind={k: fit(v) for k, v in rules.by_kind.items()},
+        )
 
     def scheduling_policy(self) -> Policy:
         return TypeAdapter(Policy).validate_python(self.policy)

@@ -1,6 +1,11 @@
 """Simulated clusters: they accept runs like a Kubernetes API would, start the pods after a short
 delay, run them for the workload's `duration_seconds`, and report pod status over NATS like an
 in-cluster agent. State is kept in a JSON file so a cluster outlives a control-plane crash.
+
+Every `telemetry_interval` seconds a cluster also publishes one DCGM sample batch for the GPUs
+(MIG instances, shared GPUs) its running pods hold, shaped by each workload's utilization
+profile (see `adapters.sim.telemetry`), as `gpufleet agent` would. While the file
+`telemetry_switch` exists the cluster's telemetry is withheld, as if its agent were down.
 """
 
 from __future__ import annotations
@@ -8,12 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from adapters.sim.telemetry import Device, allocate_devices, parse_profile, pod_samples, profile_of
 from controlplane.service.ports import RunOrder
+from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
 
 log = logging.getLogger(__name__)
 Publish = Callable[[str, bytes, str], Awaitable[None]]
@@ -30,6 +38,8 @@ class SimRun:
     reported: str = ""
     reports: int = 0
     last_report_at: float = 0.0
+    utilization: str = "busy"  # the workload's `sim.utilization` profile
+    devices: list[list[Device]] = field(default_factory=list)  # per pod, as `pods`
 
     def phase(self, now: float) -> str:
         if now < self.start_at:
@@ -52,13 +62,21 @@ class SimCluster:
     clock: Callable[[], float] = time.time
     runs: dict[str, SimRun] = field(default_factory=dict)
     created: int = 0  # objects actually created (not AlreadyExists), for tests and stats
+    telemetry_interval: float | None = None  # seconds between DCGM batches; None: no telemetry
+    telemetry_switch: Path | None = None  # while this file exists, telemetry is withheld
+    seed: int = 0
+    batches: int = 0  # telemetry batches published, for tests and stats
+    _next_telemetry: float = field(default=0.0, init=False, repr=False)
+    _rng: random.Random = field(default_factory=random.Random, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._rng = random.Random(f"{self.seed}:{self.name}")
         if self.state_file is not None and self.state_file.exists():
             data = json.loads(self.state_file.read_text())
             self.created = data.get("created", 0)
             for raw in data["runs"]:
                 raw["pods"] = [tuple(p) for p in raw["pods"]]
+                raw["devices"] = [[tuple(d) for d in pod] for pod in raw.get("devices", [])]
                 self.runs[raw["run_id"]] = SimRun(**raw)
 
     def _persist(self) -> None:
@@ -76,6 +94,10 @@ class SimCluster:
         start = now + self.start_delay
         sim = order.container.get("sim", {}) if isinstance(order.container.get("sim"), dict) else {}
         duration = order.duration_seconds
+        taken: dict[str, set[Device]] = {}
+        for other in self.runs.values():
+            for (_, _, node), devices in zip(other.pods, other.devices, strict=False):
+                taken.setdefault(node, set()).update(devices)
         self.runs[order.run_id] = SimRun(
             run_id=order.run_id,
             epoch=order.epoch,
@@ -83,6 +105,8 @@ class SimCluster:
             start_at=start,
             end_at=None if duration is None else start + duration,
             fail=bool(sim.get("fail", False)),
+            utilization=profile_of(order.container),
+            devices=[allocate_devices(p.demand, taken.setdefault(p.node, set())) for p in order.pods],
         )
         self.created += 1
         self._persist()
@@ -121,3 +145,39 @@ class SimCluster:
         if sent:
             self._persist()
         return sent
+
+    def samples(self, now: float) -> list[GpuSample]:
+        """One DCGM reading per device that a running pod holds, attributed to its run."""
+        out: list[GpuSample] = []
+        for run in self.runs.values():
+            if run.phase(now) != "Running":
+                continue
+            busy = parse_profile(run.utilization).busy(now - run.start_at)
+            for (pod_set, index, node), devices in zip(run.pods, run.devices, strict=False):
+                pod = f"{run.run_id}-{pod_set}-{index}"
+                out.extend(pod_samples(self.name, node, run.run_id, pod, devices, busy, now, self._rng))
+        return out
+
+    async def emit_telemetry(self) -> int:
+        """Publish this cluster's batch if one is due; returns the samples published. Telemetry is
+        lossy, like the agent's: a batch that cannot be published is dropped."""
+        if not self.telemetry_interval:
+            return 0
+        now = self.clock()
+        if now < self._next_telemetry:
+            return 0
+        # Fixed cadence; after a stall, start again from now rather than catch up in a burst.
+        self._next_telemetry = max(self._next_telemetry + self.telemetry_interval, now + self.telemetry_interval / 2)
+        if self.telemetry_switch is not None and self.telemetry_switch.exists():
+            return 0
+        samples = self.samples(now)
+        if not samples:
+            return 0
+        msg_id = f"sim-dcgm:{self.name}:{int(now * 1000)}"
+        try:
+            await self.publish(telemetry_subject(self.prefix, self.name), encode_batch(self.name, samples), msg_id)
+        except Exception as exc:
+            log.warning("sim %s: telemetry batch dropped: %s", self.name, exc)
+            return 0
+        self.batches += 1
+        return len(samples)

@@ -11,6 +11,7 @@ from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.cloud_repo import SqlCloudRepository
 from adapters.sql.idle_repo import SqlIdleRepository
 from adapters.sql.messaging_repo import SqlAudit, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
+from adapters.sql.report_repo import SqlReportRepository
 from adapters.sql.run_repo import SqlRunRepository
 from adapters.sql.snapshot_repo import SqlSnapshotReader
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
@@ -45,6 +46,7 @@ class SqlUnitOfWork:
             self.telemetry = SqlTelemetryRepository(s)
             self.idle = SqlIdleRepository(s)
             self.cloud = SqlCloudRepository(s)
+            self.reports = SqlReportRepository(s)
         else:
             self._levels.append((self._session.begin_nested(), False))
         return self

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from controlplane.api import routes_admin, routes_workloads
+from controlplane.api import routes_admin, routes_reports, routes_workloads
 from controlplane.api.context import ApiContext
 from controlplane.service.errors import Conflict, Invalid, NotFound
 
@@ -88,4 +88,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     app.include_router(routes_admin.router)
     app.include_router(routes_workloads.router)
+    app.include_router(routes_reports.router)
     return app

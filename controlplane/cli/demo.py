@@ -19,6 +19,44 @@ from controlplane.service.views import Principal
 
 log = logging.getLogger("gpufleet.demo")
 
+# The demo's anti-hoarding policy: short windows so the story plays out in a few minutes. Production
+# defaults (5-minute windows, 30 minutes of grace, reclaim after 6 idle windows) stay untouched.
+DEMO_WINDOW_SECONDS = 30
+DEMO_IDLE_POLICY: dict[str, Any] = {
+    "default": {"grace_seconds": 30, "notify_after": 2, "deprioritize_after": 3, "reclaim_after": 4},
+    "working_hours": None,
+}
+# The hoarder: a gang on every A100-40GB GPU of the fleet that stops computing after 45 s but keeps
+# its GPUs; another team's gang then waits for exactly those GPUs.
+HOARDER_WORKLOAD: dict[str, Any] = {
+    "name": "demo-hoarder",
+    "kind": "training",
+    "pod_sets": [{"name": "workers", "replicas": 4, "gpus": 8, "gpu_models": ["A100-40GB"]}],
+    "container": {"sim": {"utilization": "idle_after:45"}},
+}
+WAITING_WORKLOAD: dict[str, Any] = {
+    "name": "vision-finetune",
+    "kind": "training",
+    "duration_seconds": 120,
+    "pod_sets": [{"name": "workers", "replicas": 2, "gpus": 8, "gpu_models": ["A100-40GB"]}],
+}
+WAITING_TEAM, WAITING_QUEUE = "vision", "vision-train"
+
+
+def demo_settings(settings: Settings) -> Settings:
+    """`settings` with the demo's short telemetry windows and idle policy, unless the user set an
+    idle policy of their own."""
+    if settings.idle:
+        return settings
+    return settings.model_copy(
+        update={
+            "telemetry_window_seconds": DEMO_WINDOW_SECONDS,
+            "telemetry_interval": 5.0,
+            "idle": DEMO_IDLE_POLICY,
+            "idle_interval": 5.0,
+        }
+    )
+
 
 def ensure_demo_team(wiring: bootstrap.Wiring, token_path: Path) -> str:
     now = bootstrap.utc_now()
@@ -31,6 +69,19 @@ def ensure_demo_team(wiring: bootstrap.Wiring, token_path: Path) -> str:
     if token_path.exists():
         return token_path.read_text().strip()
     _, raw = auth.issue_token(wiring.uow(), TokenSpec(name="demo", team="demo"), "up", now)
+    bootstrap.write_secret(token_path, raw)
+    return raw
+
+
+def ensure_waiting_team(wiring: bootstrap.Wiring, token_path: Path) -> str:
+    """The second team of the hoarding story, whose gang waits for the hoarder's GPUs."""
+    now = bootstrap.utc_now()
+    if not any(node.name == WAITING_TEAM for node in admin.list_tree_nodes(wiring.uow(), "team")):
+        admin.create_tree_node(wiring.uow(), "team", TeamSpec(name=WAITING_TEAM), "up", now)
+        admin.create_tree_node(wiring.uow(), "queue", QueueSpec(name=WAITING_QUEUE, team=WAITING_TEAM), "up", now)
+    if token_path.exists():
+        return token_path.read_text().strip()
+    _, raw = auth.issue_token(wiring.uow(), TokenSpec(name=WAITING_TEAM, team=WAITING_TEAM), "up", now)
     bootstrap.write_secret(token_path, raw)
     return raw
 
@@ -70,13 +121,52 @@ def _random_workload(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
     return queue, body
 
 
-async def generate(settings: Settings, team_token: str, stop: asyncio.Event) -> None:
-    """Submit a gang every few seconds over NATS, as another system would."""
+def _idle_line(event: dict[str, Any]) -> str:
+    data = event.get("data", {})
+    return (
+        f"anti-hoarding: {event.get('type')} {data.get('workload')} (team {data.get('team')}, "
+        f"{data.get('gpu_eq')} GPUs on {data.get('cluster')}): {data.get('reason')}"
+    )
+
+
+async def generate(settings: Settings, team_token: str, stop: asyncio.Event, waiting_token: str | None = None) -> None:
+    """Submit a gang every few seconds over NATS, as another system would. With `waiting_token`,
+    first play the hoarding story: a gang that goes idle on its GPUs, then another team's gang
+    that waits for them; the idle policy's warnings and the reclaim are printed as they happen."""
     nc = await bootstrap.connect(settings.nats_url, "gpufleet-demo")
     js = nc.jetstream()
     rng = random.Random(7)
     n = 0
+    prefix = settings.subject_prefix
+
+    async def submit(queue: str, body: dict[str, Any], token: str, msg_id: str) -> None:
+        await js.publish(
+            f"{prefix}.submit.{queue}",
+            json.dumps(body).encode(),
+            timeout=5,
+            headers={"Authorization": f"Bearer {token}", "Nats-Msg-Id": msg_id},
+        )
+
+    async def on_idle(msg: Any) -> None:
+        print(_idle_line(json.loads(msg.data)), flush=True)
+
+    async def on_reclaimed(msg: Any) -> None:
+        data = json.loads(msg.data).get("data", {})
+        print(f"anti-hoarding: workload {data.get('workload_id')} requeued: {data.get('reason', '')}", flush=True)
+
     try:
+        if waiting_token is not None:
+            await nc.subscribe(f"{prefix}.events.idle.>", cb=on_idle)
+            await nc.subscribe(f"{prefix}.events.workload.*.reclaimed-idle", cb=on_reclaimed)
+            story = f"{rng.getrandbits(64):x}"
+            try:
+                await submit("research", HOARDER_WORKLOAD, team_token, f"demo-hoarder-{story}")
+                print("demo: submitted demo-hoarder (32 A100-40GB GPUs, goes idle after 45 s)", flush=True)
+                await bootstrap.loops.sleep_or_stop(stop, 15.0)
+                await submit(WAITING_QUEUE, WAITING_WORKLOAD, waiting_token, f"demo-waiting-{story}")
+                print("demo: submitted vision-finetune (team vision), which waits for those GPUs", flush=True)
+            except Exception as exc:
+                log.warning("demo hoarding story submit failed: %s", exc)
         while not stop.is_set():
             n += 1
             queue, body = _random_workload(rng, n)

@@ -8,6 +8,7 @@ from controlplane.cli import (
     agent_commands,
     bench_commands,
     client_commands,
+    report_commands,
     scenario_commands,
     server_commands,
     sim_commands,
@@ -28,6 +29,7 @@ bench_commands.register(main)
 sim_commands.register(main)
 sim_run_commands.add_commands(sim_commands.sim)
 agent_commands.register(main)
+report_commands.register(main)
 
 if __name__ == "__main__":
     main()

@@ -199,8 +199,11 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         stop = asyncio.Event()
         extra.append(demo.report_progress(wiring, stop))
         if demo_flag:
+            # Short telemetry windows and idle stages, so the hoarder story plays in minutes.
+            settings = demo.demo_settings(settings)
             team_token = demo.ensure_demo_team(wiring, state / "demo.token")
-            extra.append(demo.generate(settings, team_token, stop))
+            waiting_token = demo.ensure_waiting_team(wiring, state / "vision.token")
+            extra.append(demo.generate(settings, team_token, stop, waiting_token))
         wiring.close()
         click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
         click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'})")

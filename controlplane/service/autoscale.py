@@ -4,10 +4,13 @@
 real free capacity (live runs subtracted), nodes already on their way (a pool's `scale_target` above
 its size) and k extra empty nodes in one cloud pool, k = 1 .. what its `max_size` allows. Of the pools
 where the gang then fits, the cheapest per GPU-hour wins, then the one needing the fewest nodes; the
-gang's pods take that room, so the next gang does not count on it too. A pool already scaling to the
-size a gang needs gets no second request (idempotent across passes, and across dispatcher restarts:
-the target is stored). A pool with no live run on any of its nodes for `cooldown` seconds is scaled
-down to its `min_size`, never below.
+gang's pods take that room, so the next gang does not count on it too. A gang no single pool can hold
+even at its max size grows several pools of one cluster, a node at a time, cheapest pool first. A pool
+already scaling to the size a gang needs gets no second request (idempotent across passes, and across
+dispatcher restarts: the target is stored); a request the cloud has not matched after `request_ttl`
+seconds is forgotten. A pool with no live run on any of its nodes for `cooldown` seconds is scaled
+down to its `min_size`, never below. A gang that does not fit even with every pool at its max size
+buys nothing.
 
 `autoscale_once` is the worker step: read (one transaction), decide, call the clouds (no transaction
 open), then record each request (audit log, `scale_target`, event `<prefix>.events.cluster.<c>.scaled`).
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from controlplane.core.placement import FreeCapacity, Placement, empty_capacity, place_in_cluster
@@ -33,6 +36,9 @@ from controlplane.service.ports import UnitOfWorkFactory
 log = logging.getLogger(__name__)
 
 DEFAULT_COOLDOWN = 600.0
+# A scale request the cloud has not matched after this long is forgotten (superseded by someone else's
+# resize, or stuck): its nodes stop counting as coming, and the pool may be asked again.
+DEFAULT_REQUEST_TTL = 900.0
 ACTOR = "autoscaler"
 
 
@@ -77,16 +83,41 @@ def _extra_nodes(pool: NodePool, start: int, count: int) -> list[Node]:
     return [Node(f"{pool.id}+{i}", pool.cluster_id, pool.id, f"{pool.name}+{i}") for i in range(start, start + count)]
 
 
+def _forget_stale_request(rec: CloudPoolRecord, now: datetime, ttl: float) -> CloudPoolRecord:
+    requested = rec.scale_requested_at
+    if rec.scale_target is None or requested is None or now - requested <= timedelta(seconds=ttl):
+        return rec
+    return replace(rec, scale_target=None, scale_requested_at=None)
+
+
+def nodes_at_max_size(nodes: Sequence[Node], pools: Iterable[CloudPoolRecord]) -> tuple[Node, ...]:
+    """`nodes` plus, for every cloud pool with a `max_size`, empty hypothetical nodes up to that size: the
+    fleet a gang could get once the autoscaler has grown every pool as far as it may (pure)."""
+    count: dict[str, int] = {}
+    for node in nodes:
+        count[node.pool_id] = count.get(node.pool_id, 0) + 1
+    grown = list(nodes)
+    for rec in pools:
+        if rec.max_size is None:
+            continue
+        have = count.get(rec.id, 0)
+        grown.extend(
+            Node(f"{rec.id}+max{i}", rec.cluster_id, rec.id, f"{rec.name}+max{i}") for i in range(have, rec.max_size)
+        )
+    return tuple(grown)
+
+
 def decide(
     snapshot: Snapshot,
     reasons: Mapping[str, str],
     pools: Sequence[CloudPoolRecord],
     now: datetime,
     cooldown: float,
+    request_ttl: float = DEFAULT_REQUEST_TTL,
 ) -> Plan:
     pools_by_id = snapshot.pools_by_id()
     clusters = {c.id: c for c in snapshot.clusters}
-    records = {p.id: p for p in pools if p.id in pools_by_id}
+    records = {p.id: _forget_stale_request(p, now, request_ttl) for p in pools if p.id in pools_by_id}
     free = _free_capacity(snapshot, pools_by_id)
     nodes_by_pool: dict[str, list[Node]] = {}
     for node in snapshot.nodes:
@@ -114,49 +145,36 @@ def decide(
             _take(free, fits_now)  # fits once nodes on their way arrive: no new request
             wanted.update(pool_of[a.node_id] for a in fits_now.assignments if a.node_id in pool_of)
             continue
-        best: tuple[float, int, str, str, Placement, list[Node]] | None = None
-        for rec in records.values():
-            if rec.max_size is None or planned[rec.id] >= rec.max_size:
-                continue
-            pool = pools_by_id[rec.id]
-            cluster = clusters[pool.cluster_id]
-            for k in range(1, rec.max_size - planned[rec.id] + 1):
-                extra = _extra_nodes(pool, planned[rec.id] - rec.node_count, k)
-                trial_nodes = dict(nodes_by_pool)
-                trial_nodes[rec.id] = [*nodes_by_pool.get(rec.id, []), *extra]
-                trial_free = dict(free)
-                for node in extra:
-                    trial_free[node.id] = pool.node_capacity()
-                found = place_in_cluster(workload, cluster, trial_nodes, trial_free)
-                if isinstance(found, Placement):
-                    key = (pool.price_per_gpu_hour, k, cluster.name, pool.name, found, extra)
-                    if best is None or key[:4] < best[:4]:
-                        best = key
-                    break
-        if best is None:
-            continue
-        _, k, cluster_name, pool_name, placement, extra = best
-        pool_id = extra[0].pool_id
-        rec = records[pool_id]
-        nodes_by_pool[pool_id] = [*nodes_by_pool.get(pool_id, []), *extra]
-        for node in extra:
-            free[node.id] = pools_by_id[pool_id].node_capacity()
-            pool_of[node.id] = pool_id
+        growth = _grow_one_pool(workload, clusters, records, pools_by_id, planned, nodes_by_pool, free)
+        if growth is None:  # no single pool can hold it: grow several pools of one cluster, cheapest first
+            growth = _grow_several_pools(workload, clusters, records, pools_by_id, planned, nodes_by_pool, free)
+        if growth is None:
+            continue  # does not fit even with every pool at its max size: nothing to buy
+        cluster, extra, placement = growth
+        new_nodes = [(pool_id, nodes) for pool_id, nodes in extra.items() if nodes]
+        for pool_id, nodes in new_nodes:
+            nodes_by_pool[pool_id] = [*nodes_by_pool.get(pool_id, []), *nodes]
+            for node in nodes:
+                free[node.id] = pools_by_id[pool_id].node_capacity()
+                pool_of[node.id] = pool_id
         _take(free, placement)
-        planned[pool_id] += k
-        wanted.add(pool_id)
-        decisions.append(
-            ScaleDecision(
-                pool_id=pool_id,
-                cluster=cluster_name,
-                pool=pool_name,
-                current=rec.node_count,
-                target=planned[pool_id],
-                direction="up",
-                reason=f"workload {workload.id} waits for room (no-fit); {k} more node(s) in {pool_name} hold it",
-                workload_id=workload.id,
+        added = ", ".join(f"{len(nodes)} in {pools_by_id[pool_id].name}" for pool_id, nodes in new_nodes)
+        for pool_id, nodes in new_nodes:
+            rec = records[pool_id]
+            planned[pool_id] += len(nodes)
+            wanted.add(pool_id)
+            decisions.append(
+                ScaleDecision(
+                    pool_id=pool_id,
+                    cluster=cluster.name,
+                    pool=rec.name,
+                    current=rec.node_count,
+                    target=planned[pool_id],
+                    direction="up",
+                    reason=f"workload {workload.id} waits for room (no-fit); more nodes ({added}) hold it",
+                    workload_id=workload.id,
+                )
             )
-        )
     # One request per pool: the last decision for a pool carries the highest target.
     merged: dict[str, ScaleDecision] = {}
     for d in decisions:
@@ -187,6 +205,100 @@ def decide(
     return Plan(tuple(merged[k] for k in sorted(merged)), idle)
 
 
+Growth = tuple[Cluster, dict[str, list[Node]], Placement]  # cluster, new nodes by pool id, the gang's placement
+
+
+def _try_with(
+    workload: Workload,
+    cluster: Cluster,
+    extra: Mapping[str, list[Node]],
+    pools_by_id: Mapping[str, NodePool],
+    nodes_by_pool: Mapping[str, list[Node]],
+    free: FreeCapacity,
+) -> Placement | None:
+    """The gang's placement in `cluster` once the `extra` nodes exist (`free` is not modified)."""
+    trial_nodes = dict(nodes_by_pool)
+    trial_free = dict(free)
+    for pool_id, nodes in extra.items():
+        trial_nodes[pool_id] = [*nodes_by_pool.get(pool_id, []), *nodes]
+        for node in nodes:
+            trial_free[node.id] = pools_by_id[pool_id].node_capacity()
+    found = place_in_cluster(workload, cluster, trial_nodes, trial_free)
+    return found if isinstance(found, Placement) else None
+
+
+def _room(rec: CloudPoolRecord, planned: Mapping[str, int]) -> int:
+    return 0 if rec.max_size is None else max(0, rec.max_size - planned[rec.id])
+
+
+def _grow_one_pool(
+    workload: Workload,
+    clusters: Mapping[str, Cluster],
+    records: Mapping[str, CloudPoolRecord],
+    pools_by_id: Mapping[str, NodePool],
+    planned: Mapping[str, int],
+    nodes_by_pool: Mapping[str, list[Node]],
+    free: FreeCapacity,
+) -> Growth | None:
+    """The fewest nodes in one pool that make the gang fit; of the pools that can, the cheapest per
+    GPU-hour, then the one needing the fewest nodes, then by cluster and pool name."""
+    best: tuple[tuple[float, int, str, str], Growth] | None = None
+    for rec in records.values():
+        pool = pools_by_id[rec.id]
+        cluster = clusters[pool.cluster_id]
+        coming = planned[rec.id] - rec.node_count
+        for k in range(1, _room(rec, planned) + 1):
+            extra = {rec.id: _extra_nodes(pool, coming, k)}
+            found = _try_with(workload, cluster, extra, pools_by_id, nodes_by_pool, free)
+            if found is not None:
+                key = (pool.price_per_gpu_hour, k, cluster.name, pool.name)
+                if best is None or key < best[0]:
+                    best = (key, (cluster, extra, found))
+                break
+    return None if best is None else best[1]
+
+
+def _grow_several_pools(
+    workload: Workload,
+    clusters: Mapping[str, Cluster],
+    records: Mapping[str, CloudPoolRecord],
+    pools_by_id: Mapping[str, NodePool],
+    planned: Mapping[str, int],
+    nodes_by_pool: Mapping[str, list[Node]],
+    free: FreeCapacity,
+) -> Growth | None:
+    """For a gang no single pool can hold even at its max size: per cluster, add nodes one at a time to
+    its growable pools, cheapest per GPU-hour first, until the gang fits; of the clusters where it does,
+    the one whose added nodes cost least per hour."""
+    best: tuple[tuple[float, int, str], Growth] | None = None
+    for cluster in sorted(clusters.values(), key=lambda c: c.name):
+        growable = sorted(
+            (rec for rec in records.values() if rec.cluster_id == cluster.id and _room(rec, planned) > 0),
+            key=lambda rec: (pools_by_id[rec.id].price_per_gpu_hour, rec.name),
+        )
+        if len(growable) < 2:
+            continue  # one pool alone was tried already
+        extra: dict[str, list[Node]] = {}
+        found: Placement | None = None
+        for rec in growable:
+            pool = pools_by_id[rec.id]
+            coming = planned[rec.id] - rec.node_count
+            for _ in range(_room(rec, planned)):
+                extra[rec.id] = _extra_nodes(pool, coming, len(extra.get(rec.id, [])) + 1)
+                found = _try_with(workload, cluster, extra, pools_by_id, nodes_by_pool, free)
+                if found is not None:
+                    break
+            if found is not None:
+                break
+        if found is None:
+            continue
+        cost = sum(len(n) * pools_by_id[p].price_per_gpu_hour * pools_by_id[p].gpus_per_node for p, n in extra.items())
+        key = (cost, sum(len(n) for n in extra.values()), cluster.name)
+        if best is None or key < best[0]:
+            best = (key, (cluster, extra, found))
+    return None if best is None else best[1]
+
+
 def _place_anywhere(
     workload: Workload, clusters: Iterable[Cluster], nodes_by_pool: Mapping[str, list[Node]], free: FreeCapacity
 ) -> Placement | None:
@@ -212,6 +324,7 @@ async def autoscale_once(
     prefix: str,
     clock: Callable[[], datetime],
     cooldown: float = DEFAULT_COOLDOWN,
+    request_ttl: float = DEFAULT_REQUEST_TTL,
 ) -> list[ScaleOutcome]:
     with uow_factory() as uow:
         snapshot = uow.snapshots.load()
@@ -219,7 +332,7 @@ async def autoscale_once(
         pools = uow.cloud.cloud_pools()
         records: dict[str, CloudClusterRecord] = {r.name: r for r in uow.cloud.real_clusters()}
     now = clock()
-    plan = decide(snapshot, reasons, pools, now, cooldown)
+    plan = decide(snapshot, reasons, pools, now, cooldown, request_ttl)
     if plan.idle_since:
         with uow_factory() as uow:
             for pool_id, since in plan.idle_since.items():
@@ -264,4 +377,4 @@ async def autoscale_once(
     return outcomes
 
 
-__all__ = ["Plan", "ScaleDecision", "ScaleOutcome", "autoscale_once", "decide"]
+__all__ = ["Plan", "ScaleDecision", "ScaleOutcome", "autoscale_once", "decide", "nodes_at_max_size"]

@@ -18,8 +18,9 @@ class OutgoingEvent:
     payload: str
 
 
-def envelope(event_type: str, data: dict[str, Any], now: datetime) -> tuple[str, str]:
-    event_id = uuid.uuid4().hex
+def envelope(event_type: str, data: dict[str, Any], now: datetime, event_id: str | None = None) -> tuple[str, str]:
+    """(id, JSON payload); pass `event_id` for events keyed by what they describe (idempotent ones)."""
+    event_id = event_id or uuid.uuid4().hex
     body = {
         "type": event_type,
         "version": ENVELOPE_VERSION,

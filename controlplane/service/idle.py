@@ -86,7 +86,7 @@ class IdlePolicySpec(BaseModel):
 
     enabled: bool = True
     threshold: float = Field(default=0.05, ge=0, le=1)
-    window_seconds: int = Field(default=300, ge=10)
+    window_seconds: int = Field(default=300, ge=1)
     grace_seconds: float = Field(default=1800, ge=0)
     notify_after: int = Field(default=2, ge=1)
     deprioritize_after: int = Field(default=4, ge=1)

@@ -25,6 +25,7 @@ from controlplane.service.views import (
 if TYPE_CHECKING:
     # Only for annotations: the telemetry module imports this one at run time.
     from controlplane.service.idle import IdleRepository
+    from controlplane.service.reports import ReportRepository
     from controlplane.service.telemetry import TelemetryWindow, WindowQuery
 
 
@@ -253,6 +254,9 @@ class UnitOfWork(Protocol):
 
     @property
     def cloud(self) -> CloudRepository: ...
+
+    @property
+    def reports(self) -> ReportRepository: ...
 
     def __enter__(self) -> Self: ...
     def __exit__(

@@ -13,6 +13,7 @@ from controlplane.domain.model import (
     WorkloadKind,
     WorkloadState,
 )
+from controlplane.service.autoscale import nodes_at_max_size
 from controlplane.service.commands import SubmitWorkload
 from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
 from controlplane.service.events import envelope, workload_subject
@@ -66,6 +67,11 @@ def submit(
                     + (f" (offered: {', '.join(sorted(offered))})" if offered else "")
                 )
         reason = why_never_fits(workload, clusters, nodes)
+        if reason is not None:
+            # Cloud pools grow on demand (the autoscaler): judged with each one at its max size.
+            grown = nodes_at_max_size(nodes, uow.cloud.cloud_pools())
+            if len(grown) > len(nodes):
+                reason = why_never_fits(workload, clusters, grown)
         if reason is not None:
             raise Invalid(reason)
         try:

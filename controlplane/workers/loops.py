@@ -21,6 +21,7 @@ from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome
 from controlplane.service.ports import ClusterDriver, EventPublisher, UnitOfWorkFactory
 from controlplane.service.relay import housekeeping, relay_once
+from controlplane.service.reports import publish_hourly_report
 from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,32 @@ async def idle_loop(
                     log.info("idle pass: %d runs, %d stage changes announced", stats.runs, stats.events)
         except Exception:
             log.exception("idle pass failed; retrying")
+        await sleep_or_stop(stop, interval)
+
+
+REPORT_LEASE = "reports"
+REPORT_INTERVAL_SECONDS = 300.0
+
+
+async def report_loop(
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    stop: asyncio.Event,
+    interval: float = REPORT_INTERVAL_SECONDS,
+    lease_ttl: float = 15.0,
+) -> None:
+    """Every few minutes, write the previous hour's `utilization.report` event unless it exists.
+    One process at a time (a lease); the event itself is idempotent per hour."""
+    holder = holder_id("reports")
+    ttl = max(lease_ttl, 3 * interval)
+    while not stop.is_set():
+        try:
+            epoch = await asyncio.to_thread(acquire_leadership, uow_factory, holder, clock(), ttl, REPORT_LEASE)
+            if epoch is not None and await asyncio.to_thread(publish_hourly_report, uow_factory, prefix, clock()):
+                log.info("utilization report of the previous hour written")
+        except Exception:
+            log.exception("utilization report failed; retrying")
         await sleep_or_stop(stop, interval)
 
 
