@@ -139,22 +139,7 @@ def encode_batch(cluster: str, samples: Sequence[GpuSample]) -> bytes:
     for s in samples:
         if s.cluster != cluster:
             raise ValueError(f"sample of cluster {s.cluster!r} in a batch for {cluster!r}")
-        values = [s.metrics.get(name) for name in FIELD_ORDER]
-        out.append(
-            [
-                s.node,
-                s.gpu_uuid,
-                s.gpu_index,
-                s.timestamp,
-                s.run_id,
-                s.mig_profile,
-                s.mig_instance,
-                s.pod,
-                s.namespace,
-                s.container,
-                values,
-            ]
-        )
+        out.append([*_identity(s), [s.metrics.get(name) for name in FIELD_ORDER]])
     body = {"schema": SCHEMA, "cluster": cluster, "fields": FIELD_ORDER, "samples": out}
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -304,8 +289,8 @@ def decode_batch(data: bytes, cluster: str, now: datetime) -> list[GpuSample]:
     ]
 
 
-def _item(s: GpuSample) -> Item:
-    values: Values = [None if (v := s.metrics.get(name)) is None or is_blank(v) else v for name in FIELD_ORDER]
+def _identity(s: GpuSample) -> list[Any]:
+    """The positional fields of a sample on the wire and in an `Item`, in order, before its values."""
     return [
         s.node,
         s.gpu_uuid,
@@ -317,8 +302,12 @@ def _item(s: GpuSample) -> Item:
         s.pod,
         s.namespace,
         s.container,
-        values,
     ]
+
+
+def _item(s: GpuSample) -> Item:
+    values: Values = [None if (v := s.metrics.get(name)) is None or is_blank(v) else v for name in FIELD_ORDER]
+    return [*_identity(s), values]
 
 
 # --- windows -----------------------------------------------------------------------------------
