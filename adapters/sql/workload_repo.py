@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from adapters.sql.convert import pod_set_dict
 from adapters.sql.tables import (
     ClusterRow,
+    IdleFindingRow,
     NodePoolRow,
     NodeRow,
     PodSetRow,
@@ -26,7 +27,7 @@ from controlplane.core.snapshot import Admission, PendingReason
 from controlplane.domain.model import Workload, WorkloadState
 from controlplane.service.errors import DuplicateKey
 from controlplane.service.ports import WorkloadFilter, WorkloadHead
-from controlplane.service.views import AssignmentView, RunView, WorkloadView
+from controlplane.service.views import AssignmentView, IdleView, RunView, WorkloadView
 
 LIVE = ("admitted", "dispatching", "running")
 
@@ -135,6 +136,15 @@ class SqlWorkloadRepository:
             else {}
         )
         clusters = dict(self.s.execute(select(ClusterRow.id, ClusterRow.name)).all())
+        live_ids = [run.id for run in runs if run.state in ("admitted", "dispatching", "running")]
+        findings = (
+            {
+                f.run_id: IdleView(f.status, f.stage, f.idle_windows, f.reason, f.stage_since, f.updated_at)
+                for f in self.s.scalars(select(IdleFindingRow).where(IdleFindingRow.run_id.in_(live_ids)))
+            }
+            if live_ids
+            else {}
+        )
         by_workload: dict[str, list[RunView]] = {}
         for run in runs:
             by_workload.setdefault(run.workload_id, []).append(
@@ -153,6 +163,7 @@ class SqlWorkloadRepository:
                         AssignmentView(a.pod_set, a.pod_index, *nodes.get(a.node_id, (a.node_id, "")))
                         for a in run.assignments
                     ],
+                    idle=findings.get(run.id),
                 )
             )
         views = []

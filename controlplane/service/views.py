@@ -113,6 +113,18 @@ class AssignmentView:
 
 
 @dataclass(frozen=True)
+class IdleView:
+    """What the idle policy last concluded about a run (anti-hoarding), as the API shows it."""
+
+    status: str  # busy | idle | unknown | grace | exempt
+    stage: str  # none | notify | deprioritize | reclaim
+    idle_windows: int
+    reason: str
+    stage_since: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class RunView:
     id: str
     attempt: int
@@ -125,6 +137,7 @@ class RunView:
     started_at: datetime | None
     finished_at: datetime | None
     assignments: list[AssignmentView]
+    idle: IdleView | None = None
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,14 @@ def test_idle_gang_is_warned_then_reclaimed_for_a_waiting_gang(
         assert findings[busy_run].status == "busy"
         events = [(s, p) for _, s, p in uow.outbox.unpublished(1000) if ".events.idle." in s]
     assert [s for s, _ in events] == [f"{prefix}.events.idle.sim-h100"]
+    # The API shows the finding on the live run, to its owner.
+    shown = _view(client, tenant, hoarder)["runs"]
+    assert isinstance(shown, list)
+    assert shown[-1]["idle"]["stage"] == "deprioritize"
+    assert shown[-1]["idle"]["idle_windows"] == 4
+    busy_runs = _view(client, tenant, busy)["runs"]
+    assert isinstance(busy_runs, list)
+    assert busy_runs[-1]["idle"]["status"] == "busy"
     assert '"type":"idle.deprioritize"' in events[0][1]
     run_cycle(wiring.uow, "s", epoch, Policy(), prefix, start + timedelta(minutes=60), TTL * 1000, True)
     assert _view(client, tenant, hoarder)["state"] == "running"  # deprioritized is not reclaimed
