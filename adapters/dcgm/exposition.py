@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,20 @@ class RunResolver:
         except Exception:
             log.warning("run lookup %r failed for %r; sample left unattributed", lookup, args, exc_info=True)
             return None
+
+
+# gpufleet names every object of a run after the run id (`run-<20 hex>`, see
+# `adapters/kubernetes/manifests.py`), so its pods' names start with it: Job pods are
+# `<run id>-<pod set>-<n>-<index>-<suffix>`, JobSet pods `<run id>-<job>-<n>-<index>-<suffix>`.
+_RUN_POD = re.compile(r"^(run-[0-9a-f]{20})-")
+
+
+def run_of_pod_name(namespace: str, pod: str, namespaces: frozenset[str] = frozenset({"gpufleet"})) -> str | None:
+    """The run a gpufleet pod belongs to, read from its name, in gpufleet's namespaces only."""
+    if namespace not in namespaces:
+        return None
+    match = _RUN_POD.match(pod)
+    return match.group(1) if match else None
 
 
 class SlotAssignments:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from adapters.dcgm.exposition import RunResolver, SlotAssignments, parse_exposition
+from adapters.dcgm.exposition import RunResolver, SlotAssignments, parse_exposition, run_of_pod_name
 from adapters.nats.connection import JetStreamPublisher, connect
 from controlplane.service.ports import EventPublisher
 from controlplane.service.telemetry import encode_batch, telemetry_subject
@@ -133,9 +133,13 @@ async def run_agent(
     return last
 
 
-def default_resolver(assignments: Path | None) -> RunResolver:
-    """Until the Kubernetes pod lookup exists: only the node-assignment file, if one is given."""
-    return RunResolver(pod_run=None, slot_run=SlotAssignments(assignments) if assignments is not None else None)
+def default_resolver(assignments: Path | None, namespaces: frozenset[str] = frozenset({"gpufleet"})) -> RunResolver:
+    """Pods gpufleet created carry their run id in their name (no Kubernetes API call needed);
+    the node-assignment file, if given, covers series without a pod."""
+    return RunResolver(
+        pod_run=lambda namespace, pod: run_of_pod_name(namespace, pod, namespaces),
+        slot_run=SlotAssignments(assignments) if assignments is not None else None,
+    )
 
 
 async def main(

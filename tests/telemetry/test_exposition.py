@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.dcgm.exposition import RunResolver, ScrapeResult, SlotAssignments, parse_exposition
+from adapters.dcgm.exposition import RunResolver, ScrapeResult, SlotAssignments, parse_exposition, run_of_pod_name
+from adapters.kubernetes.manifests import job_name
 from controlplane.service.telemetry import DCGM_FIELDS
 from tests.telemetry import samples
 
@@ -178,3 +179,12 @@ def test_shipped_counters_csv_lists_exactly_the_fields_gpufleet_reads() -> None:
     assert {field for field, _, _ in rows} == set(DCGM_FIELDS)
     assert {kind for _, kind, _ in rows} == {"gauge"}
     assert all(help_text for _, _, help_text in rows)
+
+
+def test_gpufleet_pods_name_their_run_and_other_pods_do_not() -> None:
+    run_id = "run-0123456789abcdef0123"
+    pod = f"{job_name(run_id, 'workers', 0)}-3-x7k2p"
+    assert run_of_pod_name("gpufleet", pod) == run_id
+    assert run_of_pod_name("default", pod) is None  # not a gpufleet namespace
+    assert run_of_pod_name("gpufleet", "jupyter-alice-0") is None
+    assert run_of_pod_name("ml", pod, frozenset({"ml"})) == run_id
