@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from kubernetes.utils import parse_quantity
 from sqlalchemy import Engine, text
 
 from adapters.clouds import build_provider
@@ -23,6 +25,7 @@ from adapters.kubernetes import (
     KubernetesCluster,
     KubeSettings,
     ManifestError,
+    NodeInfo,
     PodStatusWatcher,
     configuration_for,
     list_nodes,
@@ -48,6 +51,7 @@ from controlplane.service.cluster_status import PodReport
 from controlplane.service.commands import ClusterSpec
 from controlplane.service.fleet_sync import locator_of, sync_due
 from controlplane.service.gang_timeout import requeue_stalled_gangs
+from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
 from controlplane.workers import loops
@@ -162,6 +166,7 @@ class SimFleet:
                 for cluster in list(self.clusters.values()):
                     await cluster.tick()
                     await cluster.emit_telemetry()
+                    await cluster.emit_inventory()
             except Exception:
                 log.exception("simulated fleet tick failed")
             await loops.sleep_or_stop(stop, 0.2)
@@ -273,7 +278,8 @@ class RealFleet:
                 driver.update_pools(pools[record.name])
                 continue
             try:
-                settings = KubeSettings(**dict(record.kube_settings))
+                known = {f.name for f in dataclasses.fields(KubeSettings)}  # not e.g. INVENTORY_MARK
+                settings = KubeSettings(**{k: v for k, v in record.kube_settings.items() if k in known})
                 cfg = self._configuration(record)
             except Exception as exc:  # the cluster stays without a driver; dispatch reports it
                 self.errors[record.name] = f"{type(exc).__name__}: {exc}"
@@ -312,6 +318,24 @@ class RealFleet:
                 by_pool.setdefault(node.pool, []).append(node.name)
         return by_pool
 
+    async def publish_inventory(self) -> int:
+        """Publish one `InventoryReport` per cluster with a driver; returns the reports published."""
+        sent = 0
+        for name, cluster in list(self.clusters.items()):
+            try:
+                nodes = await list_nodes(cluster.api_client)
+                observed_at = utc_now()
+                report = InventoryReport(observed_at=observed_at, nodes=[_inventory_node(n) for n in nodes][:10_000])
+                await self.publisher.publish(
+                    inventory_subject(self.prefix, name),
+                    report.model_dump_json().encode(),
+                    inventory_msg_id(name, observed_at),
+                )
+                sent += 1
+            except Exception as exc:  # one unreachable cluster does not hold up the others
+                log.warning("inventory of cluster %s not published: %s", name, exc)
+        return sent
+
     async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
         try:
             while not stop.is_set():
@@ -337,6 +361,23 @@ class RealFleet:
         for cluster in self.clusters.values():
             cluster.close()
         self.clusters.clear()
+
+
+def _inventory_node(node: NodeInfo) -> InventoryNode:
+    allocatable: dict[str, int] = {}
+    for key, value in list(node.allocatable.items())[:64]:
+        with contextlib.suppress(Exception):  # a quantity we cannot read is left out
+            quantity = parse_quantity(value)  # type: ignore[no-untyped-call]
+            allocatable[key] = int(quantity * 1000) if key == "cpu" else int(quantity)  # cpu in millicores
+    return InventoryNode(
+        name=node.name,
+        pool=(node.pool or "")[:63],
+        schedulable=not node.unschedulable,
+        ready=node.ready,
+        gpu_product=(node.gpu_product or "")[:100],
+        gpu_count=min(max(node.gpu_count, 0), 1024),
+        allocatable=allocatable,
+    )
 
 
 def _from_kubeconfig(text: str) -> tuple[str, str, str]:
@@ -485,13 +526,16 @@ async def run_components(
 def _real_cluster_tasks(
     wiring: Wiring, real: RealFleet, settings: Settings, prefix: str, stop: asyncio.Event
 ) -> list[asyncio.Task[None]]:
-    """Fleet sync, gang start timeout and cloud autoscaling, each a periodic step of the dispatcher."""
+    """Fleet sync, gang start timeout, node inventory and cloud autoscaling, each a periodic step of the dispatcher."""
 
     async def sync() -> None:
         await sync_due(wiring.uow, real.provider_for, prefix, utc_now, settings.fleet_sync_interval, real.node_names)
 
     async def gang_timeout() -> None:
         await asyncio.to_thread(requeue_stalled_gangs, wiring.uow, prefix, utc_now, settings.gang_start_timeout)
+
+    async def inventory() -> None:
+        await real.publish_inventory()
 
     async def autoscale() -> None:
         await autoscale_once(wiring.uow, real.provider_for, prefix, utc_now, settings.autoscale_cooldown)
@@ -503,6 +547,9 @@ def _real_cluster_tasks(
         asyncio.create_task(
             loops.periodic_loop("gang timeout", gang_timeout, stop, settings.gang_timeout_interval),
             name="gang-timeout",
+        ),
+        asyncio.create_task(
+            loops.periodic_loop("inventory", inventory, stop, settings.fleet_sync_interval), name="inventory"
         ),
     ]
     if settings.autoscale:

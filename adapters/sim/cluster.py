@@ -17,9 +17,11 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from adapters.sim.telemetry import Device, allocate_devices, parse_profile, pod_samples, profile_of
+from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.ports import RunOrder
 from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
 
@@ -66,7 +68,10 @@ class SimCluster:
     telemetry_switch: Path | None = None  # while this file exists, telemetry is withheld
     seed: int = 0
     batches: int = 0  # telemetry batches published, for tests and stats
+    known_nodes: set[str] = field(default_factory=set)  # nodes runs were placed on, for the inventory
+    inventories: int = 0  # inventory reports published, for tests and stats
     _next_telemetry: float = field(default=0.0, init=False, repr=False)
+    _next_inventory: float = field(default=0.0, init=False, repr=False)
     _rng: random.Random = field(default_factory=random.Random, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +83,7 @@ class SimCluster:
                 raw["pods"] = [tuple(p) for p in raw["pods"]]
                 raw["devices"] = [[tuple(d) for d in pod] for pod in raw.get("devices", [])]
                 self.runs[raw["run_id"]] = SimRun(**raw)
+        self.known_nodes.update(node for run in self.runs.values() for _, _, node in run.pods)
 
     def _persist(self) -> None:
         if self.state_file is None:
@@ -108,6 +114,7 @@ class SimCluster:
             utilization=profile_of(order.container),
             devices=[allocate_devices(p.demand, taken.setdefault(p.node, set())) for p in order.pods],
         )
+        self.known_nodes.update(p.node for p in order.pods)
         self.created += 1
         self._persist()
         return True
@@ -145,6 +152,30 @@ class SimCluster:
         if sent:
             self._persist()
         return sent
+
+    async def emit_inventory(self) -> bool:
+        """Every `resync_seconds`, report the nodes this cluster knows of (those its runs were placed
+        on) as ready and schedulable; pool and GPU details are unknown here and left empty."""
+        now = self.clock()
+        if now < self._next_inventory or not self.known_nodes:
+            return False
+        observed_at = datetime.fromtimestamp(now, UTC)
+        report = InventoryReport(
+            observed_at=observed_at,
+            nodes=[InventoryNode(name=n, schedulable=True, ready=True) for n in sorted(self.known_nodes)],
+        )
+        try:
+            await self.publish(
+                inventory_subject(self.prefix, self.name),
+                report.model_dump_json().encode(),
+                inventory_msg_id(self.name, observed_at),
+            )
+        except Exception as exc:  # NATS down: try again on the next tick
+            log.warning("sim %s: inventory report failed: %s", self.name, exc)
+            return False
+        self._next_inventory = now + self.resync_seconds
+        self.inventories += 1
+        return True
 
     def samples(self, now: float) -> list[GpuSample]:
         """One DCGM reading per device that a running pod holds, attributed to its run."""

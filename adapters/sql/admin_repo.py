@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -135,6 +135,28 @@ class SqlAdminRepository:
         ).all()
         nodes = self.s.scalars(select(NodeRow).order_by(NodeRow.name)).all()
         return tuple(cluster_from_row(c) for c in clusters), tuple(node_from_row(n) for n in nodes)
+
+    def apply_node_schedulable(
+        self, cluster_id: str, schedulable: Mapping[str, bool], kube_settings: Mapping[str, Any]
+    ) -> tuple[int, list[str]]:
+        row = self.s.get(ClusterRow, cluster_id, with_for_update=True)
+        if row is None:
+            return 0, sorted(schedulable)
+        row.kube_settings = {**row.kube_settings, **kube_settings}  # a new dict, so the change is seen
+        nodes = {
+            n.name: n
+            for n in self.s.scalars(
+                select(NodeRow).where(NodeRow.cluster_id == cluster_id, NodeRow.name.in_(list(schedulable)))
+            )
+        }
+        changed = 0
+        for name, value in schedulable.items():
+            node = nodes.get(name)
+            if node is not None and node.schedulable != value:
+                node.schedulable = value
+                changed += 1
+        self.s.flush()
+        return changed, sorted(set(schedulable) - set(nodes))
 
     # -- queue tree --------------------------------------------------------------------------
     def _tree_view(self, level: str, row: Any) -> TreeNodeView:

@@ -156,9 +156,9 @@ class SqlCloudRepository:
                 self.s.delete(node)
         self.s.flush()
         for name in names:
-            kept = current.get(name)
-            if kept is not None:
-                kept.schedulable = True
+            if name in current:
+                # Membership is fleet sync's; whether a node takes work (cordoned, NotReady) is the
+                # inventory reports' (`service/inventory.py`), which also un-cordon a node that came back.
                 continue
             moved = self.s.scalars(
                 select(NodeRow).where(NodeRow.cluster_id == cluster_id, NodeRow.name == name)

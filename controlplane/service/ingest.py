@@ -1,4 +1,4 @@
-"""Handling inbound NATS messages: submit, cancel and cluster pod reports.
+"""Handling inbound NATS messages: submit, cancel, cluster pod reports and node inventory.
 
 Each message is applied in one transaction together with its inbox row, so a redelivery is a
 no-op; the worker acks only after that commit. Bad input never raises out of here: a message we
@@ -23,6 +23,7 @@ from controlplane.service.cluster_status import PodReport, apply_pod_report
 from controlplane.service.commands import CancelWorkload, SubmitWorkload
 from controlplane.service.errors import ServiceError
 from controlplane.service.events import envelope, workload_subject
+from controlplane.service.inventory import InventoryReport, apply_inventory
 from controlplane.service.ports import UnitOfWork
 
 CONSUMER = "ingest"
@@ -84,6 +85,12 @@ def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime)
             except ValidationError as exc:
                 return Handled(Outcome.MALFORMED, _errors(exc))
             result = Handled(Outcome.APPLIED, apply_pod_report(uow, parts[2], report, prefix, now))
+        elif parts[1:2] == ["cluster"] and len(parts) == 4 and parts[3] == "inventory":
+            try:
+                inventory = InventoryReport.model_validate(body)
+            except ValidationError as exc:
+                return Handled(Outcome.MALFORMED, _errors(exc))
+            result = Handled(Outcome.APPLIED, apply_inventory(uow, parts[2], inventory, now))
         else:
             return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")
         uow.commit()
