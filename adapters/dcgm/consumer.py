@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from adapters.nats.inbound import publish_dead_letter
 from adapters.nats.topology import TELEMETRY_CONSUMER, TELEMETRY_STREAM
 from controlplane.service.telemetry import BatchMessage
 
@@ -60,17 +61,7 @@ class JetStreamTelemetrySource:
                 await delivery.msg.nak(delay=delay)
 
     async def dead_letter(self, message: BatchMessage, reason: str) -> None:
-        tail = message.subject.removeprefix(self.prefix + ".")
-        await self.js.publish(
-            f"{self.prefix}.dlq.{tail}",
-            message.data,
-            timeout=5.0,
-            headers={
-                "Nats-Msg-Id": f"dlq:{message.msg_id}",
-                "Gpufleet-Dlq-Reason": reason[:1000],
-                "Gpufleet-Original-Subject": message.subject,
-            },
-        )
+        await publish_dead_letter(self.js, self.prefix, message.subject, message.data, message.msg_id, reason)
 
     def reset(self) -> None:
         """Forget the subscription; the next fetch binds again (after a server restart)."""

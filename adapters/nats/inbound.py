@@ -15,6 +15,22 @@ from controlplane.service.ingest import InboundMessage
 log = logging.getLogger(__name__)
 
 
+async def publish_dead_letter(
+    js: JetStreamContext, prefix: str, subject: str, data: bytes, msg_id: str, reason: str
+) -> None:
+    """Republish a message nobody can apply to `<prefix>.dlq.<subject without prefix>`, with why."""
+    await js.publish(
+        f"{prefix}.dlq.{subject.removeprefix(prefix + '.')}",
+        data,
+        timeout=5.0,
+        headers={
+            "Nats-Msg-Id": f"dlq:{msg_id}",
+            "Gpufleet-Dlq-Reason": reason[:1000],
+            "Gpufleet-Original-Subject": subject,
+        },
+    )
+
+
 @dataclass
 class Delivery:
     """One inbound message with its acknowledgement operations."""
@@ -52,17 +68,7 @@ class JetStreamInbound:
         return deliveries
 
     async def dead_letter(self, message: InboundMessage, reason: str) -> None:
-        tail = message.subject.removeprefix(self.prefix + ".")
-        await self.js.publish(
-            f"{self.prefix}.dlq.{tail}",
-            message.data,
-            timeout=5.0,
-            headers={
-                "Nats-Msg-Id": f"dlq:{message.msg_id}",
-                "Gpufleet-Dlq-Reason": reason[:1000],
-                "Gpufleet-Original-Subject": message.subject,
-            },
-        )
+        await publish_dead_letter(self.js, self.prefix, message.subject, message.data, message.msg_id, reason)
 
     def reset(self) -> None:
         """Forget the subscription; the next fetch binds again (after a server restart)."""

@@ -7,7 +7,19 @@ from collections.abc import Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
-from adapters.sql.tables import ClusterRow, IdleFindingRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from adapters.sql.convert import pool_from_row
+from adapters.sql.tables import (
+    ClusterRow,
+    IdleFindingRow,
+    NodePoolRow,
+    NodeRow,
+    QueueRow,
+    RunRow,
+    TeamRow,
+    WorkloadRow,
+)
+from controlplane.core.snapshot import usage_of
+from controlplane.domain.model import GPU_EQ, PodAssignment
 from controlplane.service.idle import IdleCandidate, IdleFinding
 
 
@@ -32,11 +44,29 @@ class SqlIdleRepository:
             .where(RunRow.state == "running")
             .order_by(RunRow.id)
             .options(selectinload(RunRow.assignments))
+        ).all()
+        node_ids = {a.node_id for run, *_ in rows for a in run.assignments}
+        pool_of_node = (
+            {
+                node_id: pool_from_row(pool)
+                for node_id, pool in self.s.execute(
+                    select(NodeRow.id, NodePoolRow)
+                    .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
+                    .where(NodeRow.id.in_(node_ids))
+                )
+            }
+            if node_ids
+            else {}
         )
         out = []
         for run, workload, team, queue, cluster in rows:
             devices = sum(_devices(dict(a.demand)) for a in run.assignments)
-            gpu_eq = float(sum(int(a.demand.get("gpu", 0)) for a in run.assignments))
+            held = tuple(
+                PodAssignment(a.pod_set, a.pod_index, a.node_id, dict(a.demand))
+                for a in run.assignments
+                if a.node_id in pool_of_node
+            )
+            gpu_eq = float(usage_of(held, pool_of_node).get(GPU_EQ, 0))
             out.append(
                 IdleCandidate(
                     run_id=run.id,
@@ -49,7 +79,7 @@ class SqlIdleRepository:
                     cluster=cluster,
                     started_at=run.started_at,
                     gpu_devices=devices,
-                    gpu_eq=gpu_eq if gpu_eq else float(devices),
+                    gpu_eq=gpu_eq,
                 )
             )
         return out

@@ -6,19 +6,17 @@ from dataclasses import replace
 from datetime import datetime
 from fractions import Fraction
 
-from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import exists, func, or_, select
+from sqlalchemy.orm import Session, aliased, selectinload
 
 from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.convert import workload_from_row
 from adapters.sql.tables import CohortRow, IdleFindingRow, PriorityClassRow, QueueRow, RunRow, TeamRow, WorkloadRow
 from controlplane.core.history import UsageInterval
-from controlplane.core.snapshot import LiveRun, Snapshot, usage_of
+from controlplane.core.snapshot import IDLE_RECLAIM_PREFIX, LiveRun, Snapshot, usage_of
 from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, QueueNode, Quota, Workload, WorkloadState
 
 LIVE = ("admitted", "dispatching", "running")
-# Evictions for idleness start their message with this (the scheduling core's reason does).
-IDLE_RECLAIM_MARKER = "reclaimed-idle:"
 
 
 def _tree_node(row: CohortRow | TeamRow | QueueRow, parent_id: str | None) -> QueueNode:
@@ -134,15 +132,20 @@ class SqlSnapshotReader:
     def _without_evictions_after_idle_reclaim(self, pending: tuple[Workload, ...]) -> tuple[Workload, ...]:
         """A workload whose last run was reclaimed for idleness waits for free capacity: it may not
         evict anyone to get its GPUs straight back."""
-        latest: dict[str, tuple[datetime, str]] = {}
-        for workload_id, created_at, message in self.s.execute(
-            select(RunRow.workload_id, RunRow.created_at, RunRow.message)
-            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
-            .where(WorkloadRow.state == WorkloadState.QUEUED)
-        ):
-            if workload_id not in latest or created_at > latest[workload_id][0]:
-                latest[workload_id] = (created_at, message)
-        held_back = {w for w, (_, message) in latest.items() if message.startswith(IDLE_RECLAIM_MARKER)}
+        # Read on every cycle, so only the few runs ended by an idle reclaim, not every run of the backlog.
+        newer = aliased(RunRow)
+        held_back = set(
+            self.s.scalars(
+                select(RunRow.workload_id)
+                .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+                .where(
+                    WorkloadRow.state == WorkloadState.QUEUED,
+                    RunRow.state == "preempted",
+                    RunRow.message.startswith(IDLE_RECLAIM_PREFIX),
+                    ~exists().where(newer.workload_id == RunRow.workload_id, newer.created_at > RunRow.created_at),
+                )
+            )
+        )
         if not held_back:
             return pending
         return tuple(replace(w, may_evict=False) if w.id in held_back else w for w in pending)

@@ -39,6 +39,8 @@ from controlplane.core.placement import (
 )
 from controlplane.core.quota import ZERO, Ledger, Usage, fmt
 from controlplane.core.snapshot import (
+    IDLE_RECLAIM_PREFIX,
+    REBALANCE_PREFIX,
     Admission,
     Decision,
     Eviction,
@@ -774,14 +776,14 @@ class _Cycle:
         own_queue = self.snapshot.queue_tree.get(beneficiary.queue_id)
         if kind == "idle":
             reason = (
-                f"reclaimed-idle: the idle policy found this run's GPUs idle and workload {beneficiary.name} "
+                f"{IDLE_RECLAIM_PREFIX} the idle policy found this run's GPUs idle and workload {beneficiary.name} "
                 f"(queue {own_queue.name if own_queue else beneficiary.queue_id}) is waiting for them"
             )
         elif kind == "rebalance":
             self.rebalanced += 1
             reason = (
-                f"rebalanced: queue {victim_queue.name if victim_queue else victim.queue_id} runs above its fair "
-                f"share and queue {own_queue.name if own_queue else beneficiary.queue_id} below it; workload "
+                f"{REBALANCE_PREFIX} queue {victim_queue.name if victim_queue else victim.queue_id} runs above its "
+                f"fair share and queue {own_queue.name if own_queue else beneficiary.queue_id} below it; workload "
                 f"{beneficiary.name} (priority {beneficiary.priority}) takes this priority {victim.priority} gang's "
                 "capacity"
             )

@@ -107,6 +107,12 @@ class Admission:
     assignments: tuple[PodAssignment, ...]
 
 
+# Every eviction reason starts with the prefix of its kind; the service layer reads them back
+# from stored run messages (rebalancing rate limit, no evictions after an idle reclaim, reports).
+IDLE_RECLAIM_PREFIX = "reclaimed-idle:"
+REBALANCE_PREFIX = "rebalanced:"
+
+
 @dataclass(frozen=True)
 class Eviction:
     """A live run the decision stops, and why; its workload goes back to its queue."""

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
-from controlplane.core.snapshot import Decision, Policy
+from controlplane.core.snapshot import REBALANCE_PREFIX, Decision, Policy
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import LostLeadership
 from controlplane.service.ports import UnitOfWorkFactory
@@ -16,7 +16,7 @@ from controlplane.service.workloads import emit
 LEASE_NAME = "scheduler"
 # Evictions made to rebalance fair share start their message with this; the snapshot reads when
 # the last one happened to rate-limit them across cycles.
-REBALANCE_MARKER = "rebalanced:"
+REBALANCE_MARKER = REBALANCE_PREFIX
 # Usage older than this many half-lives weighs under 0.4 % and is not read.
 HISTORY_HALF_LIVES = 8
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
