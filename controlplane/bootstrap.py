@@ -9,14 +9,13 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from kubernetes.utils import parse_quantity
 from sqlalchemy import Engine, text
 
 from adapters.clouds import build_provider
@@ -25,11 +24,11 @@ from adapters.kubernetes import (
     KubernetesCluster,
     KubeSettings,
     ManifestError,
-    NodeInfo,
     PodStatusWatcher,
     configuration_for,
-    list_nodes,
 )
+from adapters.kubernetes.nodes import observe_node
+from adapters.kubernetes.status import list_node_objects
 from adapters.nats.connection import JetStreamPublisher, connect
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
@@ -239,6 +238,7 @@ class RealFleet:
         self.credentials: dict[str, _CloudCredentials] = {}
         self.watchers: dict[str, tuple[PodStatusWatcher, asyncio.Task[None]]] = {}
         self.errors: dict[str, str] = {}
+        self.pool_label_keys: dict[str, str | None] = {}
 
     def provider_for(self, name: str) -> CloudProvider:
         with self._provider_lock:
@@ -270,23 +270,29 @@ class RealFleet:
             records = uow.cloud.real_clusters()
             clusters, _ = uow.admin.fleet()
         pools = {c.name: {p.name: p for p in c.pools} for c in clusters}
+        known = {f.name for f in dataclasses.fields(KubeSettings)}  # not e.g. INVENTORY_MARK or pool_label_key
         for record in records:
-            if record.sync_state != "ready" or not pools.get(record.name):
-                continue
+            # Every real cluster gets its client before it has pools: its nodes are what make them.
             driver = self.clusters.get(record.name)
+            try:
+                settings = KubeSettings(**{k: v for k, v in record.kube_settings.items() if k in known})
+            except Exception as exc:  # stored before a rule was added; dispatch reports it
+                self.errors[record.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            key = record.kube_settings.get("pool_label_key")
+            self.pool_label_keys[record.name] = key if isinstance(key, str) else None
             if driver is not None:
-                driver.update_pools(pools[record.name])
+                driver.update_pools(pools.get(record.name, {}))
+                driver.settings = settings  # PATCHed settings apply from the next dispatch on
                 continue
             try:
-                known = {f.name for f in dataclasses.fields(KubeSettings)}  # not e.g. INVENTORY_MARK
-                settings = KubeSettings(**{k: v for k, v in record.kube_settings.items() if k in known})
                 cfg = self._configuration(record)
             except Exception as exc:  # the cluster stays without a driver; dispatch reports it
                 self.errors[record.name] = f"{type(exc).__name__}: {exc}"
                 log.warning("no driver for cluster %s: %s", record.name, self.errors[record.name])
                 continue
             self.errors.pop(record.name, None)
-            self.clusters[record.name] = KubernetesCluster(record.name, cfg, settings, pools[record.name])
+            self.clusters[record.name] = KubernetesCluster(record.name, cfg, settings, pools.get(record.name, {}))
 
     def drivers(self) -> dict[str, ClusterDriver]:
         return {name: _KubeDriver(cluster) for name, cluster in self.clusters.items()}
@@ -308,24 +314,26 @@ class RealFleet:
             watcher = PodStatusWatcher(cluster.configuration, cluster.settings.namespace, self._sink(name))
             self.watchers[name] = (watcher, asyncio.create_task(watcher.run(), name=f"pods-{name}"))
 
-    async def node_names(self, record: CloudClusterRecord) -> Mapping[str, Sequence[str]] | None:
+    async def inventory_nodes(self, record: CloudClusterRecord) -> list[InventoryNode] | None:
+        """The cluster's nodes in inventory terms, or None while it has no API client."""
         cluster = self.clusters.get(record.name)
         if cluster is None:
             return None
-        by_pool: dict[str, list[str]] = {}
-        for node in await list_nodes(cluster.api_client):
-            if node.pool:
-                by_pool.setdefault(node.pool, []).append(node.name)
-        return by_pool
+        key = record.kube_settings.get("pool_label_key")
+        return [
+            observe_node(n, key if isinstance(key, str) else None) for n in await list_node_objects(cluster.api_client)
+        ]
 
     async def publish_inventory(self) -> int:
-        """Publish one `InventoryReport` per cluster with a driver; returns the reports published."""
+        """Publish one `InventoryReport` per cluster with a client; returns the reports published."""
         sent = 0
         for name, cluster in list(self.clusters.items()):
             try:
-                nodes = await list_nodes(cluster.api_client)
+                objects = await list_node_objects(cluster.api_client)
                 observed_at = utc_now()
-                report = InventoryReport(observed_at=observed_at, nodes=[_inventory_node(n) for n in nodes][:10_000])
+                key = self.pool_label_keys.get(name)
+                nodes = [observe_node(n, key) for n in objects][:10_000]
+                report = InventoryReport(observed_at=observed_at, nodes=nodes)
                 await self.publisher.publish(
                     inventory_subject(self.prefix, name),
                     report.model_dump_json().encode(),
@@ -361,23 +369,6 @@ class RealFleet:
         for cluster in self.clusters.values():
             cluster.close()
         self.clusters.clear()
-
-
-def _inventory_node(node: NodeInfo) -> InventoryNode:
-    allocatable: dict[str, int] = {}
-    for key, value in list(node.allocatable.items())[:64]:
-        with contextlib.suppress(Exception):  # a quantity we cannot read is left out
-            quantity = parse_quantity(value)  # type: ignore[no-untyped-call]
-            allocatable[key] = int(quantity * 1000) if key == "cpu" else int(quantity)  # cpu in millicores
-    return InventoryNode(
-        name=node.name,
-        pool=(node.pool or "")[:63],
-        schedulable=not node.unschedulable,
-        ready=node.ready,
-        gpu_product=(node.gpu_product or "")[:100],
-        gpu_count=min(max(node.gpu_count, 0), 1024),
-        allocatable=allocatable,
-    )
 
 
 def _from_kubeconfig(text: str) -> tuple[str, str, str]:
@@ -529,7 +520,9 @@ def _real_cluster_tasks(
     """Fleet sync, gang start timeout, node inventory and cloud autoscaling, each a periodic step of the dispatcher."""
 
     async def sync() -> None:
-        await sync_due(wiring.uow, real.provider_for, prefix, utc_now, settings.fleet_sync_interval, real.node_names)
+        await sync_due(
+            wiring.uow, real.provider_for, prefix, utc_now, settings.fleet_sync_interval, real.inventory_nodes
+        )
 
     async def gang_timeout() -> None:
         await asyncio.to_thread(requeue_stalled_gangs, wiring.uow, prefix, utc_now, settings.gang_start_timeout)

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from controlplane.domain.model import CPU, GPU, GPU_TAINT_KEYS, MEM, SHARE, NodePool, Taint
 from controlplane.domain.sharing import SharingKind
+from controlplane.service.commands import EXTENDED_RESOURCE
 from controlplane.service.ports import PodOrder, RunOrder
 
 GangMode = Literal["volcano", "coscheduling", "kueue", "none"]
@@ -127,16 +128,21 @@ class KubeSettings:
     scheduler_name: str | None = None
     volcano_queue: str = "default"
     coscheduling_timeout_seconds: int = 600
-    # `mixed` advertises MIG slices as `nvidia.com/mig-<profile>`; `single` (and GKE) as nvidia.com/gpu.
-    mig_strategy: Literal["mixed", "single"] = "mixed"
-    # Shared GPUs are advertised as `nvidia.com/gpu` x replicas, or `nvidia.com/gpu.shared` when the
-    # device plugin runs with `renameByDefault: true`; one share is one unit of the resource.
-    timeslice_resource: str = GPU_RESOURCE
-    mps_resource: str = GPU_RESOURCE
+    # Resource names. None (the default) requests what the pool's nodes advertise (recorded on the pool
+    # by the node inventory: `nvidia.com/gpu`, `nvidia.com/gpu.shared` under renameByDefault,
+    # `nvidia.com/mig-<profile>` under the mixed MIG strategy, `nvidia.com/gpu` under the single
+    # strategy and on GKE), else the device plugin's defaults. A value overrides that for the cluster.
+    mig_strategy: Literal["mixed", "single"] | None = None
+    timeslice_resource: str | None = None
+    mps_resource: str | None = None
+    gpu_resource: str | None = None
 
     def __post_init__(self) -> None:
         if self.gang not in GANG_MODES:
             raise ManifestError(f"gang mode {self.gang!r} is not one of {', '.join(GANG_MODES)}")
+        for resource in (self.timeslice_resource, self.mps_resource, self.gpu_resource):
+            if resource is not None and not EXTENDED_RESOURCE.match(resource):
+                raise ManifestError(f"{resource!r} is not a Kubernetes extended resource name")
         if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
             raise ManifestError(f"namespace {self.namespace!r} is not a DNS-1123 label")
         if self.gang == "kueue" and not _LABEL_VALUE.match(self.kueue_queue):
@@ -260,16 +266,20 @@ def resource_amounts(demand: Mapping[str, int], pool: NodePool, settings: KubeSe
         elif key == MEM:
             name = "memory"
         elif key == GPU:
-            name = GPU_RESOURCE
+            name = settings.gpu_resource or pool.resource_names.get(GPU) or GPU_RESOURCE
         elif key == SHARE:
             if pool.sharing.kind is SharingKind.MPS:
-                name = settings.mps_resource
+                override = settings.mps_resource
             elif pool.sharing.kind is SharingKind.TIMESLICE:
-                name = settings.timeslice_resource
+                override = settings.timeslice_resource
             else:
                 raise ManifestError(f"pool {pool.name} is {pool.sharing}, it has no shared GPUs")
+            name = override or pool.resource_names.get(SHARE) or GPU_RESOURCE
         elif key.startswith("mig:") and len(key) > 4:
-            name = f"nvidia.com/mig-{key[4:]}" if settings.mig_strategy == "mixed" else GPU_RESOURCE
+            if settings.mig_strategy is not None:  # the cluster's setting wins over what nodes said
+                name = f"nvidia.com/mig-{key[4:]}" if settings.mig_strategy == "mixed" else GPU_RESOURCE
+            else:
+                name = pool.resource_names.get(key) or f"nvidia.com/mig-{key[4:]}"
         else:
             raise ManifestError(f"unknown demand key {key!r}")
         totals[name] = totals.get(name, 0) + amount

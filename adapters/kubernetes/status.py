@@ -34,6 +34,7 @@ from adapters.kubernetes.manifests import (
     OWNED_SELECTOR,
     core_pod_index,
 )
+from adapters.kubernetes.nodes import pool_key
 from controlplane.domain.model import Taint
 from controlplane.service.cluster_status import POD_PHASES, PodReport, PodStatus
 
@@ -43,15 +44,6 @@ ReportSink = Callable[[PodReport], Awaitable[None]]
 MESSAGE_MAX = 500
 GONE = 410
 TICK_SECONDS = 0.5  # how often a quiet watch checks for stop() and for reports to deliver again
-
-# Node-pool label per managed Kubernetes flavour (GKE, AKS, AKS legacy, EKS managed node groups).
-POOL_LABEL_KEYS = (
-    "cloud.google.com/gke-nodepool",
-    "kubernetes.azure.com/agentpool",
-    "agentpool",
-    "eks.amazonaws.com/nodegroup",
-)
-
 
 @dataclass(frozen=True)
 class PodKey:
@@ -394,13 +386,14 @@ class NodeInfo:
         return self.ready and not self.unschedulable
 
 
-def node_info(node: Mapping[str, Any], pool_label_keys: tuple[str, ...] = POOL_LABEL_KEYS) -> NodeInfo:
+def node_info(node: Mapping[str, Any], pool_label_key: str | None = None) -> NodeInfo:
+    """A short view of one node; `adapters/kubernetes/nodes.py` `observe_node` reads it for the inventory."""
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     labels: dict[str, str] = dict(meta.get("labels") or {})
     allocatable: dict[str, str] = dict(status.get("allocatable") or {})
-    pool = next((labels[k] for k in pool_label_keys if labels.get(k)), None)
+    pool = pool_key(labels, dict(meta.get("annotations") or {}), pool_label_key)[1] or None
     count_label = labels.get("nvidia.com/gpu.count")
     try:
         gpu_count = int(count_label) if count_label is not None else int(allocatable.get("nvidia.com/gpu", "0"))
@@ -425,13 +418,8 @@ def node_info(node: Mapping[str, Any], pool_label_keys: tuple[str, ...] = POOL_L
     )
 
 
-async def list_nodes(
-    api: client.ApiClient,
-    *,
-    label_selector: str | None = None,
-    pool_label_keys: tuple[str, ...] = POOL_LABEL_KEYS,
-) -> list[NodeInfo]:
-    """Every node (or those matching `label_selector`), sorted by name."""
+async def list_node_objects(api: client.ApiClient, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+    """Every Node object (or those matching `label_selector`) as the API returns it, sorted by name."""
     core = client.CoreV1Api(api)
 
     def fetch() -> dict[str, Any]:
@@ -439,5 +427,12 @@ async def list_nodes(
         return json_body(resp)
 
     body = await asyncio.to_thread(fetch)
-    nodes = [node_info(item, pool_label_keys) for item in body.get("items") or []]
-    return sorted(nodes, key=lambda n: n.name)
+    items = [item for item in body.get("items") or [] if isinstance(item, dict)]
+    return sorted(items, key=lambda n: str((n.get("metadata") or {}).get("name", "")))
+
+
+async def list_nodes(
+    api: client.ApiClient, *, label_selector: str | None = None, pool_label_key: str | None = None
+) -> list[NodeInfo]:
+    """Every node (or those matching `label_selector`), sorted by name."""
+    return [node_info(item, pool_label_key) for item in await list_node_objects(api, label_selector=label_selector)]

@@ -50,6 +50,8 @@ def _pool_view(row: NodePoolRow, with_nodes: bool) -> PoolView:
         instance_type=row.instance_type,
         cloud_pool_id=row.cloud_pool_id,
         scale_target=row.scale_target,
+        resource_names={str(k): str(v) for k, v in (row.resource_names or {}).items()},
+        max_shares_per_pod=row.max_shares_per_pod or 0,
     )
 
 

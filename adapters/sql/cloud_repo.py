@@ -21,6 +21,7 @@ from adapters.sql.tables import (
 from controlplane.service.cloud_state import (
     CloudClusterRecord,
     CloudPoolRecord,
+    LostRun,
     PoolChanges,
     StalledRun,
     SyncedPool,
@@ -96,7 +97,12 @@ class SqlCloudRepository:
         )
 
     def sync_pools(
-        self, cluster_id: str, pools: Sequence[SyncedPool], issues: Sequence[str], now: datetime
+        self,
+        cluster_id: str,
+        pools: Sequence[SyncedPool],
+        issues: Sequence[str],
+        now: datetime,
+        cloud_synced: bool = True,
     ) -> PoolChanges:
         cluster = self.s.scalars(
             select(ClusterRow)
@@ -123,6 +129,7 @@ class SqlCloudRepository:
             row.price_per_gpu_hour, row.spot, row.node_count = spec.price_per_gpu_hour, spec.spot, spec.node_count
             row.min_size, row.max_size = synced.min_size, synced.max_size
             row.instance_type, row.cloud_pool_id = synced.instance_type, synced.cloud_pool_id
+            row.resource_names, row.max_shares_per_pod = dict(synced.resource_names), synced.max_shares_per_pod
             if row.scale_target is not None and row.scale_target == spec.node_count:
                 row.scale_target = None  # the cloud got there
             if before is not None and before != spec.node_count:
@@ -137,7 +144,8 @@ class SqlCloudRepository:
                 self.s.delete(row)
             else:
                 row.node_count = 0  # runs still refer to its cordoned nodes; kept until they are gone
-        cluster.sync_state, cluster.sync_error, cluster.synced_at = "ready", "", now
+        if cloud_synced:
+            cluster.sync_state, cluster.sync_error, cluster.synced_at = "ready", "", now
         cluster.pool_issues = list(issues)
         self.s.flush()
         return PoolChanges(tuple(added), tuple(removed), tuple(resized))
@@ -170,6 +178,23 @@ class SqlCloudRepository:
                 self.s.flush()
             pool.nodes.append(NodeRow(id=new_id("node"), cluster_id=cluster_id, pool_id=pool.id, name=name))
         self.s.flush()
+
+    def live_runs_on_nodes(self, cluster_id: str, node_names: Sequence[str]) -> list[LostRun]:
+        if not node_names:
+            return []
+        rows = self.s.execute(
+            select(RunRow.id, RunRow.workload_id, QueueRow.name, NodeRow.name)
+            .join(RunAssignmentRow, RunAssignmentRow.run_id == RunRow.id)
+            .join(NodeRow, NodeRow.id == RunAssignmentRow.node_id)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .where(NodeRow.cluster_id == cluster_id, NodeRow.name.in_(list(node_names)), RunRow.state.in_(LIVE))
+            .order_by(RunRow.id, NodeRow.name)
+        ).all()
+        lost: dict[str, LostRun] = {}
+        for run_id, workload_id, queue, node in rows:
+            lost.setdefault(run_id, LostRun(run_id, workload_id, queue, node))
+        return list(lost.values())
 
     def sync_failed(self, cluster_id: str, error: str) -> None:
         row = self.s.get(ClusterRow, cluster_id)

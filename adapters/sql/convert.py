@@ -33,6 +33,8 @@ def pool_from_row(row: NodePoolRow) -> NodePool:
         price_per_gpu_hour=row.price_per_gpu_hour,
         spot=row.spot,
         node_count=row.node_count,
+        resource_names={str(k): str(v) for k, v in (row.resource_names or {}).items()},
+        max_shares_per_pod=row.max_shares_per_pod or 0,
     )
 
 
@@ -51,6 +53,8 @@ def pool_to_row(pool: NodePool) -> NodePoolRow:
         price_per_gpu_hour=pool.price_per_gpu_hour,
         spot=pool.spot,
         node_count=pool.node_count,
+        resource_names=dict(pool.resource_names),
+        max_shares_per_pod=pool.max_shares_per_pod,
     )
 
 

@@ -151,6 +151,10 @@ class NodePoolRow(Base):
     scale_target: Mapped[int | None] = mapped_column(Integer)
     scale_requested_at: Mapped[datetime | None]
     idle_since: Mapped[datetime | None]
+    # Pools made from nodes (migration 0005): the resource each demand key is requested as, and the
+    # most shares one container may ask for (0: no limit).
+    resource_names: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    max_shares_per_pod: Mapped[int] = mapped_column(Integer, default=0)
     cluster: Mapped[ClusterRow] = relationship(back_populates="pools")
     nodes: Mapped[list[NodeRow]] = relationship(cascade="all, delete-orphan", order_by="NodeRow.name")
 

@@ -111,6 +111,7 @@ class Admission:
 # from stored run messages (rebalancing rate limit, no evictions after an idle reclaim, reports).
 IDLE_RECLAIM_PREFIX = "reclaimed-idle:"
 REBALANCE_PREFIX = "rebalanced:"
+NODE_LOST_PREFIX = "node-lost:"  # ended because a node it held left its cluster (service/inventory.py)
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,12 @@ class NodePool:
     price_per_gpu_hour: float = 0.0
     spot: bool = False
     node_count: int = 0
+    # Extended resource serving each demand key (gpu, share, mig:<profile>) on this pool's nodes, as the
+    # nodes advertise it; empty for the device plugin's defaults.
+    resource_names: Mapping[str, str] = field(default_factory=dict)
+    # The most shares one container may ask for: 1 where the device plugin refuses more (MPS, GKE
+    # sharing, time-slicing with failRequestsGreaterThanOne); 0 when the pool sets no such limit.
+    max_shares_per_pod: int = 0
 
     def node_capacity(self) -> dict[str, int]:
         capacity = {CPU: self.cpu_millis, MEM: self.memory_mib}
@@ -164,6 +170,28 @@ class PodSet:
             return Fraction(self.gpu_fraction).limit_denominator(1000)
         return Fraction(self.gpus)
 
+    def share_limit_refusal(self, pool: NodePool) -> str | None:
+        """Why one pod of this set cannot get its GPU fraction on `pool`'s shared GPUs, or None.
+
+        A share is one replica of a shared GPU, and one container asks for all of its shares at once;
+        where the device plugin gives a container at most `max_shares_per_pod` of them (MPS always, GKE
+        sharing, time-slicing with failRequestsGreaterThanOne), a fraction that needs more is refused by
+        the kubelet at admission, so gpufleet refuses it first.
+        """
+        if not self.gpu_fraction or not pool.sharing.shared or pool.max_shares_per_pod < 1:
+            return None
+        shares = shares_for_fraction(self.gpu_fraction, pool.sharing.replicas)
+        if shares <= pool.max_shares_per_pod:
+            return None
+        share = Fraction(1, pool.sharing.replicas)
+        most = pool.max_shares_per_pod
+        return (
+            f"pod set {self.name} asks {self.gpu_fraction:g} GPU per pod, which is {shares} shares of "
+            f"pool {pool.name} ({pool.sharing}: one share is {share} GPU), but the device plugin there gives "
+            f"a container at most {most} share{'s' if most > 1 else ''}; ask for at most "
+            f"{float(share * most):g} GPU per pod or use whole GPUs"
+        )
+
     def demand_on(self, pool: NodePool) -> dict[str, int] | None:
         """What one pod takes from a node of `pool`, or None when the pool cannot serve it."""
         if self.gpu_models and pool.gpu_model not in self.gpu_models:
@@ -178,7 +206,7 @@ class PodSet:
                 return None
             demand[key] = 1
         elif self.gpu_fraction:
-            if not pool.sharing.shared:
+            if not pool.sharing.shared or self.share_limit_refusal(pool) is not None:
                 return None
             demand[SHARE] = shares_for_fraction(self.gpu_fraction, pool.sharing.replicas)
         elif self.gpus:

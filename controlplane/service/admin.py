@@ -45,7 +45,8 @@ def create_cluster(
     now: datetime,
     kubeconfigs: KubeconfigStore | None = None,
 ) -> ClusterView:
-    """Register a cluster. Cloud clusters are stored `pending` with no pools: fleet sync discovers them
+    """Register a cluster. Real clusters are stored with no pools: a `kubernetes` cluster's pools and nodes
+    come from its node inventory, a cloud cluster (stored `pending`) is discovered by fleet sync, both
     outside any transaction. A `kubernetes` cluster's kubeconfig goes to `kubeconfigs`, never to SQL."""
     if spec.kubeconfig is not None:
         try:
@@ -93,9 +94,17 @@ def update_cluster(uow: UnitOfWork, ref: str, update: ClusterUpdate, actor: str,
         current = uow.admin.get_cluster(ref)
         if current is None:
             raise NotFound(f"no cluster {ref}")
+        if update.kubernetes is not None:
+            if current.provider == "sim":
+                raise Invalid(f"cluster {current.name} is simulated; it has no Kubernetes settings")
+            # Only the fields the request names change; the inventory's own keys stay as they are.
+            given = update.kubernetes.model_dump(include=update.kubernetes.model_fields_set)
+            uow.admin.apply_node_schedulable(current.id, {}, given)
         if update.pools is not None:
             if current.provider in CLOUD_PROVIDERS:
                 raise Invalid(f"cluster {current.name}: {current.provider} pools come from the cloud (fleet sync)")
+            if current.provider == "kubernetes":
+                raise Invalid(f"cluster {current.name}: kubernetes pools come from the cluster's nodes")
             if uow.admin.cluster_has_live_runs(current.id):
                 raise Conflict(f"cluster {current.name} has live runs; drain it before changing its pools")
             spec = ClusterSpec(name=current.name, provider="sim", region=current.region, pools=update.pools)
@@ -103,7 +112,10 @@ def update_cluster(uow: UnitOfWork, ref: str, update: ClusterUpdate, actor: str,
             uow.admin.replace_pools(cluster, nodes)
         elif update.region is not None:
             uow.admin.set_cluster_region(current.id, update.region)
-        uow.audit.record(actor, "cluster.update", "cluster", current.id, update.model_dump(exclude_none=True), now)
+        detail = update.model_dump(exclude_none=True, exclude={"kubernetes"})
+        if update.kubernetes is not None:
+            detail["kubernetes"] = update.kubernetes.model_dump(include=update.kubernetes.model_fields_set)
+        uow.audit.record(actor, "cluster.update", "cluster", current.id, detail, now)
         uow.commit()
     return get_cluster(uow, current.id)
 

@@ -45,6 +45,9 @@ class SyncedPool:
     instance_type: str
     cloud_pool_id: str
     node_names: tuple[str, ...]
+    # What the pool's nodes advertise per demand key (gpu, share, mig:<profile>); empty: the defaults.
+    resource_names: Mapping[str, str] = field(default_factory=dict)
+    max_shares_per_pod: int = 0  # 1 when the device plugin refuses more shares per container; 0: no limit
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,16 @@ class CloudPoolRecord:
 
 
 @dataclass(frozen=True)
+class LostRun:
+    """A live run that holds a node its cluster no longer has."""
+
+    run_id: str
+    workload_id: str
+    queue: str
+    node: str
+
+
+@dataclass(frozen=True)
 class StalledRun:
     run_id: str
     workload_id: str
@@ -105,10 +118,20 @@ class CloudRepository(Protocol):
         ...
 
     def sync_pools(
-        self, cluster_id: str, pools: Sequence[SyncedPool], issues: Sequence[str], now: datetime
+        self,
+        cluster_id: str,
+        pools: Sequence[SyncedPool],
+        issues: Sequence[str],
+        now: datetime,
+        cloud_synced: bool = True,
     ) -> PoolChanges:
         """Make the cluster's pools and nodes what `pools` says, keeping the ids of pools and nodes that
-        stay (runs refer to them); nodes that runs refer to are cordoned rather than deleted."""
+        stay (runs refer to them); nodes that runs refer to are cordoned rather than deleted.
+        `cloud_synced` marks the cluster synced with its cloud (fleet sync), not only with its nodes."""
+        ...
+
+    def live_runs_on_nodes(self, cluster_id: str, node_names: Sequence[str]) -> list[LostRun]:
+        """Live runs holding any of the cluster's nodes named, one entry per run (its first such node)."""
         ...
 
     def sync_failed(self, cluster_id: str, error: str) -> None: ...

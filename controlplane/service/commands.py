@@ -14,6 +14,12 @@ NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
 LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 RESERVED_LABEL_PREFIX = "gpufleet.io/"
+# An extended resource name: `<DNS subdomain>/<name>` outside the kubernetes.io and requests. namespaces.
+EXTENDED_RESOURCE = re.compile(
+    r"^(?!(?:[^/]*\.)?kubernetes\.io/)(?!requests\.)"
+    r"(?=[^/]{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 QuotaMap = dict[Annotated[str, Field(min_length=1, max_length=40)], Annotated[float, Field(ge=0)]]
 
 
@@ -84,14 +90,40 @@ class KubernetesSettingsSpec(Strict):
     gang: Literal["none", "volcano", "coscheduling", "kueue"] = "none"
     use_jobset: bool = False
     kueue_queue: Name = "gpufleet"
+    # Node inventory: the label that names a node's pool, tried before the providers' own pool labels.
+    pool_label_key: str | None = Field(default=None, max_length=317)
+    # Resource names; None requests what the pool's nodes advertise (see the README, "Kubernetes settings").
+    mig_strategy: Literal["mixed", "single"] | None = None
+    gpu_resource: str | None = Field(default=None, max_length=317)
+    timeslice_resource: str | None = Field(default=None, max_length=317)
+    mps_resource: str | None = Field(default=None, max_length=317)
+    # The device plugin's time-slicing `failRequestsGreaterThanOne`: nodes cannot tell it, so say it here.
+    fail_requests_greater_than_one: bool = False
+
+    @field_validator("gpu_resource", "timeslice_resource", "mps_resource")
+    @classmethod
+    def _extended_resource(cls, value: str | None) -> str | None:
+        if value is not None and not EXTENDED_RESOURCE.match(value):
+            raise ValueError(
+                f"{value!r} is not a Kubernetes extended resource name (<domain>/<name>, e.g. nvidia.com/gpu.shared)"
+            )
+        return value
+
+    @field_validator("pool_label_key")
+    @classmethod
+    def _label_key(cls, value: str | None) -> str | None:
+        if value is not None and not LABEL_KEY.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes label key")
+        return value
 
 
 class ClusterSpec(Strict):
     name: Name
     provider: Provider = Field(
         default="sim",
-        description="sim: simulated; kubernetes: any cluster, reached with `kubeconfig`; eks|aks|gke|oke: "
-        "discovered from the cloud (pools come from the cloud, not from the request)",
+        description="sim: simulated; kubernetes: any cluster, reached with `kubeconfig`, its pools and nodes "
+        "read from its Kubernetes API; eks|aks|gke|oke: discovered from the cloud and the cluster's nodes "
+        "(pools never come from the request)",
     )
     region: str = Field(default="", max_length=63)
     pools: list[PoolSpec] = Field(default_factory=list, max_length=100)
@@ -109,7 +141,8 @@ class ClusterSpec(Strict):
         "stored in a 0600 file of the state dir, never in the database",
     )
     pool_prices: dict[Name, Annotated[float, Field(ge=0)]] = Field(
-        default_factory=dict, description="cloud clusters: price per GPU-hour by pool name (discovery has none)"
+        default_factory=dict,
+        description="real clusters: price per GPU-hour by pool name (neither nodes nor discovery have one)",
     )
 
     @field_validator("pools")
@@ -133,11 +166,15 @@ class ClusterSpec(Strict):
             if self.provider == "oke" and not (self.account or self.cluster_id):
                 raise ValueError("provider oke needs `account` (the compartment) or `cluster_id`")
         else:
-            if not self.pools:
-                raise ValueError(f"provider {self.provider} needs at least one pool")
+            if self.provider == "kubernetes" and self.pools:
+                raise ValueError("kubernetes pools and nodes are discovered from the cluster's nodes; do not list them")
+            if self.provider == "sim" and not self.pools:
+                raise ValueError("provider sim needs at least one pool")
             locator = [f for f in ("account", "cluster", "resource_group", "cluster_id") if getattr(self, f)]
-            if locator or self.pool_prices:
-                raise ValueError(f"{', '.join(locator or ['pool_prices'])}: only for cloud providers")
+            if self.provider == "sim" and self.pool_prices:
+                locator.append("pool_prices")
+            if locator:
+                raise ValueError(f"{', '.join(locator)}: only for cloud providers")
         if self.resource_group and self.provider != "aks":
             raise ValueError("resource_group is for aks only")
         if self.cluster_id and self.provider != "oke":
@@ -150,6 +187,8 @@ class ClusterSpec(Strict):
 class ClusterUpdate(Strict):
     region: str | None = Field(default=None, max_length=63)
     pools: list[PoolSpec] | None = Field(default=None, min_length=1, max_length=100)
+    # Real clusters: the fields given replace the stored ones; the others stay as they are.
+    kubernetes: KubernetesSettingsSpec | None = None
 
 
 class TreeNodeSpec(Strict):

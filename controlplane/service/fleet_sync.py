@@ -25,13 +25,14 @@ from controlplane.service.cloud_ports import (
 )
 from controlplane.service.cloud_state import CloudClusterRecord, PoolChanges, SyncedPool
 from controlplane.service.events import envelope
+from controlplane.service.inventory import InventoryNode, apply_node_plan
+from controlplane.service.node_pools import CLOUD_ISSUE, plan_node_pools
 from controlplane.service.ports import UnitOfWorkFactory
 
 log = logging.getLogger(__name__)
 
-# Node names per pool name, read from the cluster's Kubernetes API; None when it cannot be read. A pool
-# without listed nodes gets stable synthetic names `<cluster>-<pool>-<i>`, one per node the cloud reports.
-NodeLister = Callable[[CloudClusterRecord], Awaitable[Mapping[str, Sequence[str]] | None]]
+# The cluster's nodes, read from its Kubernetes API; None while no API client for it exists yet.
+NodeLister = Callable[[CloudClusterRecord], Awaitable[Sequence[InventoryNode] | None]]
 ProviderFor = Callable[[str], CloudProvider]
 
 
@@ -63,7 +64,7 @@ def plan_pools(
             spec = to_pool_spec(found)
         except UnmappablePool as exc:
             if found.gpus_per_node > 0 or found.gpu_model:
-                issues.append(str(exc))  # a GPU pool we cannot use is worth telling; CPU pools are not
+                issues.append(f"{CLOUD_ISSUE}{exc}")  # a GPU pool we cannot use is worth telling; CPU pools are not
             continue
         price = record.pool_prices.get(spec.name)
         if price is not None:
@@ -111,14 +112,25 @@ async def sync_cluster(
             uow.cloud.sync_failed(record.id, error)
             uow.commit()
         return SyncResult(record.name, False, error=error)
-    names: Mapping[str, Sequence[str]] | None = None
-    if node_lister is not None and record.sync_state == "ready":
+    nodes: Sequence[InventoryNode] | None = None
+    if node_lister is not None:
         try:
-            names = await node_lister(record)
+            nodes = await node_lister(record)
         except Exception as exc:
-            log.warning("listing the nodes of %s failed (%s); keeping synthetic node names", record.name, exc)
-    pools, issues = plan_pools(record, discovered, names)
+            nodes, error = None, f"{type(exc).__name__}: {exc}"
+        else:
+            error = "no Kubernetes API client for the cluster yet"
+        if nodes is None:
+            # The cloud alone would make up node names that pods cannot be pinned to: keep what we have.
+            log.warning("nodes of %s not readable (%s); sync retried", record.name, error)
+            with uow_factory() as uow:
+                uow.cloud.sync_failed(record.id, f"nodes not readable: {error}")
+                uow.commit()
+            return SyncResult(record.name, False, error=error)
     now = clock()
+    if nodes is not None:
+        return _sync_from_nodes(uow_factory, record, discovered, nodes, prefix, now)
+    pools, issues = plan_pools(record, discovered, None)
     with uow_factory() as uow:
         changes = uow.cloud.sync_pools(record.id, pools, issues, now)
         if changes.changed or record.sync_state != "ready":
@@ -135,6 +147,49 @@ async def sync_cluster(
             uow.outbox.add(cluster_subject(prefix, record.name, "synced"), event_id, payload, now)
         uow.commit()
     return SyncResult(record.name, True, changes)
+
+
+def _synced_event(
+    record: CloudClusterRecord, pools: Sequence[SyncedPool], changes: PoolChanges, issues: Sequence[str], now: datetime
+) -> tuple[str, str]:
+    data = {
+        "cluster": record.name,
+        "provider": record.provider,
+        "pools": {p.spec.name: p.spec.node_count for p in pools},
+        "added": list(changes.added),
+        "removed": list(changes.removed),
+        "resized": [{"pool": p, "from": a, "to": b} for p, a, b in changes.resized],
+        "issues": list(issues),
+    }
+    return envelope("cluster.synced", data, now)
+
+
+def _sync_from_nodes(
+    uow_factory: UnitOfWorkFactory,
+    record: CloudClusterRecord,
+    discovered: DiscoveredCluster,
+    nodes: Sequence[InventoryNode],
+    prefix: str,
+    now: datetime,
+) -> SyncResult:
+    """Pools from the cluster's nodes, joined with the cloud's description by pool name or id."""
+    plan = plan_node_pools(
+        nodes,
+        discovered.pools,
+        record.pool_prices,
+        one_share_per_container=bool(record.kube_settings.get("fail_requests_greater_than_one", False)),
+    )
+    with uow_factory() as uow:
+        view = uow.admin.get_cluster(record.id)
+        known = [n.name for p in view.pools for n in p.nodes] if view is not None else []
+        outcome = apply_node_plan(
+            uow, record.id, record.name, known, nodes, plan, plan.issues, now, prefix, {}, cloud_synced=True
+        )
+        if outcome.changes.changed or record.sync_state != "ready":
+            event_id, payload = _synced_event(record, plan.pools, outcome.changes, plan.issues, now)
+            uow.outbox.add(cluster_subject(prefix, record.name, "synced"), event_id, payload, now)
+        uow.commit()
+    return SyncResult(record.name, True, outcome.changes)
 
 
 def due(record: CloudClusterRecord, now: datetime, interval: float) -> bool:

@@ -90,7 +90,7 @@ def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime)
                 inventory = InventoryReport.model_validate(body)
             except ValidationError as exc:
                 return Handled(Outcome.MALFORMED, _errors(exc))
-            result = Handled(Outcome.APPLIED, apply_inventory(uow, parts[2], inventory, now))
+            result = Handled(Outcome.APPLIED, apply_inventory(uow, parts[2], inventory, now, prefix))
         else:
             return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")
         uow.commit()

@@ -14,14 +14,26 @@ every later report).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Annotated, Any
 
 from pydantic import AwareDatetime, Field
 
-from controlplane.service.commands import Strict
+from controlplane.core.snapshot import NODE_LOST_PREFIX
+from controlplane.domain.model import WorkloadState
+from controlplane.service.cloud_ports import DiscoveredPool
+from controlplane.service.cloud_state import PoolChanges
+from controlplane.service.commands import CLOUD_PROVIDERS, Strict, TaintSpec
+from controlplane.service.node_pools import CLOUD_ISSUE, NodePlan, plan_node_pools
 from controlplane.service.ports import UnitOfWork
+from controlplane.service.views import PoolView
+from controlplane.service.workloads import emit
 
 INVENTORY_MARK = "inventory_observed_at"
+LIVE_RUN_STATES = ("admitted", "dispatching", "running")
+LIVE_WORKLOAD_STATES = (WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 MAX_CLOCK_SKEW = timedelta(minutes=5)
 
 
@@ -29,14 +41,43 @@ def inventory_subject(prefix: str, cluster: str) -> str:
     return f"{prefix}.cluster.{cluster}.inventory"
 
 
+ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
+LabelKey = Annotated[str, Field(min_length=1, max_length=317)]  # 253 prefix + "/" + 63 name
+LabelValue = Annotated[str, Field(max_length=63)]
+AnnotationValue = Annotated[str, Field(max_length=1024)]
+DemandKey = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^(gpu|share|mig:[1-7]g\.[0-9]+gb)$")]
+
+
 class InventoryNode(Strict):
+    """One node as its cluster reports it. The adapter that lists nodes reads the provider's and NVIDIA's
+    labels (`adapters/kubernetes/nodes.py`) into the interpreted fields; `labels` and `annotations` keep
+    the subset it read them from, for operators and for audit."""
+
     name: str = Field(min_length=1, max_length=253)
-    pool: str = Field(default="", max_length=63)  # from the node's pool label; empty when it has none
+    pool: str = Field(default="", max_length=255)  # the pool key's value (label, or OKE's node-pool OCID)
     schedulable: bool  # not cordoned (spec.unschedulable is false)
     ready: bool  # the Ready condition is True
-    gpu_product: str = Field(default="", max_length=100)
-    gpu_count: int = Field(default=0, ge=0, le=1024)
-    allocatable: dict[str, int] = Field(default_factory=dict, max_length=64)
+    gpu_product: str = Field(default="", max_length=100)  # GFD `nvidia.com/gpu.product`, as the node says
+    gpu_model: str = Field(default="", max_length=40)  # gpufleet's name for it; "" when the node says none
+    gpu_count: int = Field(default=0, ge=0, le=1024)  # physical GPUs
+    sharing: str = Field(default="", max_length=80)  # gpufleet sharing mode; "" = not read (exclusive)
+    # 1 when the device plugin refuses more than one shared replica per container (MPS, GKE sharing).
+    shares_per_container: int = Field(default=0, ge=0, le=1024)
+    # Extended resource that serves each gpufleet demand key here: gpu, share, mig:<profile>.
+    gpu_resources: dict[DemandKey, ResourceName] = Field(default_factory=dict, max_length=16)
+    # Quantities as integers: cpu in millicores, everything else in its base unit (memory in bytes).
+    allocatable: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
+    capacity: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
+    instance_type: str = Field(default="", max_length=80)
+    spot: bool = False
+    taints: list[TaintSpec] = Field(default_factory=list, max_length=32)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64)
+    annotations: dict[LabelKey, AnnotationValue] = Field(default_factory=dict, max_length=8)
+    issues: list[Annotated[str, Field(max_length=300)]] = Field(default_factory=list, max_length=8)
+
+    @property
+    def has_gpus(self) -> bool:
+        return self.gpu_count > 0 or bool(self.gpu_resources)
 
 
 class InventoryReport(Strict):
@@ -50,7 +91,7 @@ def inventory_msg_id(cluster: str, observed_at: datetime) -> str:
     return f"inventory:{cluster}:{int(observed_at.timestamp() * 1000)}"
 
 
-def apply_inventory(uow: UnitOfWork, cluster: str, report: InventoryReport, now: datetime) -> str:
+def apply_inventory(uow: UnitOfWork, cluster: str, report: InventoryReport, now: datetime, prefix: str) -> str:
     """Apply one report inside the caller's transaction; returns what happened, for logs and tests."""
     view = uow.admin.get_cluster(cluster)
     if view is None:
@@ -60,11 +101,115 @@ def apply_inventory(uow: UnitOfWork, cluster: str, report: InventoryReport, now:
     last = view.kubernetes.get(INVENTORY_MARK)
     if isinstance(last, str) and datetime.fromisoformat(last) >= report.observed_at:
         return f"stale report (last applied {last})"
-    wanted = {node.name: node.schedulable and node.ready for node in report.nodes}
     mark = {INVENTORY_MARK: report.observed_at.isoformat()}
-    changed, unknown = uow.admin.apply_node_schedulable(view.id, wanted, mark)
-    result = f"{changed} nodes changed"
-    if unknown:
-        shown = ", ".join(sorted(unknown)[:20])
-        result += f"; unknown nodes: {shown}" + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
-    return result
+    if view.provider == "sim":
+        # A simulated cluster's nodes are its registration's; the report only says which take work.
+        wanted = {node.name: node.schedulable and node.ready for node in report.nodes}
+        changed, unknown = uow.admin.apply_node_schedulable(view.id, wanted, mark)
+        result = f"{changed} nodes changed"
+        if unknown:
+            result += f"; unknown nodes: {_shown(unknown)}"
+        return result
+    known = [n.name for p in view.pools for n in p.nodes]
+    if not report.nodes and known:
+        # A cluster does not lose every node between two lists; an empty list is a broken reader.
+        return "empty report ignored (the cluster had nodes)"
+    cloud = tuple(_stored_cloud_pool(p) for p in view.pools if p.cloud_pool_id or view.provider in CLOUD_PROVIDERS)
+    plan = plan_node_pools(
+        report.nodes,
+        cloud if view.provider in CLOUD_PROVIDERS else (),
+        view.pool_prices,
+        one_share_per_container=bool(view.kubernetes.get("fail_requests_greater_than_one", False)),
+    )
+    cloud_issues = [i for i in view.pool_issues if i.startswith(CLOUD_ISSUE)]
+    issues = list(dict.fromkeys([*plan.issues, *cloud_issues]))
+    outcome = apply_node_plan(uow, view.id, view.name, known, report.nodes, plan, issues, now, prefix, mark)
+    return outcome.describe()
+
+
+@dataclass(frozen=True)
+class NodePlanOutcome:
+    changes: PoolChanges
+    schedulable_changed: int
+    requeued: tuple[str, ...]
+
+    def describe(self) -> str:
+        c = self.changes
+        parts = [f"{self.schedulable_changed} nodes changed"]
+        if c.added or c.removed or c.resized:
+            parts.append(f"pools added {list(c.added)} removed {list(c.removed)} resized {len(c.resized)}")
+        if self.requeued:
+            parts.append(f"runs requeued (node lost): {', '.join(self.requeued)}")
+        return "; ".join(parts)
+
+
+def apply_node_plan(
+    uow: UnitOfWork,
+    cluster_id: str,
+    cluster: str,
+    known: Sequence[str],
+    nodes: Sequence[InventoryNode],
+    plan: NodePlan,
+    issues: Sequence[str],
+    now: datetime,
+    prefix: str,
+    kube_settings: Mapping[str, Any],
+    cloud_synced: bool = False,
+) -> NodePlanOutcome:
+    """Make the cluster's pools and nodes what its node list says, in the caller's transaction.
+
+    Pools and node membership follow `plan`; a node takes new work when it is not cordoned, Ready, and
+    agrees with its pool. A live run that holds a node the list no longer has is ended the way the gang
+    start timeout ends one: the run becomes `preempted` (ended by gpufleet) with a `node-lost:` message,
+    its objects are torn down by the dispatcher, and its workload goes back to its queue
+    (`workload.requeued` event, `reason` starting with `node-lost:`).
+    """
+    changes = uow.cloud.sync_pools(cluster_id, plan.pools, issues, now, cloud_synced=cloud_synced)
+    wanted = {n.name: n.schedulable and n.ready and n.name not in plan.held_back for n in nodes}
+    changed, _ = uow.admin.apply_node_schedulable(cluster_id, wanted, kube_settings)
+    present = {n.name for n in nodes}
+    vanished = sorted(set(known) - present)
+    requeued: list[str] = []
+    for lost in uow.cloud.live_runs_on_nodes(cluster_id, vanished):
+        reason = f"{NODE_LOST_PREFIX} node {lost.node} left cluster {cluster}"
+        if not uow.runs.set_state(lost.run_id, LIVE_RUN_STATES, "preempted", reason, now):
+            continue
+        uow.workloads.set_state(lost.workload_id, LIVE_WORKLOAD_STATES, WorkloadState.QUEUED, reason, now)
+        emit(
+            uow,
+            prefix,
+            lost.queue,
+            "requeued",
+            lost.workload_id,
+            now,
+            run_id=lost.run_id,
+            cluster=cluster,
+            reason=reason,
+        )
+        requeued.append(lost.run_id)
+    return NodePlanOutcome(changes, changed, tuple(requeued))
+
+
+def _stored_cloud_pool(pool: PoolView) -> DiscoveredPool:
+    """What the last fleet sync stored about a cloud pool, for joining with the nodes in between syncs."""
+    return DiscoveredPool(
+        name=pool.name,
+        gpu_model=pool.gpu_model,
+        gpus_per_node=pool.gpus_per_node,
+        instance_type=pool.instance_type,
+        sharing=pool.sharing,
+        cpu_millis=pool.cpu_millis,
+        memory_mib=pool.memory_mib,
+        taints=(),
+        labels={},
+        node_count=pool.node_count,
+        min_size=pool.min_size,
+        max_size=pool.max_size,
+        spot=pool.spot,
+        pool_id=pool.cloud_pool_id,
+    )
+
+
+def _shown(names: Sequence[str]) -> str:
+    shown = ", ".join(sorted(names)[:20])
+    return shown + (f" and {len(names) - 20} more" if len(names) > 20 else "")

@@ -35,6 +35,8 @@ class PoolView:
     instance_type: str = ""
     cloud_pool_id: str = ""
     scale_target: int | None = None
+    resource_names: dict[str, str] = field(default_factory=dict)
+    max_shares_per_pod: int = 0
 
 
 @dataclass(frozen=True)

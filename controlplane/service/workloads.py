@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import datetime
 
 from controlplane.core.placement import why_never_fits
 from controlplane.domain.model import (
+    NodePool,
+    PodSet,
     Toleration,
     Workload,
     WorkloadKind,
@@ -66,6 +69,7 @@ def submit(
                     f"pod set {pod_set.name}: no pool in the fleet offers MIG profile {pod_set.mig_profile}"
                     + (f" (offered: {', '.join(sorted(offered))})" if offered else "")
                 )
+        _refuse_shares_no_pool_serves(workload.pod_sets, [p for c in clusters for p in c.pools])
         reason = why_never_fits(workload, clusters, nodes)
         if reason is not None:
             # Cloud pools grow on demand (the autoscaler): judged with each one at its max size.
@@ -93,6 +97,20 @@ def submit(
         view = uow.workloads.view(workload.id)
     assert view is not None
     return view, True
+
+
+def _refuse_shares_no_pool_serves(pod_sets: Sequence[PodSet], pools: Sequence[NodePool]) -> None:
+    """A GPU fraction that every shared pool it could use refuses per container is refused here, with
+    the device plugin's reason, rather than left queued with a vaguer one."""
+    for pod_set in pod_sets:
+        if not pod_set.gpu_fraction:
+            continue
+        shared = [
+            p for p in pools if p.sharing.shared and (not pod_set.gpu_models or p.gpu_model in pod_set.gpu_models)
+        ]
+        refusals = [r for p in shared if (r := pod_set.share_limit_refusal(p)) is not None]
+        if shared and len(refusals) == len(shared):
+            raise Invalid(refusals[0])
 
 
 def _fingerprint(request: SubmitWorkload) -> str:
