@@ -275,6 +275,12 @@ def resource_amounts(demand: Mapping[str, int], pool: NodePool, settings: KubeSe
             else:
                 raise ManifestError(f"pool {pool.name} is {pool.sharing}, it has no shared GPUs")
             name = override or pool.resource_names.get(SHARE) or GPU_RESOURCE
+            if pool.max_shares_per_pod and amount > pool.max_shares_per_pod:
+                # The kubelet would refuse the pod at admission; the core never plans this.
+                raise ManifestError(
+                    f"{amount} shares of {name} in one container; pool {pool.name}'s device plugin serves "
+                    f"at most {pool.max_shares_per_pod}"
+                )
         elif key.startswith("mig:") and len(key) > 4:
             if settings.mig_strategy is not None:  # the cluster's setting wins over what nodes said
                 name = f"nvidia.com/mig-{key[4:]}" if settings.mig_strategy == "mixed" else GPU_RESOURCE
