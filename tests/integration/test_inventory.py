@@ -1,4 +1,5 @@
-"""Node inventory reports on `<prefix>.cluster.<cluster>.inventory`: cordons, ordering, unknown nodes, DLQ."""
+"""Node inventory reports on `<prefix>.cluster.<cluster>.inventory` for simulated clusters: cordons,
+ordering, unknown nodes, DLQ (real clusters: test_node_inventory.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from fastapi.testclient import TestClient
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from adapters.kubernetes import NodeInfo
+from adapters.kubernetes.nodes import observe_node
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import DLQ_STREAM, ensure_topology
 from adapters.sim.cluster import SimCluster
-from controlplane.bootstrap import Wiring, _inventory_node, utc_now
+from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.inventory import INVENTORY_MARK, inventory_msg_id
@@ -28,6 +29,7 @@ from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from controlplane.workers.loops import handle_delivery
 from tests.integration.fleet import Tenant, gang
+from tests.inventory import nodes as real
 
 CLUSTER = "sim-h100"
 
@@ -101,7 +103,7 @@ async def test_older_report_is_ignored(wiring: Wiring, tenant: Tenant) -> None:
     assert _nodes(wiring)[node] is False
 
 
-async def test_unknown_node_is_reported_not_created(wiring: Wiring, tenant: Tenant) -> None:
+async def test_simulated_cluster_reports_unknown_nodes_and_creates_none(wiring: Wiring, tenant: Tenant) -> None:
     before = _nodes(wiring)
     known = sorted(before)[0]
     outcome, detail = _send(wiring, _report(utc_now(), **{known: {}, "ghost-1": {"schedulable": False}}), "m")
@@ -136,20 +138,11 @@ async def test_simulated_cluster_reports_the_nodes_it_knows(wiring: Wiring, tena
 
 
 def test_kubernetes_node_becomes_an_inventory_entry() -> None:
-    info = NodeInfo(
-        name="n1",
-        pool=None,
-        gpu_product="NVIDIA-H100-80GB-HBM3",
-        gpu_count=8,
-        allocatable={"cpu": "191500m", "memory": "2Ti", "nvidia.com/gpu": "8", "odd": "not-a-quantity"},
-        unschedulable=True,
-        ready=True,
-        taints=(),
-        labels={},
-    )
-    node = _inventory_node(info)
-    assert (node.name, node.pool, node.schedulable, node.ready, node.gpu_count) == ("n1", "", False, True, 8)
-    assert node.allocatable == {"cpu": 191500, "memory": 2 * 1024**4, "nvidia.com/gpu": 8}
+    node = observe_node(real.eks_p5("n1", unschedulable=True))
+    assert (node.name, node.pool, node.schedulable, node.ready, node.gpu_count) == ("n1", "p5-reserved", False, True, 8)
+    assert node.allocatable["cpu"] == 191450
+    assert node.allocatable["memory"] == 2003307344 * 1024
+    assert node.allocatable["nvidia.com/gpu"] == 8
 
 
 @pytest.fixture

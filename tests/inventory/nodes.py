@@ -58,7 +58,18 @@ def node(
                 {"type": "DiskPressure", "status": "False"},
                 {"type": "Ready", "status": "True" if ready else "Unknown"},
             ],
-            "nodeInfo": {"kubeletVersion": "v1.31.4", "containerRuntimeVersion": "containerd://1.7.25"},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": "5a8f9c1e-3b2d-4e6f-9a7b-1c2d3e4f5a6b",
+                "containerRuntimeVersion": "containerd://1.7.25",
+                "kernelVersion": "6.1.119-129.201.amzn2023.x86_64",
+                "kubeProxyVersion": "v1.31.4",
+                "kubeletVersion": "v1.31.4",
+                "machineID": "ec2b7f3c9d1e4a5b8c6d7e8f9a0b1c2d",
+                "operatingSystem": "linux",
+                "osImage": "Amazon Linux 2023.6.20250115",
+                "systemUUID": "ec2b7f3c-9d1e-4a5b-8c6d-7e8f9a0b1c2d",
+            },
         },
     }
     if unschedulable:
@@ -269,4 +280,25 @@ def cpu_node(name: str) -> dict[str, Any]:
         labels={"eks.amazonaws.com/nodegroup": "system", "node.kubernetes.io/instance-type": "m6i.xlarge"},
         capacity={"cpu": "4", "memory": "16069876Ki"},
         allocatable={"cpu": "3920m", "memory": "15050004Ki"},
+    )
+
+
+def onprem_h100(name: str, pool: str = "h100", **extra: Any) -> dict[str, Any]:
+    """An on-prem HGX H100 server with the GPU Operator; its pool is the site's `example.com/gpu-pool`."""
+    return node(
+        name,
+        labels={
+            "example.com/gpu-pool": pool,
+            "topology.kubernetes.io/zone": "dc1-row4",
+            **_GFD_COMMON,
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.replicas": "1",
+            "nvidia.com/gpu.sharing-strategy": "none",
+            "nvidia.com/mig.strategy": "single",
+        },
+        capacity={"cpu": "224", "memory": "2113407080Ki", "nvidia.com/gpu": "8"},
+        allocatable={"cpu": "223", "memory": "2101872744Ki", "nvidia.com/gpu": "8"},
+        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        **extra,
     )

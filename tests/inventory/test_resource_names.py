@@ -20,9 +20,7 @@ POOL_KEY = "example.com/gpu-pool"
 
 def pool_of(node: dict[str, Any], one_share_per_container: bool = False) -> NodePool:
     """The pool the node inventory makes of one real node, as the core and the manifests see it."""
-    (synced,) = plan_node_pools(
-        [observe_node(node, POOL_KEY)], one_share_per_container=one_share_per_container
-    ).pools
+    (synced,) = plan_node_pools([observe_node(node, POOL_KEY)], one_share_per_container=one_share_per_container).pools
     pool = synced.spec.to_pool("pool-1", "cl-1")
     return dataclasses.replace(
         pool, resource_names=dict(synced.resource_names), max_shares_per_pod=synced.max_shares_per_pod
