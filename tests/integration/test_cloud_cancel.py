@@ -14,10 +14,12 @@ from fastapi.testclient import TestClient
 
 from controlplane.bootstrap import RealFleet, Wiring, utc_now
 from controlplane.service.dispatch import collect_orphans, dispatch_once
+from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from tests.integration.cloud_support import schedule
-from tests.integration.fleet import add_tenant, gang, h100_cluster
-from tests.kubernetes.fake_apiserver import FakeApiServer, run_job_controller
+from tests.integration.fleet import add_tenant, gang
+from tests.inventory import nodes as real
+from tests.kubernetes.fake_apiserver import NODES, FakeApiServer, run_job_controller
 
 TOKEN = "sa-token-for-gpufleet"
 NAMESPACE = "ml-jobs"
@@ -71,14 +73,27 @@ def test_cancelled_gang_leaves_nothing_on_its_cluster(
         client.app.state.kubeconfigs = FileKubeconfigStore(  # type: ignore[attr-defined]
             wiring.settings.state_dir / "kubeconfigs"
         )
-        body: dict[str, Any] = dict(
-            h100_cluster("onprem", nodes=2),
-            provider="kubernetes",
-            kubeconfig=_kubeconfig("https://10.0.0.1:6443"),
-            kubernetes={"namespace": NAMESPACE, "gang": "volcano"},
-        )
+        body: dict[str, Any] = {
+            "name": "onprem",
+            "provider": "kubernetes",
+            "kubeconfig": _kubeconfig("https://10.0.0.1:6443"),
+            "kubernetes": {"namespace": NAMESPACE, "gang": "volcano", "pool_label_key": "example.com/gpu-pool"},
+        }
         r = client.post("/v1/clusters", json=body, headers=admin)
         assert r.status_code == 201, r.text
+        # Its pools and nodes are the API server's nodes, read by the control plane's inventory.
+        for name in ("hgx-h100-01", "hgx-h100-02"):
+            kube.put(NODES, real.onprem_h100(name))
+        wiring.settings.kube_api_override = kube.url
+        prefix = wiring.settings.subject_prefix
+        inventory = Published()
+        fleet = RealFleet(wiring, inventory, prefix)
+        fleet.refresh()
+        assert asyncio.run(fleet.publish_inventory()) == 1
+        ((subject, payload, msg_id),) = inventory.messages
+        assert handle(wiring.uow(), InboundMessage(subject, payload, {}, msg_id), prefix, utc_now()).outcome is (
+            Outcome.APPLIED
+        )
         r = client.post("/v1/priority-classes", json={"name": "batch", "value": 100, "is_default": True}, headers=admin)
         assert r.status_code == 201, r.text
         tenant = add_tenant(client, admin, "vision", "vision-train")
@@ -89,10 +104,7 @@ def test_cancelled_gang_leaves_nothing_on_its_cluster(
         assert schedule(wiring) == 1
 
         # The kubeconfig names the cluster's own address; the test reaches it through the override (a tunnel).
-        wiring.settings.kube_api_override = kube.url
-        prefix = wiring.settings.subject_prefix
-        fleet = RealFleet(wiring, Published(), prefix)
-        fleet.refresh()
+        fleet.refresh()  # the driver gets the pools the inventory made
         assert fleet.errors == {}
         stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))
         assert (stats.applied, stats.errors) == (1, [])
@@ -112,7 +124,7 @@ def test_cancelled_gang_leaves_nothing_on_its_cluster(
         stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))
         assert (stats.torn_down, stats.errors) == (1, [])
         assert _of_run(kube, run_id) == []
-        assert _held(kube) == {}  # its pods went with their Job
+        assert _held(kube) == {"nodes": [("", "hgx-h100-01"), ("", "hgx-h100-02")]}  # pods went with their Job
         assert kube.deletions, "deleted through the API, not left to a garbage collector"
         # Nothing left to do: a second pass tears nothing down, orphan collection finds nothing.
         stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))
