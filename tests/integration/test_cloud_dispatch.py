@@ -18,7 +18,8 @@ from tests.clouds import test_gke
 from tests.clouds.keys import KeyPair
 from tests.integration.cloud_support import GKE_CLUSTER, gke_provider, schedule, sync
 from tests.integration.fleet import add_tenant
-from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.inventory import nodes as real
+from tests.kubernetes.fake_apiserver import NODES, FakeApiServer
 
 JOBS = ("batch", "v1", "jobs")
 
@@ -49,7 +50,23 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
     try:
         provider = gke_provider(google, key)
         assert client.post("/v1/clusters", json=GKE_CLUSTER, headers=admin).status_code == 201
-        sync(wiring, {"gke": provider})
+        # The cluster's real nodes, as GKE labels them; fleet sync reads them from the first sync on.
+        mig_nodes = [f"gke-train-h100-mig-4f0c1a2b-{s}" for s in ("7x9q", "k2m4")]
+        for name in mig_nodes:
+            kube.put(NODES, real.gke_h100_mig(name))
+        for i in range(3):
+            kube.put(NODES, real.gke_l4_time_sharing(f"gke-train-l4-shared-9d8e7f6a-{i}", "TIME_SHARING"))
+        wiring.settings.kube_api_override = kube.url
+        prefix = wiring.settings.subject_prefix
+        fleet = RealFleet(wiring, Published(), prefix, {"gke": provider})
+        fleet.refresh()  # a client for the cluster before its first sync
+        (result,) = sync(wiring, {"gke": provider}, fleet.inventory_nodes)
+        assert result.ok, result.error
+        pools = {p["name"]: p for p in client.get("/v1/clusters/gke-train", headers=admin).json()["pools"]}
+        assert sorted(n["name"] for n in pools["h100-mig"]["nodes"]) == mig_nodes
+        assert pools["h100-mig"]["cpu_millis"] == 207690  # allocatable, not the machine's 208 vCPUs
+        assert (pools["l4-shared"]["sharing"], pools["l4-shared"]["max_shares_per_pod"]) == ("timeslice:4", 1)
+        assert (pools["h100-mig"]["min_size"], pools["h100-mig"]["price_per_gpu_hour"]) == (0, 9.5)
         for pc in ({"name": "batch", "value": 100, "is_default": True},):
             assert client.post("/v1/priority-classes", json=pc, headers=admin).status_code == 201
         tenant = add_tenant(client, admin, "vision", "vision-train")
@@ -65,15 +82,17 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
         workload_id = r.json()["id"]
         assert schedule(wiring) == 1
 
-        wiring.settings.kube_api_override = kube.url
-        prefix = wiring.settings.subject_prefix
-        fleet = RealFleet(wiring, Published(), prefix, {"gke": provider})
-        fleet.refresh()
+        fleet.refresh()  # the driver gets the pools the sync made
         stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))
         assert (stats.applied, stats.errors) == (1, [])
         jobs = kube.objects_of(JOBS, "gpufleet")
         assert len(jobs) == 1  # both pods packed on one node: one placement group, one indexed Job
         assert jobs[0]["spec"]["completions"] == 2
+        affinity = jobs[0]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert term["matchFields"][0]["values"][0] in mig_nodes  # pinned to a node that exists
+        limits = jobs[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == "1"  # GKE advertises MIG partitions as nvidia.com/gpu
         created = list(kube.creations)
 
         # A dispatcher that crashed after the call but before recording it: a new driver applies again.
