@@ -63,7 +63,7 @@ def plan_pools(
         try:
             spec = to_pool_spec(found)
         except UnmappablePool as exc:
-            if found.gpus_per_node > 0 or found.gpu_model:
+            if found.gpus_per_node > 0 or found.gpu_model or found.issues:
                 issues.append(f"{CLOUD_ISSUE}{exc}")  # a GPU pool we cannot use is worth telling; CPU pools are not
             continue
         price = record.pool_prices.get(spec.name)

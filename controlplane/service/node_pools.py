@@ -129,7 +129,7 @@ def plan_node_pools(
         try:
             spec = to_pool_spec(found)
         except UnmappablePool as exc:
-            if found.gpus_per_node > 0 or found.gpu_model:
+            if found.gpus_per_node > 0 or found.gpu_model or found.issues:
                 issues.append(f"{CLOUD_ISSUE}{exc}")  # a GPU pool we cannot use is worth telling
             continue
         if found.name in prices:

@@ -34,6 +34,22 @@ _FAMILIES: dict[str, dict[str, GpuShape]] = {
     "p5e": _family("H200-141GB", {"48xlarge": (8, 192, 2048)}),
     "p5en": _family("H200-141GB", {"48xlarge": (8, 192, 2048)}),
     "p6-b200": _family("B200", {"48xlarge": (8, 192, 2048)}),
+    # Newer families: the instance type names are in botocore's EC2 `InstanceType` enum (2016-11-15
+    # model); GPUs, vCPUs and memory from the EC2 accelerated-computing pages. Pools are planned with
+    # their nodes' allocatable anyway; these sizes only matter for a pool scaled to zero.
+    "p6-b300": _family("B300", {"48xlarge": (8, 192, 4096)}),
+    "p6e-gb200": _family("GB200", {"36xlarge": (4, 144, 960)}),
+    "g7e": _family(
+        "RTX-PRO-6000",
+        {
+            "2xlarge": (1, 8, 64),
+            "4xlarge": (1, 16, 128),
+            "8xlarge": (1, 32, 256),
+            "12xlarge": (2, 48, 512),
+            "24xlarge": (4, 96, 1024),
+            "48xlarge": (8, 192, 2048),
+        },
+    ),
     "g4dn": _family(
         "T4",
         {

@@ -147,6 +147,9 @@ def nodegroup_to_pool(nodegroup: dict[str, Any]) -> DiscoveredPool:
     unknown = [t for t in instance_types if gpu_shape(t) is None and is_gpu_family(t)]
     if unknown:
         issues.append(f"GPU instance types not in gpufleet's table: {', '.join(unknown)}")
+    elif not shapes and ami_type in GPU_AMI_TYPES:
+        # An NVIDIA AMI on a family gpufleet does not know yet: a GPU pool, not a CPU pool to skip.
+        issues.append(f"instance types {', '.join(instance_types)} (AMI {ami_type}) are not in gpufleet's table")
     if shapes and len(shapes) != len(instance_types):
         issues.append("node group mixes GPU and non-GPU instance types")
     if len({(s.gpu_model, s.gpus) for s in shapes}) > 1:
