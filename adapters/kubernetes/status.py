@@ -45,6 +45,7 @@ MESSAGE_MAX = 500
 GONE = 410
 TICK_SECONDS = 0.5  # how often a quiet watch checks for stop() and for reports to deliver again
 
+
 @dataclass(frozen=True)
 class PodKey:
     run_id: str

@@ -6,7 +6,10 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # ports imports nothing from here; only the type is needed
+    from controlplane.service.ports import UnitOfWork
 
 ENVELOPE_VERSION = 1
 
@@ -33,3 +36,13 @@ def envelope(event_type: str, data: dict[str, Any], now: datetime, event_id: str
 
 def workload_subject(prefix: str, queue: str, event: str) -> str:
     return f"{prefix}.events.workload.{queue}.{event}"
+
+
+def emit(
+    uow: UnitOfWork, prefix: str, queue: str, event: str, workload_id: str, now: datetime, **extra: object
+) -> None:
+    """Write a `workload.<event>` event about one workload to the outbox (in the caller's transaction)."""
+    data = uow.workloads.event_data(workload_id)
+    data.update(extra)
+    event_id, payload = envelope(f"workload.{event}", data, now)
+    uow.outbox.add(workload_subject(prefix, queue, event), event_id, payload, now)

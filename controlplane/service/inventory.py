@@ -26,6 +26,7 @@ from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.cloud_state import PoolChanges
 from controlplane.service.commands import CLOUD_PROVIDERS, Strict, TaintSpec
+from controlplane.service.events import emit
 from controlplane.service.node_pools import CLOUD_ISSUE, NodePlan, plan_node_pools
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import PoolView
@@ -163,9 +164,6 @@ def apply_node_plan(
     its objects are torn down by the dispatcher, and its workload goes back to its queue
     (`workload.requeued` event, `reason` starting with `node-lost:`).
     """
-    # workloads -> autoscale -> fleet_sync -> here: imported on use to keep the module graph acyclic.
-    from controlplane.service.workloads import emit
-
     changes = uow.cloud.sync_pools(cluster_id, plan.pools, issues, now, cloud_synced=cloud_synced)
     wanted = {n.name: n.schedulable and n.ready and n.name not in plan.held_back for n in nodes}
     changed, _ = uow.admin.apply_node_schedulable(cluster_id, wanted, kube_settings)

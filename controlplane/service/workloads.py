@@ -16,10 +16,10 @@ from controlplane.domain.model import (
     WorkloadKind,
     WorkloadState,
 )
+from controlplane.service import events
 from controlplane.service.autoscale import nodes_at_max_size
 from controlplane.service.commands import SubmitWorkload
 from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
-from controlplane.service.events import envelope, workload_subject
 from controlplane.service.ids import new_id
 from controlplane.service.ports import UnitOfWork, WorkloadFilter
 from controlplane.service.views import Principal, WorkloadView
@@ -30,10 +30,8 @@ CANCELLABLE = (WorkloadState.QUEUED, WorkloadState.ADMITTED, WorkloadState.DISPA
 def emit(
     uow: UnitOfWork, prefix: str, queue: str, event: str, workload_id: str, now: datetime, **extra: object
 ) -> None:
-    data = uow.workloads.event_data(workload_id)
-    data.update(extra)
-    event_id, payload = envelope(f"workload.{event}", data, now)
-    uow.outbox.add(workload_subject(prefix, queue, event), event_id, payload, now)
+    """`events.emit`, kept here for the modules that import it from the workload use cases."""
+    events.emit(uow, prefix, queue, event, workload_id, now, **extra)
 
 
 def submit(

@@ -31,7 +31,8 @@ def test_newer_gpu_families_are_real_ec2_instance_types_and_known() -> None:
     ]:
         assert name in known
         shape = gpu_shape(name)
-        assert shape is not None and shape.gpu_model == model
+        assert shape is not None
+        assert shape.gpu_model == model
 
 
 def _nodegroup(instance_type: str) -> dict[str, object]:
