@@ -25,7 +25,7 @@ from controlplane.service.cloud_ports import (
 )
 from controlplane.service.cloud_state import CloudClusterRecord, PoolChanges, SyncedPool
 from controlplane.service.events import envelope
-from controlplane.service.inventory import InventoryNode, apply_node_plan
+from controlplane.service.inventory import CLOUD_POOLS_MARK, InventoryNode, apply_node_plan
 from controlplane.service.node_pools import CLOUD_ISSUE, plan_node_pools
 from controlplane.service.ports import UnitOfWorkFactory
 
@@ -183,7 +183,17 @@ def _sync_from_nodes(
         view = uow.admin.get_cluster(record.id)
         known = [n.name for p in view.pools for n in p.nodes] if view is not None else []
         outcome = apply_node_plan(
-            uow, record.id, record.name, known, nodes, plan, plan.issues, now, prefix, {}, cloud_synced=True
+            uow,
+            record.id,
+            record.name,
+            known,
+            nodes,
+            plan,
+            plan.issues,
+            now,
+            prefix,
+            {CLOUD_POOLS_MARK: sorted(p.name for p in discovered.pools)},
+            cloud_synced=True,
         )
         if outcome.changes.changed or record.sync_state != "ready":
             event_id, payload = _synced_event(record, plan.pools, outcome.changes, plan.issues, now)

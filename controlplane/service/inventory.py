@@ -32,6 +32,7 @@ from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import PoolView
 
 INVENTORY_MARK = "inventory_observed_at"
+CLOUD_POOLS_MARK = "cloud_pools"  # names of the pools the last fleet sync found in the cloud
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
 LIVE_WORKLOAD_STATES = (WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 MAX_CLOCK_SKEW = timedelta(minutes=5)
@@ -114,7 +115,11 @@ def apply_inventory(uow: UnitOfWork, cluster: str, report: InventoryReport, now:
     if not report.nodes and known:
         # A cluster does not lose every node between two lists; an empty list is a broken reader.
         return "empty report ignored (the cluster had nodes)"
-    cloud = tuple(_stored_cloud_pool(p) for p in view.pools if p.cloud_pool_id or view.provider in CLOUD_PROVIDERS)
+    # Between two fleet syncs, what the last one learnt from the cloud is joined again; pools only the
+    # nodes know (a Karpenter node pool, one the cloud has not described yet) stay node-only.
+    cloud_known = view.kubernetes.get(CLOUD_POOLS_MARK)
+    known_to_cloud = set(cloud_known) if isinstance(cloud_known, list) else set()
+    cloud = tuple(_stored_cloud_pool(p) for p in view.pools if p.name in known_to_cloud)
     plan = plan_node_pools(
         report.nodes,
         cloud if view.provider in CLOUD_PROVIDERS else (),

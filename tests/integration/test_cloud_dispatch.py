@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, text
 from controlplane.bootstrap import RealFleet, Wiring, utc_now
 from controlplane.service.dispatch import collect_orphans, dispatch_once
 from controlplane.service.gang_timeout import requeue_stalled_gangs
+from controlplane.service.ingest import InboundMessage, Outcome, handle
 from tests.clouds import test_gke
 from tests.clouds.keys import KeyPair
 from tests.integration.cloud_support import GKE_CLUSTER, gke_provider, schedule, sync
@@ -67,6 +68,18 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
         assert pools["h100-mig"]["cpu_millis"] == 207690  # allocatable, not the machine's 208 vCPUs
         assert (pools["l4-shared"]["sharing"], pools["l4-shared"]["max_shares_per_pod"]) == ("timeslice:4", 1)
         assert (pools["h100-mig"]["min_size"], pools["h100-mig"]["price_per_gpu_hour"]) == (0, 9.5)
+        # Between two syncs the inventory report follows the nodes and keeps what the cloud said.
+        bounds = (pools["l4-shared"]["min_size"], pools["l4-shared"]["max_size"])
+        kube.put(NODES, real.gke_l4_time_sharing("gke-train-l4-shared-9d8e7f6a-3", "TIME_SHARING"))
+        inventory = Published()
+        fleet.publisher = inventory
+        assert asyncio.run(fleet.publish_inventory()) == 1
+        ((subject, payload, msg_id),) = inventory.messages
+        applied = handle(wiring.uow(), InboundMessage(subject, payload, {}, msg_id), prefix, utc_now())
+        assert applied.outcome is Outcome.APPLIED, applied.detail
+        pools = {p["name"]: p for p in client.get("/v1/clusters/gke-train", headers=admin).json()["pools"]}
+        assert len(pools["l4-shared"]["nodes"]) == 4
+        assert (pools["l4-shared"]["min_size"], pools["l4-shared"]["max_size"]) == bounds
         for pc in ({"name": "batch", "value": 100, "is_default": True},):
             assert client.post("/v1/priority-classes", json=pc, headers=admin).status_code == 201
         tenant = add_tenant(client, admin, "vision", "vision-train")
