@@ -170,7 +170,10 @@ def apply_node_plan(
     (`workload.requeued` event, `reason` starting with `node-lost:`).
     """
     changes = uow.cloud.sync_pools(cluster_id, plan.pools, issues, now, cloud_synced=cloud_synced)
-    wanted = {n.name: n.schedulable and n.ready and n.name not in plan.held_back for n in nodes}
+    # A node that is in no pool of the plan (its GPUs vanished, its pool could not be built) but that a
+    # run still holds keeps its row; it takes no new work.
+    planned = {name for pool in plan.pools for name in pool.node_names}
+    wanted = {n.name: n.schedulable and n.ready and n.name in planned and n.name not in plan.held_back for n in nodes}
     changed, _ = uow.admin.apply_node_schedulable(cluster_id, wanted, kube_settings)
     present = {n.name for n in nodes}
     vanished = sorted(set(known) - present)

@@ -259,3 +259,22 @@ def test_a_fraction_the_device_plugin_refuses_is_refused_at_submit(
     quarter = dict(half, pod_sets=[{"name": "srv", "replicas": 1, "gpu_fraction": 0.25}])
     r = client.post("/v1/workloads", json=quarter, headers=tenant.headers)
     assert r.status_code == 201, r.text
+
+
+def test_node_that_loses_its_gpus_under_a_run_takes_no_new_work(
+    client: TestClient, admin: dict[str, str], wiring: Wiring, registered: dict[str, Any], tenant: Tenant
+) -> None:
+    at = utc_now()
+    nodes = [real.onprem_h100(f"hgx-{i}") for i in (1, 2)]
+    assert _report(wiring, at, *nodes)[0] is Outcome.APPLIED
+    r = client.post("/v1/workloads", json=gang("one", tenant.queue, replicas=1), headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    assert schedule(wiring) == 1
+    (held,) = client.get(f"/v1/workloads/{r.json()['id']}", headers=tenant.headers).json()["nodes"]
+    broken = next(n for n in nodes if n["metadata"]["name"] == held)
+    broken["status"]["allocatable"]["nvidia.com/gpu"] = "0"  # the device plugin lost its GPUs
+    others = [n for n in nodes if n is not broken]
+    outcome, detail = _report(wiring, at + timedelta(seconds=30), broken, *others)
+    assert outcome is Outcome.APPLIED
+    assert "requeued" not in detail  # the node is still there; its run is the pod status's to judge
+    assert _nodes(client, admin)[held] is False

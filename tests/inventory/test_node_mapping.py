@@ -322,3 +322,12 @@ def test_pool_names_are_dns_labels() -> None:
     assert pool_name("GPU_Group_1").startswith("gpu-group-1-")
     assert len(pool_name("x" * 100)) <= 63
     assert pool_name("GPU_Group_1") == pool_name("GPU_Group_1")
+
+
+def test_mixed_mig_with_a_custom_config_name_is_read_from_the_device_counts() -> None:
+    raw = real.onprem_a100_mixed("dgx-a-09")
+    raw["metadata"]["labels"]["nvidia.com/mig.config"] = "site-inference-v2"  # a mig-parted name of the site's own
+    n = observe_node(raw, "example.com/gpu-pool")
+    assert (n.gpu_count, n.sharing) == (8, "mig:1g.10gb*2+2g.20gb+3g.40gb")
+    pool = plan_node_pools([n]).pools[0].spec.to_pool("p", "c")
+    assert pool.node_capacity()["mig:2g.20gb"] == 8
