@@ -268,18 +268,19 @@ def _per_gpu(model: str, profile: str) -> int | None:
 def observe_node(node: Mapping[str, Any], pool_label_key: str | None = None) -> InventoryNode:
     """One Node (as the API returns it) in gpufleet's terms. Never raises on odd content: what cannot be
     read is said in `issues`, and a node whose GPUs cannot be read is reported without GPUs."""
-    meta = node.get("metadata") or {}
-    spec = node.get("spec") or {}
-    status = node.get("status") or {}
-    labels: dict[str, str] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-    annotations: dict[str, str] = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    meta = _mapping(node.get("metadata"))
+    spec = _mapping(node.get("spec"))
+    status = _mapping(node.get("status"))
+    labels: dict[str, str] = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
+    annotations: dict[str, str] = {str(k): str(v) for k, v in _mapping(meta.get("annotations")).items()}
     issues: list[str] = []
-    allocatable, bad = quantities(status.get("allocatable") or {})
-    capacity, bad_capacity = quantities(status.get("capacity") or {})
+    allocatable, bad = quantities(_mapping(status.get("allocatable")))
+    capacity, bad_capacity = quantities(_mapping(status.get("capacity")))
     if bad or bad_capacity:
         issues.append(f"unreadable quantities: {', '.join(bad + bad_capacity)}"[:ISSUE_MAX])
     key, pool = pool_key(labels, annotations, pool_label_key)
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    conditions = _list(status.get("conditions"))
+    ready = any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     product = labels.get(GFD_PRODUCT, "")
     gpu = _read_gpus(labels, allocatable, issues)
     instance_type = next((labels[k] for k in INSTANCE_TYPE_LABELS if labels.get(k)), "")
@@ -307,7 +308,7 @@ def observe_node(node: Mapping[str, Any], pool_label_key: str | None = None) -> 
         capacity=capacity,
         instance_type=instance_type[:80],
         spot=any(labels.get(k, "").lower() == v.lower() for k, v in SPOT_LABELS.items()),
-        taints=_pool_taints(spec.get("taints") or []),
+        taints=_pool_taints(_list(spec.get("taints"))),
         labels=dict(sorted(kept.items())[:64]),
         annotations={k: v[:1024] for k, v in annotations.items() if k == OKE_POOL_ANNOTATION},
         issues=[i[:ISSUE_MAX] for i in issues][:8],
@@ -440,10 +441,20 @@ def _read_gke(gpus: _Gpus, labels: Mapping[str, str], allocatable: Mapping[str, 
     gpus.resources = {"gpu": GPU_RESOURCE}
 
 
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _pool_taints(raw: list[Any]) -> list[TaintSpec]:
     taints: list[TaintSpec] = []
     for t in raw:
-        key = str((t or {}).get("key") or "")
+        if not isinstance(t, dict):
+            continue
+        key = str(t.get("key") or "")
         if not key or key in _TRANSIENT_TAINTS or key.startswith(_TRANSIENT_TAINT_PREFIXES):
             continue
         effect = t.get("effect") or "NoSchedule"

@@ -331,3 +331,17 @@ def test_mixed_mig_with_a_custom_config_name_is_read_from_the_device_counts() ->
     assert (n.gpu_count, n.sharing) == (8, "mig:1g.10gb*2+2g.20gb+3g.40gb")
     pool = plan_node_pools([n]).pools[0].spec.to_pool("p", "c")
     assert pool.node_capacity()["mig:2g.20gb"] == 8
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"metadata": {"name": "n", "labels": None, "annotations": "x"}, "spec": [], "status": {"conditions": "no"}},
+        {"metadata": {"name": "n"}, "spec": {"taints": [None, "x", {"key": "a", "effect": "Sideways"}]}},
+        {"metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": "X" * 500}}, "status": {"allocatable": []}},
+    ],
+)
+def test_malformed_nodes_are_read_without_raising(broken: dict[str, object]) -> None:
+    n = observe_node(broken)
+    assert n.name == "n"
+    assert not n.has_gpus
