@@ -104,10 +104,12 @@ class SqlCloudRepository:
         now: datetime,
         cloud_synced: bool = True,
     ) -> PoolChanges:
+        # Fleet sync and the inventory both rewrite a cluster's pools: the cluster row serialises them.
         cluster = self.s.scalars(
             select(ClusterRow)
             .where(ClusterRow.id == cluster_id)
             .options(selectinload(ClusterRow.pools).selectinload(NodePoolRow.nodes))
+            .with_for_update()
         ).one()
         existing = {p.name: p for p in cluster.pools}
         added: list[str] = []
