@@ -26,7 +26,7 @@ from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.cloud_state import PoolChanges
 from controlplane.service.commands import CLOUD_PROVIDERS, Strict, TaintSpec
-from controlplane.service.events import emit
+from controlplane.service.events import emit, envelope
 from controlplane.service.node_pools import CLOUD_ISSUE, NodePlan, plan_node_pools
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import PoolView
@@ -129,6 +129,20 @@ def apply_inventory(uow: UnitOfWork, cluster: str, report: InventoryReport, now:
     cloud_issues = [i for i in view.pool_issues if i.startswith(CLOUD_ISSUE)]
     issues = list(dict.fromkeys([*plan.issues, *cloud_issues]))
     outcome = apply_node_plan(uow, view.id, view.name, known, report.nodes, plan, issues, now, prefix, mark)
+    if outcome.changes.changed:
+        c = outcome.changes
+        data = {
+            "cluster": view.name,
+            "provider": view.provider,
+            "source": "nodes",
+            "pools": {p.spec.name: p.spec.node_count for p in plan.pools},
+            "added": list(c.added),
+            "removed": list(c.removed),
+            "resized": [{"pool": p, "from": a, "to": b} for p, a, b in c.resized],
+            "issues": issues,
+        }
+        event_id, payload = envelope("cluster.synced", data, now)
+        uow.outbox.add(f"{prefix}.events.cluster.{view.name}.synced", event_id, payload, now)
     return outcome.describe()
 
 

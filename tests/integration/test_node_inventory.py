@@ -135,6 +135,11 @@ def test_registered_cluster_shows_its_real_nodes_from_the_first_inventory(
     assert (h100["cpu_millis"], h100["memory_mib"], h100["gpus_per_node"]) == (223_000, 2101872744 // 1024, 8)
     assert (h100["gpu_model"], h100["sharing"], h100["price_per_gpu_hour"]) == ("H100-80GB", "exclusive", 6.5)
     assert h100["resource_names"] == {"gpu": "nvidia.com/gpu"}
+    with wiring.uow() as uow:
+        synced = [json.loads(p) for _, s, p in uow.outbox.unpublished(100) if s.endswith(f".cluster.{CLUSTER}.synced")]
+    ((event,),) = [synced]
+    assert event["data"]["added"] == ["a100-mig", "h100"]
+    assert event["data"]["source"] == "nodes"
     mig = pools["a100-mig"]
     assert (mig["gpu_model"], mig["sharing"]) == ("A100-80GB", "mig:all-balanced")
     assert mig["resource_names"]["mig:3g.40gb"] == "nvidia.com/mig-3g.40gb"
