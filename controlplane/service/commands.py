@@ -296,7 +296,7 @@ class SubmitWorkload(Strict):
                 raise ValueError(f"label {key}={value!r} is not a valid Kubernetes label")
             if reserved_label(key):
                 raise ValueError(
-                    f"label {key} is reserved: gpufleet, Kubernetes Jobs, JobSet, Kueue and the gang schedulers set it"
+                    f"label {key} is reserved: set by gpufleet or the controllers it drives (Jobs, JobSet, Kueue, gang schedulers)"
                 )
         return labels
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from adapters.kubernetes.manifests import (
     JOBSET,
@@ -21,6 +22,7 @@ from adapters.kubernetes.manifests import (
     jobset_pod_name_length,
 )
 from controlplane.domain.model import CPU, GPU, MEM
+from controlplane.service.commands import KubernetesSettingsSpec
 from controlplane.service.ports import PodOrder, RunOrder
 from tests.kubernetes.conftest import pools, training_order
 from tests.kubernetes.fake_apiserver import _validate_jobset
@@ -262,3 +264,15 @@ def test_workload_labels_reach_every_object_and_pod_and_gpufleets_stay(mode: Gan
 def test_reserved_or_invalid_workload_labels_are_refused(labels: dict[str, str]) -> None:
     with pytest.raises(ManifestError):
         build_run_manifests(gang(one_per_node("worker", 1), labels=labels), pools(), KubeSettings())
+
+
+def test_cluster_settings_from_the_api_become_driver_settings() -> None:
+    """What `POST /v1/clusters` stores (`kubernetes`) is what the composition root builds KubeSettings from."""
+    spec = KubernetesSettingsSpec(gang="kueue", priority_class_map={"production": "prod-high"}, kueue_max_pod_sets=18)
+    settings = KubeSettings(**spec.model_dump())
+    assert settings.jobset
+    assert settings.priority_class_name("production") == "prod-high"
+    assert settings.priority_class_name("batch") == "gpufleet-batch"
+    for bad in ({"priority_class_map": {"batch": "Not_A_Name"}}, {"kueue_max_pod_sets": 19}):
+        with pytest.raises(ValidationError):
+            KubernetesSettingsSpec.model_validate(bad)
