@@ -17,14 +17,24 @@ sharing a GPU gets its own copy of the series with `vgpu` and without the pod la
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from dataclasses import replace
+
+import nats
+from click.testing import CliRunner
 
 from adapters.dcgm.exposition import RUN_METRIC_LABEL, metric_label_name, parse_exposition, run_of_pod_name
 from adapters.kubernetes.manifests import KubeSettings, build_run_manifests
+from adapters.nats.server import NatsServerProcess
+from adapters.nats.topology import TELEMETRY_STREAM, ensure_topology
 from controlplane.agent.dcgm import AgentConfig, default_resolver
+from controlplane.cli.main import main
 from controlplane.domain.model import CPU, GPU, MEM
 from controlplane.service.ports import PodOrder
 from tests.kubernetes.conftest import pools, training_order
+from tests.telemetry.test_agent import Exporter
 
 RUN_A = "run-0123456789abcdef0123-1"
 RUN_B = "run-89abcdef012345678901-12"  # a retried gang: attempt 12
@@ -163,3 +173,37 @@ def test_agent_namespaces_are_validated() -> None:
         except ValueError:
             continue
         raise AssertionError(f"namespaces {bad!r} accepted")
+
+
+def test_agent_command_takes_its_namespaces_from_flags_or_the_environment(running_nats: NatsServerProcess) -> None:
+    """`gpufleet agent` end to end: scrape, attribute in the configured namespaces, publish."""
+    labelled = f'DCGM_FI_DEV_GPU_UTIL{{{H100.format(gpu=0, bus="1A")},gpufleet_io_run="{RUN_A}",container="main",namespace="ml",pod="any"}} 97\n'
+    named = f'DCGM_FI_DEV_GPU_UTIL{{{H100.format(gpu=1, bus="1B")},container="main",namespace="ml",pod="{pod_names(RUN_B, True)[0]}"}} 97\n'
+    exporter = Exporter(labelled + named)
+
+    async def streams() -> None:
+        nc = await nats.connect(running_nats.url)
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream().delete_stream(TELEMETRY_STREAM)
+        await ensure_topology(nc.jetstream(), "nstest")
+        await nc.close()
+
+    try:
+        asyncio.run(streams())
+        args = ["agent", "--cluster", "west", "--dcgm-url", exporter.url, "--nats-url", running_nats.url]
+        args += ["--prefix", "nstest", "--once"]
+
+        def attributed(extra: list[str], env: dict[str, str]) -> int:
+            result = CliRunner().invoke(main, args + extra, env=env)
+            assert result.exit_code == 0, result.output
+            count: int = json.loads(result.output.strip().splitlines()[-1])["attributed"]
+            return count
+
+        assert attributed([], {}) == 0  # default namespace gpufleet: pods in `ml` are not gpufleet's
+        assert attributed(["--namespace", "ml"], {}) == 2
+        assert attributed([], {"GPUFLEET_AGENT_NAMESPACES": "other ml"}) == 2
+        refused = CliRunner().invoke(main, [*args, "--namespace", "Not_Valid"])
+        assert refused.exit_code != 0
+        assert "not a Kubernetes namespace name" in refused.output
+    finally:
+        exporter.close()
