@@ -45,7 +45,23 @@ _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?/?$"
 )
 
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (kustomize) is not installed")
+
+def _kustomize_major() -> int:
+    """The major version of kubectl's built-in kustomize (0: no kubectl). The overlays use
+    `labels` and inline `patches` with targets, which kustomize v4.1+ understands; Debian 12's
+    `kubernetes-client` (kubectl 1.20, kustomize v2.0.3) does not."""
+    if KUBECTL is None:
+        return 0
+    out = subprocess.run(
+        [KUBECTL, "version", "--client", "-o", "json"], check=False, capture_output=True, text=True, timeout=30
+    )
+    match = re.search(r'"kustomizeVersion":\s*"v(\d+)', out.stdout)
+    return int(match.group(1)) if match else 0
+
+
+pytestmark = pytest.mark.skipif(
+    _kustomize_major() < 5, reason="kubectl with kustomize v5 (kubectl 1.27+) is not installed"
+)
 
 
 @functools.cache
