@@ -1,4 +1,4 @@
-"""deploy/member: each overlay renders (kubectl kustomize), every object passes the API server's
+"""deploy/member: each overlay renders (kubectl kustomize, or the Python renderer), every object passes the API server's
 schemas (kubernetes-validate, strict), and the controller's RBAC grants exactly the calls
 gpufleet's driver, pod-status watcher and node inventory make, as the fake API server sees them
 when each gang mode is driven through its whole life (apply, re-apply, list, reconcile, delete,
@@ -23,6 +23,7 @@ from adapters.kubernetes.driver import KubernetesCluster
 from adapters.kubernetes.manifests import KubeSettings
 from adapters.kubernetes.status import PodStatusWatcher, list_nodes
 from controlplane.service.cluster_status import PodReport
+from tests.kubernetes import kustomize_lite
 from tests.kubernetes.conftest import NAMESPACE, pools, training_order
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.schemas import validate_object
@@ -59,27 +60,37 @@ def _kustomize_major() -> int:
     return int(match.group(1)) if match else 0
 
 
-pytestmark = pytest.mark.skipif(
-    _kustomize_major() < 5, reason="kubectl with kustomize v5 (kubectl 1.27+) is not installed"
-)
+KUSTOMIZE_V5 = _kustomize_major() >= 5
 
 
 @functools.cache
-def _rendered(overlay: str) -> str:
+def _kubectl_kustomize(overlay: str) -> str:
     assert KUBECTL is not None
-    out = subprocess.run(
+    return subprocess.run(
         [KUBECTL, "kustomize", str(MEMBER / "overlays" / overlay)],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
-    return out
 
 
 def render(overlay: str) -> list[dict[str, Any]]:
-    """The overlay's objects (rendered once per test session, a fresh copy each call)."""
-    return [doc for doc in yaml.safe_load_all(_rendered(overlay)) if doc]
+    """The overlay's objects: `kubectl kustomize` when a recent kubectl is installed, else the
+    Python renderer of the same subset (checked against kubectl below wherever both exist)."""
+    if KUSTOMIZE_V5:
+        return [doc for doc in yaml.safe_load_all(_kubectl_kustomize(overlay)) if doc]
+    return kustomize_lite.render(MEMBER / "overlays" / overlay)
+
+
+@pytest.mark.skipif(not KUSTOMIZE_V5, reason="kubectl with kustomize v5 (kubectl 1.27+) is not installed")
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_the_python_renderer_matches_kubectl_kustomize(overlay: str) -> None:
+    def keyed(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+        return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objects}
+
+    real = keyed([doc for doc in yaml.safe_load_all(_kubectl_kustomize(overlay)) if doc])
+    assert keyed(kustomize_lite.render(MEMBER / "overlays" / overlay)) == real
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
