@@ -38,7 +38,7 @@ interchangeable). A placement that still needs more pod sets than the limit is r
 
 Priority: a gpufleet class becomes the cluster PriorityClass `gpufleet-<class>` (created and
 owned by gpufleet, value = the class value) unless the cluster maps it to one of its own
-(`priority_class_map`). A workload's `max_runtime_seconds` becomes the Job's
+(`priority_class_map`). A workload's `max_runtime_seconds` becomes every pod's
 `activeDeadlineSeconds`; its labels go on every object and pod template, under gpufleet's own.
 
 Names are deterministic functions of the run id (and pod set and group ordinal), so a retried
@@ -622,6 +622,13 @@ def _pod_template(
         "affinity": affinity,
         "containers": [container_spec(order.container, settings, resources, extra_env)],
     }
+    if order.max_runtime_seconds is not None:
+        # The declared bound, on the pod rather than the Job: the kubelet counts a pod's
+        # activeDeadlineSeconds from when it took the pod on its node, whereas a Job's counts from
+        # the Job's start and so would also spend the time the gang waited to be scheduled. When it
+        # passes the pod fails (DeadlineExceeded) and, with backoffLimit 0, so does its Job and the
+        # gang. (`duration_seconds` is the simulator's, never a bound.)
+        spec["activeDeadlineSeconds"] = max(1, math.ceil(order.max_runtime_seconds))
     priority_class = settings.priority_class_name(order.priority_class)
     if priority_class:
         spec["priorityClassName"] = priority_class
@@ -634,7 +641,7 @@ def _pod_template(
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
 
-def _job_spec(order: RunOrder, completions: int, template: dict[str, Any], suspend: bool) -> dict[str, Any]:
+def _job_spec(completions: int, template: dict[str, Any], suspend: bool) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": completions,
@@ -644,11 +651,6 @@ def _job_spec(order: RunOrder, completions: int, template: dict[str, Any], suspe
         "backoffLimit": 0,
         "template": template,
     }
-    if order.max_runtime_seconds is not None:
-        # The declared bound. The Job controller counts it from the Job's start and restarts the
-        # count when a suspended Job (Kueue) resumes; when it passes, every pod is stopped and the
-        # Job fails with DeadlineExceeded. (`duration_seconds` is the simulator's, never a bound.)
-        spec["activeDeadlineSeconds"] = max(1, math.ceil(order.max_runtime_seconds))
     if suspend:
         spec["suspend"] = True
     return spec
@@ -800,7 +802,7 @@ def build_run_manifests(order: RunOrder, pools: Mapping[str, NodePool], settings
                     # Kueue suspends at the JobSet level; child Jobs must not carry their own suspend.
                     "template": {
                         "metadata": {"labels": dict(labels)},
-                        "spec": _job_spec(order, completions, template, suspend=False),
+                        "spec": _job_spec(completions, template, suspend=False),
                     },
                 }
             )
@@ -839,7 +841,7 @@ def build_run_manifests(order: RunOrder, pools: Mapping[str, NodePool], settings
                         "apiVersion": JOB.api_version,
                         "kind": JOB.kind,
                         "metadata": _metadata(name, settings, top_labels, order, object_count),
-                        "spec": _job_spec(order, len(unit.indices), template, suspend=False),
+                        "spec": _job_spec(len(unit.indices), template, suspend=False),
                     },
                 )
             )

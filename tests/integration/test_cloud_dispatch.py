@@ -80,7 +80,7 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
         pod = jobs[0]["spec"]["template"]
         assert jobs[0]["metadata"]["labels"]["project"] == pod["metadata"]["labels"]["project"] == "vision"
         assert pod["metadata"]["labels"]["gpufleet.io/run"].endswith("-1")  # full run id, attempt 1
-        assert jobs[0]["spec"]["activeDeadlineSeconds"] == 3600
+        assert pod["spec"]["activeDeadlineSeconds"] == 3600
         assert pod["spec"]["priorityClassName"] == "gpufleet-batch"
         [priority_class] = kube.objects_of(("scheduling.k8s.io", "v1", "priorityclasses"))
         assert (priority_class["metadata"]["name"], priority_class["value"]) == ("gpufleet-batch", 100)

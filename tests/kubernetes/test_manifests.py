@@ -71,6 +71,7 @@ def test_one_indexed_job_per_pod_set_and_node_pins_every_pod() -> None:
     assert spec["backoffLimit"] == 0
     assert "suspend" not in spec
     assert "activeDeadlineSeconds" not in spec
+    assert "activeDeadlineSeconds" not in spec["template"]["spec"]
     ps = pod_spec(worker)
     assert ps["restartPolicy"] == "Never"
     assert ps["priorityClassName"] == "gpufleet-high"
@@ -106,7 +107,7 @@ def test_labels_annotations_and_container() -> None:
     }
     template_meta = body["spec"]["template"]["metadata"]
     assert template_meta["labels"] == owner | {"gpufleet.io/pod-set": "worker"}
-    assert body["spec"]["activeDeadlineSeconds"] == 3601
+    assert pod_spec(body)["activeDeadlineSeconds"] == 3601
     [container] = pod_spec(body)["containers"]
     assert container["name"] == "main"
     assert container["image"] == "trainer:1.2"
@@ -284,7 +285,7 @@ def test_jobset_holds_one_replicated_job_per_placement_group() -> None:
         job_spec = rjob["template"]["spec"]
         assert job_spec["completionMode"] == "Indexed"
         assert "suspend" not in job_spec  # Kueue suspends the JobSet, never its child Jobs
-        assert job_spec["activeDeadlineSeconds"] == 60
+        assert job_spec["template"]["spec"]["activeDeadlineSeconds"] == 60
     workers = spec["replicatedJobs"][2]["template"]
     assert node_of(workers) == "node-b"
     assert workers["spec"]["completions"] == 2
