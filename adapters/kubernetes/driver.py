@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -103,9 +104,11 @@ class KubernetesCluster:
     _custom: client.CustomObjectsApi = field(init=False, repr=False)
     _core: client.CoreV1Api = field(init=False, repr=False)
     _scheduling: client.SchedulingV1Api = field(init=False, repr=False)
-    # PriorityClasses gpufleet owns that are known to exist, with their value: one request per
-    # class and driver, not one per run.
-    _priority_classes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    # Seconds a PriorityClass known to exist is trusted before it is checked again: one request
+    # per class and interval, not one per run, and one deleted by hand comes back within it.
+    priority_class_recheck_seconds: float = 300.0
+    # PriorityClasses gpufleet owns that are known to exist: name -> (value, monotonic check time).
+    _priority_classes: dict[str, tuple[int, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._api = client.ApiClient(self.configuration)
@@ -232,7 +235,12 @@ class KubernetesCluster:
         gpufleet does not own is never touched: the run is refused until it is mapped or removed.
         """
         value = int(manifest.body["value"])
-        if self._priority_classes.get(manifest.name) == value:
+        known = self._priority_classes.get(manifest.name)
+        if (
+            known is not None
+            and known[0] == value
+            and time.monotonic() - known[1] < self.priority_class_recheck_seconds
+        ):
             return
         if not self._create_priority_class(manifest):
             existing = self._read_priority_class(manifest.name)
@@ -255,7 +263,7 @@ class KubernetesCluster:
                     self._create_priority_class(manifest)
             else:  # deleted between our create and our read: create it again
                 self._create_priority_class(manifest)
-        self._priority_classes[manifest.name] = value
+        self._priority_classes[manifest.name] = (value, time.monotonic())
 
     def _create_priority_class(self, manifest: Manifest) -> bool:
         try:

@@ -90,3 +90,15 @@ async def test_a_mapped_class_creates_nothing(
     [jobset] = fake_api.objects_of(("jobset.x-k8s.io", "v1alpha2", "jobsets"), "gpufleet")
     names = {r["template"]["spec"]["template"]["spec"]["priorityClassName"] for r in jobset["spec"]["replicatedJobs"]}
     assert names == {"cluster-batch"}
+
+
+async def test_a_priority_class_deleted_by_hand_comes_back_at_the_next_check(
+    fake_api: FakeApiServer, kube_config: client.Configuration, drivers: list[KubernetesCluster]
+) -> None:
+    cluster = driver(drivers, kube_config)
+    cluster.priority_class_recheck_seconds = 0.0  # check before every run
+    await cluster.apply(replace(training_order(run_id=RUNS[0]), priority_class="batch", priority=100))
+    fake_api.remove(PRIORITY_CLASSES, "", "gpufleet-batch")
+    await cluster.apply(replace(training_order(run_id=RUNS[1]), priority_class="batch", priority=100))
+    [pc] = fake_api.objects_of(PRIORITY_CLASSES)
+    assert pc["metadata"]["name"] == "gpufleet-batch"
