@@ -30,11 +30,12 @@ the pod spec including its affinity, so per-node pinning makes one role per node
 
 Kueue gives every replicatedJob its own pod set and refuses a Workload with more pod sets than
 its limit (8 up to Kueue v0.17, 10 in v0.18, 18 since v0.19: `kueue_max_pod_sets`). When the
-placement groups outnumber it, pod sets whose pods each sit alone on their node are folded into
-one replicatedJob: required node affinity over exactly the set's nodes plus required pod
-anti-affinity between the set's pods on `kubernetes.io/hostname`, so n pods land one per node on
-the n nodes the core chose (which pod lands where is left to the scheduler; the pods of a set are
-interchangeable). A placement that still needs more pod sets than the limit is refused.
+placement groups outnumber it, pod sets with the same number k of pods on each of their n nodes
+are folded into one replicatedJob: required node affinity over exactly the set's nodes, plus
+required pod anti-affinity on `kubernetes.io/hostname` when k = 1, or a hard topology spread
+(maxSkew 1 over those nodes) when k > 1, so the k*n pods land k per node on the n nodes the core
+chose (which pod lands where is left to the scheduler; the pods of a set are interchangeable). A
+placement that still needs more pod sets than the limit is refused.
 
 Priority: a gpufleet class becomes the cluster PriorityClass `gpufleet-<class>` (created and
 owned by gpufleet, value = the class value) unless the cluster maps it to one of its own
@@ -241,14 +242,16 @@ class PlacementGroup:
 
 @dataclass(frozen=True)
 class PodSetSpread:
-    """A whole pod set as one Indexed Job whose n pods go one per node onto its n nodes.
+    """A whole pod set as one Indexed Job whose pods go `per_node` to each of its nodes.
 
     Used under Kueue when one replicatedJob per placement group would exceed Kueue's pod-set
-    limit; only pod sets with exactly one pod on each of their nodes can be expressed this way.
+    limit; only pod sets with the same number of pods (of one demand) on each of their nodes can
+    be expressed this way.
     """
 
     pod_set: str
     nodes: tuple[str, ...]
+    per_node: int
     pool: str  # the pool of the first node: taints and resource names come from it
     pools: tuple[str, ...]
     demand: Mapping[str, int]
@@ -587,6 +590,23 @@ def _spread_anti_affinity(order: RunOrder, pod_set: str) -> dict[str, Any]:
     }
 
 
+def _even_spread(order: RunOrder, pod_set: str) -> list[dict[str, Any]]:
+    """Pod counts per allowed node never more than 1 apart: k*n pods on n nodes, k on each.
+
+    `nodeAffinityPolicy: Honor` counts only the nodes the pod's node affinity allows (the set's
+    own), so nodes elsewhere at zero do not hold the spread down.
+    """
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": HOSTNAME_LABEL,
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {LABEL_RUN: order.run_id, LABEL_POD_SET: pod_set}},
+            "nodeAffinityPolicy": "Honor",
+        }
+    ]
+
+
 def _pod_template(
     order: RunOrder,
     unit: JobUnit,
@@ -613,7 +633,7 @@ def _pod_template(
         (ENV_WORLD_SIZE, str(world_size)),
     ]
     affinity = _node_affinity(unit)
-    if isinstance(unit, PodSetSpread):
+    if isinstance(unit, PodSetSpread) and unit.per_node == 1:
         affinity |= _spread_anti_affinity(order, unit.pod_set)
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -632,6 +652,8 @@ def _pod_template(
     priority_class = settings.priority_class_name(order.priority_class)
     if priority_class:
         spec["priorityClassName"] = priority_class
+    if isinstance(unit, PodSetSpread) and unit.per_node > 1:
+        spec["topologySpreadConstraints"] = _even_spread(order, unit.pod_set)
     scheduler = settings.effective_scheduler
     if scheduler:
         spec["schedulerName"] = scheduler
@@ -695,8 +717,8 @@ def kueue_units(
         packed = sorted(p for p, members in by_set.items() if p not in folded and len(members) > 1)
         raise ManifestError(
             f"the placement needs {total} Kueue pod sets (one per pod set and node group) but Kueue admits at most "
-            f"{max_pod_sets} per workload (kueue_max_pod_sets); pod sets {', '.join(packed)} put several pods "
-            "on some nodes, which one replicatedJob per pod set cannot pin"
+            f"{max_pod_sets} per workload (kueue_max_pod_sets); pod sets {', '.join(packed)} put different "
+            "numbers of pods on their nodes, which one replicatedJob per pod set cannot pin"
         )
     units: list[JobUnit] = []
     for pod_set, members in by_set.items():
@@ -711,20 +733,22 @@ def kueue_units(
             PodSetSpread(
                 pod_set=pod_set,
                 nodes=tuple(g.node for g in ordered),
+                per_node=len(ordered[0].indices),
                 pool=ordered[0].pool,
                 pools=node_pools,
                 demand=ordered[0].demand,
-                indices=tuple(g.indices[0] for g in ordered),
+                indices=tuple(i for g in ordered for i in g.indices),
             )
         )
     return tuple(units)
 
 
 def _foldable(members: Sequence[PlacementGroup]) -> bool:
-    demand = members[0].demand
-    return all(len(g.indices) == 1 and g.demand == demand for g in members) and len({g.node for g in members}) == len(
-        members
-    )
+    """The same number of pods of the same demand on each node, every node once."""
+    first = members[0]
+    return all(len(g.indices) == len(first.indices) and g.demand == first.demand for g in members) and len(
+        {g.node for g in members}
+    ) == len(members)
 
 
 def _pod_shape(pool: NodePool | None) -> tuple[object, ...] | None:

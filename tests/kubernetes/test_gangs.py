@@ -111,10 +111,33 @@ def test_a_higher_kueue_limit_keeps_exact_pinning() -> None:
     assert len(jobset.body["spec"]["replicatedJobs"]) == 12
 
 
-def test_kueue_refuses_a_packed_placement_it_cannot_express() -> None:
-    # 18 workers, two per node on 9 nodes: 9 groups > 8, and a set with two pods per node cannot fold
+def test_kueue_folds_an_evenly_packed_set_with_a_hard_topology_spread() -> None:
+    # 18 workers, two per node on 9 nodes: 9 groups > 8, folded into one replicatedJob of 18 pods
     pods = [PodOrder("worker", i, f"n{i // 2:02d}", "h100", {CPU: 8_000, MEM: 100_000, GPU: 4}) for i in range(18)]
-    with pytest.raises(ManifestError, match=r"needs 9 Kueue pod sets .* at most 8 .* worker put several pods"):
+    run = build_run_manifests(gang(pods), pools(), KubeSettings(gang="kueue"))
+    [jobset] = run.workloads
+    [rjob] = jobset.body["spec"]["replicatedJobs"]
+    assert rjob["template"]["spec"]["completions"] == 18
+    pod = rjob["template"]["spec"]["template"]
+    assert required_nodes(pod) == [f"n{i:02d}" for i in range(9)]
+    assert "podAntiAffinity" not in pod["spec"]["affinity"]
+    [spread] = pod["spec"]["topologySpreadConstraints"]
+    # counts per allowed node at most 1 apart: 18 pods on 9 nodes, 2 on each
+    assert spread["maxSkew"] == 1
+    assert spread["whenUnsatisfiable"] == "DoNotSchedule"
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["nodeAffinityPolicy"] == "Honor"  # only the set's own nodes count
+    assert spread["labelSelector"]["matchLabels"] == {"gpufleet.io/run": RUN, "gpufleet.io/pod-set": "worker"}
+    assert pod["metadata"]["annotations"]["gpufleet.io/pod-indices"] == ",".join(str(i) for i in range(18))
+    validate(run)
+
+
+def test_kueue_refuses_an_unevenly_packed_placement_it_cannot_express() -> None:
+    # 3 pods on the first node, 1 on each of 8 others: 9 groups > 8, and no spread pins 3-1-1-...
+    pods = [
+        PodOrder("worker", i, f"n{max(0, i - 2):02d}", "h100", {CPU: 8_000, MEM: 100_000, GPU: 2}) for i in range(11)
+    ]
+    with pytest.raises(ManifestError, match=r"needs 9 Kueue pod sets .* at most 8 .* worker put different numbers"):
         build_run_manifests(gang(pods), pools(), KubeSettings(gang="kueue"))
 
 
