@@ -41,6 +41,7 @@ RESERVED_LABEL_KEYS = frozenset({"app.kubernetes.io/managed-by", "controller-uid
 def reserved_label(key: str) -> bool:
     return key in RESERVED_LABEL_KEYS or key.startswith(RESERVED_LABEL_PREFIXES)
 
+
 EXCLUSIVE = SharingMode(SharingKind.EXCLUSIVE)
 
 

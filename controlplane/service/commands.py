@@ -296,7 +296,8 @@ class SubmitWorkload(Strict):
                 raise ValueError(f"label {key}={value!r} is not a valid Kubernetes label")
             if reserved_label(key):
                 raise ValueError(
-                    f"label {key} is reserved: set by gpufleet or the controllers it drives (Jobs, JobSet, Kueue, gang schedulers)"
+                    f"label {key} is reserved: set by gpufleet or the controllers it drives "
+                    "(Jobs, JobSet, Kueue, gang schedulers)"
                 )
         return labels
 
