@@ -5,6 +5,11 @@ has had: `Hostname` (released versions) and `hostname` (main since 2026-05), `UU
 (`--use-old-namespace`), `pod`/`namespace`/`container` and their `pod_name`/`pod_namespace`/
 `container_name` forms. MIG instances carry `GPU_I_PROFILE`/`GPU_I_ID`, and `UUID` stays the
 parent GPU's. DCGM "blank" sentinels are dropped field by field, never turned into readings.
+
+One sample per (host, GPU, MIG instance, pod): a MIG instance or a shared GPU held by several
+pods is attributed per pod. For shared GPUs that takes `--kubernetes-virtual-gpus` on the
+exporter (otherwise it names one pod per GPU); its per-pod copies carry `pod`/`namespace`/
+`container` and `vgpu` but not the pod labels, so they are attributed by the pod name.
 """
 
 from __future__ import annotations
@@ -26,7 +31,20 @@ log = logging.getLogger(__name__)
 
 RUN_LABEL = "gpufleet.io/run"
 
-# (namespace, pod) -> the run id in the pod's `gpufleet.io/run` label, or None.
+
+def metric_label_name(pod_label: str) -> str:
+    """The metric label dcgm-exporter makes of a pod label (`utils.SanitizeLabelName`): every
+    character that is not a letter, digit or underscore becomes `_`."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
+
+
+# With `--kubernetes-enable-pod-labels` (GPU Operator: `dcgmExporter.enablePodLabels`) every series
+# of a GPU a pod holds carries the pod's labels under sanitised names: `gpufleet.io/run` (the full
+# run id, attempt included) arrives as `gpufleet_io_run`.
+RUN_METRIC_LABEL = metric_label_name(RUN_LABEL)
+RUN_ID_MAX = 63  # a label value
+
+# (namespace, pod) -> the run the pod belongs to, or None.
 PodRunLookup = Callable[[str, str], str | None]
 # (hostname, gpu index, MIG GPU-instance id or None) -> the run the scheduler assigned there, or None.
 SlotRunLookup = Callable[[str, int, int | None], str | None]
@@ -44,16 +62,30 @@ def _label(labels: Mapping[str, str], *names: str) -> str | None:
 class RunResolver:
     """Which gpufleet run a GPU series belongs to.
 
-    The pod's `gpufleet.io/run` label is authoritative; the scheduler's node assignment
-    (hostname + GPU) is the fallback for series without a pod or pods the lookup cannot place.
-    A lookup that fails counts as "don't know", so a Kubernetes API hiccup never stops a scrape.
+    In order: the run id the pod's `gpufleet.io/run` label gives (through dcgm-exporter's pod
+    labels), the pod lookup (gpufleet pods are named after their run), then the scheduler's node
+    assignment (hostname + GPU) for series without a pod. A pod's label or name counts only in
+    `namespaces` (None: any), so a pod elsewhere cannot bill its GPU to someone's run. A lookup
+    that fails counts as "don't know", so a Kubernetes API hiccup never stops a scrape.
     """
 
     pod_run: PodRunLookup | None = None
     slot_run: SlotRunLookup | None = None
+    namespaces: frozenset[str] | None = None
 
-    def __call__(self, hostname: str, gpu: int, mig: int | None, namespace: str | None, pod: str | None) -> str | None:
-        if self.pod_run is not None and namespace and pod:
+    def __call__(
+        self,
+        hostname: str,
+        gpu: int,
+        mig: int | None,
+        namespace: str | None,
+        pod: str | None,
+        labelled_run: str | None = None,
+    ) -> str | None:
+        in_scope = namespace is not None and (self.namespaces is None or namespace in self.namespaces)
+        if labelled_run and in_scope and len(labelled_run) <= RUN_ID_MAX:
+            return labelled_run
+        if self.pod_run is not None and in_scope and namespace and pod:
             run = self._safely(self.pod_run, namespace, pod)
             if run:
                 return run
@@ -70,10 +102,13 @@ class RunResolver:
             return None
 
 
-# gpufleet names every object of a run after the run id (`run-<20 hex>`, see
+# gpufleet names every object of a run after the full run id (`run-<20 hex>-<attempt>`, see
 # `adapters/kubernetes/manifests.py`), so its pods' names start with it: Job pods are
-# `<run id>-<pod set>-<n>-<index>-<suffix>`, JobSet pods `<run id>-<job>-<n>-<index>-<suffix>`.
-_RUN_POD = re.compile(r"^(run-[0-9a-f]{20})-")
+# `<run id>-<pod set>-<n>-<completion index>-<5 random>`, JobSet pods
+# `<run id>-<replicatedJob>-<job index>-<completion index>-<5 random>`. The hex part has a fixed
+# length and the attempt is the digits up to the next dash, so a pod set named with digits
+# cannot be mistaken for the attempt.
+_RUN_POD = re.compile(r"^(run-[0-9a-f]{20}-[0-9]+)-")
 
 
 def run_of_pod_name(namespace: str, pod: str, namespaces: frozenset[str] = frozenset({"gpufleet"})) -> str | None:
@@ -143,6 +178,7 @@ class _Series:
     gpu: int
     profile: str | None
     container: str | None
+    labelled_run: str | None  # the pod's gpufleet.io/run label, when the exporter passes pod labels
     timestamp: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -184,7 +220,10 @@ def parse_exposition(text: str, cluster: str, default_node: str, resolve: RunRes
             series = groups.get(key)
             if series is None:
                 series = groups[key] = _Series(
-                    gpu, _label(labels, "GPU_I_PROFILE"), _label(labels, "container", "container_name")
+                    gpu,
+                    _label(labels, "GPU_I_PROFILE"),
+                    _label(labels, "container", "container_name"),
+                    _label(labels, RUN_METRIC_LABEL),
                 )
             series.metrics[metric.value] = value
             if sample.timestamp is not None:
@@ -199,7 +238,7 @@ def parse_exposition(text: str, cluster: str, default_node: str, resolve: RunRes
                 gpu_index=series.gpu,
                 timestamp=now if series.timestamp is None else series.timestamp,
                 metrics=series.metrics,
-                run_id=resolve(host, series.gpu, mig, namespace, pod),
+                run_id=resolve(host, series.gpu, mig, namespace, pod, series.labelled_run),
                 mig_profile=series.profile,
                 mig_instance=mig,
                 pod=pod,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -28,6 +29,8 @@ from adapters.kubernetes.manifests import (
     JOB,
     LABEL_EPOCH,
     LABEL_RUN,
+    MANAGED_BY,
+    MANAGER,
     OWNED_SELECTOR,
     ApiResource,
     KubeSettings,
@@ -100,12 +103,19 @@ class KubernetesCluster:
     _batch: client.BatchV1Api = field(init=False, repr=False)
     _custom: client.CustomObjectsApi = field(init=False, repr=False)
     _core: client.CoreV1Api = field(init=False, repr=False)
+    _scheduling: client.SchedulingV1Api = field(init=False, repr=False)
+    # Seconds a PriorityClass known to exist is trusted before it is checked again: one request
+    # per class and interval, not one per run, and one deleted by hand comes back within it.
+    priority_class_recheck_seconds: float = 300.0
+    # PriorityClasses gpufleet owns that are known to exist: name -> (value, monotonic check time).
+    _priority_classes: dict[str, tuple[int, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._api = client.ApiClient(self.configuration)
         self._batch = client.BatchV1Api(self._api)
         self._custom = client.CustomObjectsApi(self._api)
         self._core = client.CoreV1Api(self._api)
+        self._scheduling = client.SchedulingV1Api(self._api)
 
     @property
     def api_client(self) -> client.ApiClient:
@@ -124,6 +134,9 @@ class KubernetesCluster:
         if order.cluster != self.name:
             raise ManifestError(f"run {order.run_id} is for cluster {order.cluster}, not {self.name}")
         manifests = build_run_manifests(order, self.pools, self.settings)
+        if manifests.priority_class is not None:
+            # Pods naming a PriorityClass that does not exist are refused by the API server.
+            await asyncio.to_thread(self._ensure_priority_class, manifests.priority_class)
         created = await asyncio.to_thread(self._create_all, order.run_id, manifests.all())
         self.created += created
         return created > 0
@@ -213,6 +226,76 @@ class KubernetesCluster:
                 return False
             raise
         return True
+
+    def _ensure_priority_class(self, manifest: Manifest) -> None:
+        """Create gpufleet's PriorityClass once; replace it when the class value changed.
+
+        A PriorityClass's value is immutable, so a changed gpufleet class is deleted and created
+        again; pods already admitted keep the priority they were given. A class of that name that
+        gpufleet does not own is never touched: the run is refused until it is mapped or removed.
+        """
+        value = int(manifest.body["value"])
+        known = self._priority_classes.get(manifest.name)
+        if (
+            known is not None
+            and known[0] == value
+            and time.monotonic() - known[1] < self.priority_class_recheck_seconds
+        ):
+            return
+        if not self._create_priority_class(manifest):
+            existing = self._read_priority_class(manifest.name)
+            if existing is not None:
+                labels = (existing.get("metadata") or {}).get("labels") or {}
+                if labels.get(MANAGED_BY) != MANAGER:
+                    raise ManifestError(
+                        f"PriorityClass {manifest.name} exists in cluster {self.name} and is not gpufleet's; "
+                        "map the class to it with priority_class_map, or remove it"
+                    )
+                if existing.get("value") != value:
+                    log.info(
+                        "cluster %s: PriorityClass %s has value %s, the class now %s; replacing it",
+                        self.name,
+                        manifest.name,
+                        existing.get("value"),
+                        value,
+                    )
+                    self._delete_priority_class(manifest.name)
+                    self._create_priority_class(manifest)
+            else:  # deleted between our create and our read: create it again
+                self._create_priority_class(manifest)
+        self._priority_classes[manifest.name] = (value, time.monotonic())
+
+    def _create_priority_class(self, manifest: Manifest) -> bool:
+        try:
+            self._scheduling.create_priority_class(
+                client.V1PriorityClass.model_validate(manifest.body),
+                field_manager=FIELD_MANAGER,
+                field_validation="Strict",
+                _request_timeout=self.request_timeout,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def _read_priority_class(self, name: str) -> dict[str, Any] | None:
+        try:
+            resp: object = self._scheduling.read_priority_class(
+                name, _preload_content=False, _request_timeout=self.request_timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return json_body(resp)
+
+    def _delete_priority_class(self, name: str) -> None:
+        try:
+            self._scheduling.delete_priority_class(name, _preload_content=False, _request_timeout=self.request_timeout)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def _check_owner(self, manifest: Manifest, run_id: str) -> None:
         """An object that already exists must be this run's, not a foreign one with our name."""

@@ -62,6 +62,9 @@ class SqlRunRepository:
                 ),
                 duration_seconds=wl.duration_seconds,
                 container=dict(wl.container),
+                max_runtime_seconds=wl.max_runtime_seconds,
+                labels={str(k): str(v) for k, v in (wl.labels or {}).items()},
+                priority=wl.priority,
             )
             for run, wl, cluster, queue, team in rows
         ]

@@ -29,6 +29,7 @@ from controlplane.service.telemetry import encode_batch, telemetry_subject
 
 log = logging.getLogger(__name__)
 SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Well under the stream's 1 MiB message limit: a sample encodes to ~300 bytes.
 SAMPLES_PER_MESSAGE = 500
 PUBLISH_ATTEMPTS = 3
@@ -42,6 +43,9 @@ class AgentConfig:
     interval: float = 10.0
     node: str = socket.gethostname()  # for series without a Hostname label (`--no-hostname`)
     scrape_timeout: float = 5.0
+    # Namespaces gpufleet runs pods in on this cluster (its `kubernetes.namespace` setting): only
+    # pods there are attributed to runs.
+    namespaces: tuple[str, ...] = ("gpufleet",)
 
     def __post_init__(self) -> None:
         for name in ("cluster", "prefix"):
@@ -49,6 +53,11 @@ class AgentConfig:
                 raise ValueError(f"{name} must be letters, digits, '-' or '_' (it becomes a NATS subject token)")
         if not self.interval > 0:
             raise ValueError("interval must be positive")
+        if not self.namespaces:
+            raise ValueError("at least one namespace is needed")
+        for namespace in self.namespaces:
+            if len(namespace) > 63 or not NAMESPACE.match(namespace):
+                raise ValueError(f"namespace {namespace!r} is not a Kubernetes namespace name")
 
     @property
     def subject(self) -> str:
@@ -134,11 +143,13 @@ async def run_agent(
 
 
 def default_resolver(assignments: Path | None, namespaces: frozenset[str] = frozenset({"gpufleet"})) -> RunResolver:
-    """Pods gpufleet created carry their run id in their name (no Kubernetes API call needed);
-    the node-assignment file, if given, covers series without a pod."""
+    """Runs from the pods' `gpufleet.io/run` label (dcgm-exporter's pod labels), else from the pod
+    name (gpufleet names pods after the run id, no Kubernetes API call needed), both only in
+    `namespaces`; the node-assignment file, if given, covers series without a pod."""
     return RunResolver(
         pod_run=lambda namespace, pod: run_of_pod_name(namespace, pod, namespaces),
         slot_run=SlotAssignments(assignments) if assignments is not None else None,
+        namespaces=namespaces,
     )
 
 

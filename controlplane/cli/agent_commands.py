@@ -34,6 +34,16 @@ from controlplane.agent import dcgm
     default=None,
     help='JSON {"<hostname>/<gpu>[/<GPU_I_ID>]": "<run id>"}: the fallback when a pod names no run',
 )
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    envvar="GPUFLEET_AGENT_NAMESPACES",
+    default=("gpufleet",),
+    show_default=True,
+    help="namespace gpufleet runs pods in on this cluster (repeatable; the env var takes a space-separated list); "
+    "only pods there are attributed to runs",
+)
 @click.option("--once", is_flag=True, help="scrape and publish one round, print what was sent, and exit")
 @click.option("-v", "--verbose", is_flag=True)
 def agent(
@@ -44,6 +54,7 @@ def agent(
     interval: float,
     node: str,
     assignments: Path | None,
+    namespaces: tuple[str, ...],
     once: bool,
     verbose: bool,
 ) -> None:
@@ -53,10 +64,12 @@ def agent(
     )
     logging.getLogger("nats").setLevel(logging.WARNING)
     try:
-        config = dcgm.AgentConfig(cluster=cluster, dcgm_url=dcgm_url, prefix=prefix, interval=interval, node=node)
+        config = dcgm.AgentConfig(
+            cluster=cluster, dcgm_url=dcgm_url, prefix=prefix, interval=interval, node=node, namespaces=namespaces
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    resolver = dcgm.default_resolver(assignments)
+    resolver = dcgm.default_resolver(assignments, frozenset(config.namespaces))
 
     async def run() -> dcgm.ScrapeReport | None:
         stop = asyncio.Event()

@@ -25,6 +25,23 @@ MEM = "mem"  # MiB
 # chooses, any other taint must be tolerated by the workload itself.
 GPU_TAINT_KEYS = frozenset({"nvidia.com/gpu", "sku"})
 
+# Label keys a workload may not set on its pods: gpufleet's own, and those the controllers
+# gpufleet drives (Job, JobSet, Kueue, Volcano, scheduler-plugins) set or select on.
+RESERVED_LABEL_PREFIXES = (
+    "gpufleet.io/",
+    "kueue.x-k8s.io/",
+    "jobset.sigs.k8s.io/",
+    "batch.kubernetes.io/",
+    "scheduling.x-k8s.io/",
+    "volcano.sh/",
+)
+RESERVED_LABEL_KEYS = frozenset({"app.kubernetes.io/managed-by", "controller-uid", "job-name"})
+
+
+def reserved_label(key: str) -> bool:
+    return key in RESERVED_LABEL_KEYS or key.startswith(RESERVED_LABEL_PREFIXES)
+
+
 EXCLUSIVE = SharingMode(SharingKind.EXCLUSIVE)
 
 

@@ -7,19 +7,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controlplane.domain.model import NodePool, PodSet, Taint, WorkloadKind
+from controlplane.domain.model import NodePool, PodSet, Taint, WorkloadKind, reserved_label
 from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_compute_slices
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
 LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-RESERVED_LABEL_PREFIX = "gpufleet.io/"
 # An extended resource name: `<DNS subdomain>/<name>` outside the kubernetes.io and requests. namespaces.
 EXTENDED_RESOURCE = re.compile(
     r"^(?!(?:[^/]*\.)?kubernetes\.io/)(?!requests\.)"
     r"(?=[^/]{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
     r"/(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 QuotaMap = dict[Annotated[str, Field(min_length=1, max_length=40)], Annotated[float, Field(ge=0)]]
 
 
@@ -88,7 +89,7 @@ class KubernetesSettingsSpec(Strict):
 
     namespace: Name = "gpufleet"
     gang: Literal["none", "volcano", "coscheduling", "kueue"] = "none"
-    use_jobset: bool = False
+    use_jobset: bool = Field(default=False, description="one JobSet per run; always so with gang kueue")
     kueue_queue: Name = "gpufleet"
     # Node inventory: the label that names a node's pool, tried before the providers' own pool labels.
     pool_label_key: str | None = Field(default=None, max_length=317)
@@ -115,6 +116,19 @@ class KubernetesSettingsSpec(Strict):
         if value is not None and not LABEL_KEY.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes label key")
         return value
+
+    priority_class_map: dict[Name, Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)]] = Field(
+        default_factory=dict,
+        max_length=100,
+        description="gpufleet priority class -> an existing PriorityClass of the cluster; a class not listed "
+        "becomes `gpufleet-<class>`, which gpufleet creates in the cluster",
+    )
+    kueue_max_pod_sets: int = Field(
+        default=8,
+        ge=1,
+        le=18,
+        description="pod sets Kueue admits per Workload: 8 to v0.17, 10 in v0.18, 18 since v0.19",
+    )
 
 
 class ClusterSpec(Strict):
@@ -318,10 +332,13 @@ class SubmitWorkload(Strict):
         if len(labels) > 64:
             raise ValueError("at most 64 labels")
         for key, value in labels.items():
-            if not LABEL_KEY.match(key) or len(value) > 63:
-                raise ValueError(f"label {key!r} is not a valid Kubernetes label")
-            if key.startswith(RESERVED_LABEL_PREFIX):
-                raise ValueError(f"labels under {RESERVED_LABEL_PREFIX} are set by gpufleet")
+            if not LABEL_KEY.match(key) or len(value) > 63 or not LABEL_VALUE.match(value):
+                raise ValueError(f"label {key}={value!r} is not a valid Kubernetes label")
+            if reserved_label(key):
+                raise ValueError(
+                    f"label {key} is reserved: set by gpufleet or the controllers it drives "
+                    "(Jobs, JobSet, Kueue, gang schedulers)"
+                )
         return labels
 
     @model_validator(mode="after")

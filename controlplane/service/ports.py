@@ -75,8 +75,14 @@ class RunOrder:
     priority_class: str
     min_available: int
     pods: tuple[PodOrder, ...]
-    duration_seconds: float | None
+    duration_seconds: float | None  # simulated clusters only: how long the pods pretend to work
     container: Mapping[str, Any] = field(default_factory=dict)
+    # The workload's declared bound: a real cluster stops the pods after this long.
+    max_runtime_seconds: float | None = None
+    # The workload's own Kubernetes labels (never gpufleet.io/*), put on every object and pod.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # The value of `priority_class` when the workload was submitted (for cluster priority classes).
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,9 @@ def test_idempotent_submit_returns_the_same_workload(client: TestClient, admin: 
         ({"pod_sets": [{"name": "w", "replicas": 1, "mig_profile": "3g.40gb"}]}, "no pool in the fleet offers MIG"),
         ({"min_available": 5}, "min_available 5 is more than the 4 pods"),
         ({"labels": {"gpufleet.io/epoch": "7"}}, "set by gpufleet"),
+        ({"labels": {"kueue.x-k8s.io/queue-name": "other"}}, "set by gpufleet or the controllers it drives"),
+        ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "set by gpufleet or the controllers it drives"),
+        ({"labels": {"project": "not a label value"}}, "is not a valid Kubernetes label"),
         ({"state": "running"}, "Extra inputs are not permitted"),
     ],
 )

@@ -124,7 +124,11 @@ def test_cancelled_gang_leaves_nothing_on_its_cluster(
         stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))
         assert (stats.torn_down, stats.errors) == (1, [])
         assert _of_run(kube, run_id) == []
-        assert _held(kube) == {"nodes": [("", "hgx-h100-01"), ("", "hgx-h100-02")]}  # pods went with their Job
+        # its pods went with their Job; what stays: the nodes and the class's PriorityClass, shared by every run
+        assert _held(kube) == {
+            "nodes": [("", "hgx-h100-01"), ("", "hgx-h100-02")],
+            "priorityclasses": [("", "gpufleet-batch")],
+        }
         assert kube.deletions, "deleted through the API, not left to a garbage collector"
         # Nothing left to do: a second pass tears nothing down, orphan collection finds nothing.
         stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))

@@ -89,6 +89,8 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
             "pod_sets": [{"name": "workers", "replicas": 2, "mig_profile": "1g.10gb"}],
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
             "container": {"image": "trainer:1"},
+            "labels": {"project": "vision"},
+            "max_runtime_seconds": 3600,
         }
         r = client.post("/v1/workloads", json=body, headers=tenant.headers)
         assert r.status_code == 201, r.text
@@ -106,6 +108,14 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
         assert term["matchFields"][0]["values"][0] in mig_nodes  # pinned to a node that exists
         limits = jobs[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == "1"  # GKE advertises MIG partitions as nvidia.com/gpu
+        # what the workload declared reaches the cluster: labels, runtime bound, its priority class
+        pod = jobs[0]["spec"]["template"]
+        assert jobs[0]["metadata"]["labels"]["project"] == pod["metadata"]["labels"]["project"] == "vision"
+        assert pod["metadata"]["labels"]["gpufleet.io/run"].endswith("-1")  # full run id, attempt 1
+        assert pod["spec"]["activeDeadlineSeconds"] == 3600
+        assert pod["spec"]["priorityClassName"] == "gpufleet-batch"
+        [priority_class] = kube.objects_of(("scheduling.k8s.io", "v1", "priorityclasses"))
+        assert (priority_class["metadata"]["name"], priority_class["value"]) == ("gpufleet-batch", 100)
         created = list(kube.creations)
 
         # A dispatcher that crashed after the call but before recording it: a new driver applies again.

@@ -22,6 +22,7 @@ from tests.kubernetes.fake_apiserver import (
     run_job_controller,
 )
 
+PRIORITY_CLASSES = ("scheduling.k8s.io", "v1", "priorityclasses")
 RUN = "run-0123456789abcdef0123"
 OTHER = "run-ffffffffffffffffffff"
 
@@ -56,17 +57,18 @@ async def test_apply_creates_each_object_once_and_a_restarted_driver_sees_them(
 
     assert await driver.apply(training_order()) is True
     assert [(r, n) for r, _, n in fake_api.creations] == [
+        (PRIORITY_CLASSES, "gpufleet-high"),  # before any pod names it
         (VOLCANO_PODGROUPS, RUN),
         (JOBS, f"{RUN}-launcher-0"),
         (JOBS, f"{RUN}-worker-0"),
         (JOBS, f"{RUN}-worker-1"),
     ]
-    assert driver.created == 4
+    assert driver.created == 4  # the run's own objects
     assert await driver.apply(training_order()) is False
 
     restarted = make_driver(settings)
     assert await restarted.apply(training_order()) is False
-    assert len(fake_api.creations) == 4  # nothing new: every later POST met AlreadyExists
+    assert len(fake_api.creations) == 5  # nothing new: every later POST met AlreadyExists
     assert len(fake_api.requests_to("POST", "jobs")) == 9
     assert restarted.created == 0
     assert await restarted.list_owned() == {RUN}
@@ -175,7 +177,7 @@ async def test_missing_crd_means_nothing_owned_but_apply_fails_loudly(
     with pytest.raises(ApiException) as info:
         await driver.apply(training_order())
     assert info.value.status == 404
-    assert fake_api.creations == []
+    assert [r for r, _, _ in fake_api.creations] == [PRIORITY_CLASSES]  # no pod-bearing object
 
 
 async def test_wrong_token_is_an_error_not_an_empty_cluster(fake_api: FakeApiServer) -> None:

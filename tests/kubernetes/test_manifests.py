@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -70,9 +71,10 @@ def test_one_indexed_job_per_pod_set_and_node_pins_every_pod() -> None:
     assert spec["backoffLimit"] == 0
     assert "suspend" not in spec
     assert "activeDeadlineSeconds" not in spec
+    assert "activeDeadlineSeconds" not in spec["template"]["spec"]
     ps = pod_spec(worker)
     assert ps["restartPolicy"] == "Never"
-    assert ps["priorityClassName"] == "high"
+    assert ps["priorityClassName"] == "gpufleet-high"
     assert "schedulerName" not in ps
     assert ps["automountServiceAccountToken"] is False
 
@@ -86,8 +88,9 @@ def test_labels_annotations_and_container() -> None:
             "env": {"B": 2, "A": "x", "FLAG": True},
             "sim": {"fail": True},  # simulator hint: must not leak into the pod
         },
-        duration=3600.2,
+        duration=50.0,  # the simulator's, never a bound on a real cluster
     )
+    order = replace(order, max_runtime_seconds=3600.2)
     run = build_run_manifests(order, pools(), KubeSettings())
     body = next(m.body for m in run.workloads if m.name.endswith("worker-1"))
     owner = {
@@ -104,7 +107,7 @@ def test_labels_annotations_and_container() -> None:
     }
     template_meta = body["spec"]["template"]["metadata"]
     assert template_meta["labels"] == owner | {"gpufleet.io/pod-set": "worker"}
-    assert body["spec"]["activeDeadlineSeconds"] == 3601
+    assert pod_spec(body)["activeDeadlineSeconds"] == 3601
     [container] = pod_spec(body)["containers"]
     assert container["name"] == "main"
     assert container["image"] == "trainer:1.2"
@@ -216,7 +219,7 @@ def test_volcano_pod_group_and_pod_annotation() -> None:
             "labels": run.workloads[0].body["metadata"]["labels"],
             "annotations": {"gpufleet.io/object-count": "4", "gpufleet.io/workload-name": "llm-pretrain"},
         },
-        "spec": {"minMember": 5, "queue": "gpu", "priorityClassName": "high"},
+        "spec": {"minMember": 5, "queue": "gpu", "priorityClassName": "gpufleet-high"},
     }
     validate_volcano(run.gang.body)
     for job in run.workloads:
@@ -245,20 +248,26 @@ def test_coscheduling_pod_group_and_pod_label() -> None:
     )
 
 
-def test_kueue_jobs_are_queued_and_created_suspended() -> None:
-    run = build_run_manifests(training_order(), pools(), KubeSettings(gang="kueue", kueue_queue="team-a"))
-    assert run.gang is None
-    for job in run.workloads:
-        assert job.body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-        assert job.body["spec"]["suspend"] is True
-        # the queue label belongs on the Job only; pods are Kueue's business through the Job
-        assert "kueue.x-k8s.io/queue-name" not in job.body["spec"]["template"]["metadata"]["labels"]
-        assert "schedulerName" not in pod_spec(job.body)
+def test_kueue_always_gets_one_jobset_never_separate_jobs() -> None:
+    """Kueue admits one Workload per Job: separate Jobs would be admitted one by one."""
+    for use_jobset in (False, True):
+        settings = KubeSettings(gang="kueue", kueue_queue="team-a", use_jobset=use_jobset)
+        run = build_run_manifests(training_order(), pools(), settings)
+        assert run.gang is None
+        [jobset] = run.workloads
+        assert jobset.resource == JOBSET
+        assert settings.owned_resources() == (JOBSET,)
+        assert jobset.body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert jobset.body["spec"]["suspend"] is True
+        for rjob in jobset.body["spec"]["replicatedJobs"]:
+            # the queue label belongs on the JobSet only; pods are Kueue's business through it
+            assert "kueue.x-k8s.io/queue-name" not in rjob["template"]["spec"]["template"]["metadata"]["labels"]
+            assert "schedulerName" not in rjob["template"]["spec"]["template"]["spec"]
 
 
 def test_jobset_holds_one_replicated_job_per_placement_group() -> None:
     settings = KubeSettings(gang="kueue", use_jobset=True)
-    run = build_run_manifests(training_order(duration=60), pools(), settings)
+    run = build_run_manifests(replace(training_order(duration=5), max_runtime_seconds=60), pools(), settings)
     [jobset] = run.workloads
     assert jobset.resource == JOBSET
     assert jobset.name == RUN
@@ -276,7 +285,7 @@ def test_jobset_holds_one_replicated_job_per_placement_group() -> None:
         job_spec = rjob["template"]["spec"]
         assert job_spec["completionMode"] == "Indexed"
         assert "suspend" not in job_spec  # Kueue suspends the JobSet, never its child Jobs
-        assert job_spec["activeDeadlineSeconds"] == 60
+        assert job_spec["template"]["spec"]["activeDeadlineSeconds"] == 60
     workers = spec["replicatedJobs"][2]["template"]
     assert node_of(workers) == "node-b"
     assert workers["spec"]["completions"] == 2

@@ -182,7 +182,7 @@ def test_shipped_counters_csv_lists_exactly_the_fields_gpufleet_reads() -> None:
 
 
 def test_gpufleet_pods_name_their_run_and_other_pods_do_not() -> None:
-    run_id = "run-0123456789abcdef0123"
+    run_id = "run-0123456789abcdef0123-2"  # run ids carry the attempt
     pod = f"{job_name(run_id, 'workers', 0)}-3-x7k2p"
     assert run_of_pod_name("gpufleet", pod) == run_id
     assert run_of_pod_name("default", pod) is None  # not a gpufleet namespace
