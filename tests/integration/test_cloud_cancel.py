@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from fastapi.testclient import TestClient
 
@@ -18,6 +19,13 @@ from controlplane.service.kubeconfigs import FileKubeconfigStore
 from tests.integration.cloud_support import schedule
 from tests.integration.fleet import add_tenant, gang, h100_cluster
 from tests.kubernetes.fake_apiserver import FakeApiServer, run_job_controller
+
+PRIORITY_XFAIL = (
+    "real rule (Priority admission plugin, plugin/pkg/admission/priority): the pods name a priorityClassName "
+    "(batch) for which the member cluster has no PriorityClass, so the Job controller's pod creates are refused "
+    "with 403 'no PriorityClass with name batch was found' and no pod ever exists; gpufleet neither creates "
+    "nor maps priority classes on member clusters"
+)
 
 TOKEN = "sa-token-for-gpufleet"
 NAMESPACE = "ml-jobs"
@@ -61,6 +69,7 @@ def _of_run(kube: FakeApiServer, run_id: str) -> list[tuple[str, str]]:
         ]
 
 
+@pytest.mark.xfail(strict=True, reason=PRIORITY_XFAIL)
 def test_cancelled_gang_leaves_nothing_on_its_cluster(
     client: TestClient, admin: dict[str, str], wiring: Wiring, tmp_path: Path
 ) -> None:

@@ -22,6 +22,13 @@ from tests.kubernetes.fake_apiserver import (
     run_job_controller,
 )
 
+PRIORITY_XFAIL = (
+    "real rule (Priority admission plugin, plugin/pkg/admission/priority): the pods name a priorityClassName "
+    "(high) for which the member cluster has no PriorityClass, so the Job controller's pod creates are refused "
+    "with 403 'no PriorityClass with name high was found' and no pod ever exists; gpufleet neither creates "
+    "nor maps priority classes on member clusters"
+)
+
 RUN = "run-0123456789abcdef0123"
 OTHER = "run-ffffffffffffffffffff"
 
@@ -105,6 +112,7 @@ async def test_apply_rejects_an_order_for_another_cluster(make_driver: MakeDrive
         await driver.apply(misrouted)
 
 
+@pytest.mark.xfail(strict=True, reason=PRIORITY_XFAIL)
 async def test_delete_removes_every_object_of_the_run_in_background(
     fake_api: FakeApiServer, make_driver: MakeDriver
 ) -> None:

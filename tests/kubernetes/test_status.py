@@ -18,6 +18,7 @@ from tests.kubernetes.conftest import NAMESPACE, pools, training_order
 from tests.kubernetes.fake_apiserver import (
     NODES,
     PODS,
+    PRIORITY_CLASSES,
     FakeApiServer,
     Request,
     run_job_controller,
@@ -156,6 +157,12 @@ def phases(report: PodReport) -> dict[tuple[str, int], str]:
 @pytest.fixture
 async def cluster(fake_api: FakeApiServer, kube_config: client.Configuration) -> AsyncIterator[KubernetesCluster]:
     driver = KubernetesCluster("east", kube_config, KubeSettings(namespace=NAMESPACE, gang="volcano"), pools())
+    # A cluster whose admin created the class the orders name: without it the Priority admission
+    # plugin refuses every pod (see test_driver's PRIORITY_XFAIL).
+    fake_api.put(
+        PRIORITY_CLASSES,
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "high"}, "value": 1000},
+    )
     await driver.apply(training_order())
     run_job_controller(fake_api, NAMESPACE)
     yield driver
