@@ -122,6 +122,11 @@ def dns1035_label_errors(value: str) -> list[str]:
 
 
 def qualified_name_errors(key: str) -> list[str]:
+    if key.count("/") > 1:
+        return [
+            "a qualified name must consist of alphanumeric characters, '-', '_' or '.', "
+            "with an optional DNS subdomain prefix and '/'"
+        ]
     prefix, slash, name = key.rpartition("/")
     errors = []
     if slash and not prefix:
@@ -187,7 +192,7 @@ def _is_extended(resource: str) -> bool:
     # helper.IsExtendedResourceName: fully qualified, not in the kubernetes.io domain, not requests.*
     return (
         "/" in resource
-        and not resource.split("/")[0].endswith("kubernetes.io")
+        and not resource.split("/", maxsplit=1)[0].endswith("kubernetes.io")
         and not resource.startswith("requests.")
     )
 
@@ -268,7 +273,8 @@ def _check_resources(errs: Errors, container: Mapping[str, Any], path: str) -> N
         elif value > limit:
             errs.add(
                 where,
-                f'Invalid value: "{format_quantity(value)}": must be less than or equal to {name} limit of {format_quantity(limit)}',
+                f'Invalid value: "{format_quantity(value)}": '
+                f"must be less than or equal to {name} limit of {format_quantity(limit)}",
             )
 
 
@@ -454,7 +460,8 @@ def check_job_spec(errs: Errors, spec: Mapping[str, Any], path: str) -> None:
         if isinstance(parallelism, int) and parallelism > MAX_PARALLELISM_INDEXED:
             errs.add(
                 f"{path}.parallelism",
-                f"Invalid value: {parallelism}: must be less than or equal to {MAX_PARALLELISM_INDEXED} when completion mode is Indexed",
+                f"Invalid value: {parallelism}: "
+                f"must be less than or equal to {MAX_PARALLELISM_INDEXED} when completion mode is Indexed",
             )
         if isinstance(completions, int) and isinstance(max_failed, int) and max_failed > completions:
             errs.add(
@@ -630,18 +637,18 @@ def _jobset_webhook(errs: Errors, body: Mapping[str, Any]) -> None:
         if not isinstance(replicas, int):
             continue
         longest_job = f"{name}-{rname}-{replicas - 1}"  # placement.GenJobName
-        for message in dns1035_label_errors(longest_job):
-            if "no more than" in message:
-                message = "JobSet name is too long, job names generated for this JobSet will exceed 63 characters"
-            errs.add(f"{where}.name", f'Invalid value: "{longest_job}": {message}')
+        for problem in dns1035_label_errors(longest_job):
+            if "no more than" in problem:
+                problem = "JobSet name is too long, job names generated for this JobSet will exceed 63 characters"  # noqa: PLW2901
+            errs.add(f"{where}.name", f'Invalid value: "{longest_job}": {problem}')
         completions = job_spec.get("completions")
         if job_spec.get("completionMode") == "Indexed" and isinstance(completions, int):
             # placement.GenPodName plus the 5-character random suffix of the pod name
             longest_pod = f"{name}-{rname}-{replicas - 1}-{completions - 1}{JOBSET_POD_SUFFIX}"
-            for message in dns1035_label_errors(longest_pod):
-                if "no more than" in message:
-                    message = "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters"
-                errs.add(f"{where}.name", f'Invalid value: "{longest_job}": {message}')
+            for problem in dns1035_label_errors(longest_pod):
+                if "no more than" in problem:
+                    problem = "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters"  # noqa: PLW2901
+                errs.add(f"{where}.name", f'Invalid value: "{longest_job}": {problem}')
         for dep in rjob.get("dependsOn") or []:
             if dep.get("name") not in seen:
                 errs.add(
@@ -694,7 +701,8 @@ def priority_of(
     elif name in SYSTEM_PRIORITY_CLASSES:
         if namespace != "kube-system":
             raise Forbidden(
-                f'pods "{pod_name}" is forbidden: pods with {name} priorityClass is not permitted in {namespace} namespace'
+                f'pods "{pod_name}" is forbidden: '
+                f"pods with {name} priorityClass is not permitted in {namespace} namespace"
             )
         priority = SYSTEM_PRIORITY_CLASSES[name]
     else:
@@ -705,7 +713,8 @@ def priority_of(
     given = spec.get("priority")
     if given is not None and given != priority:
         raise Forbidden(
-            f'pods "{pod_name}" is forbidden: the integer value of priority ({given}) must not be provided in pod spec; '
+            f'pods "{pod_name}" is forbidden: '
+            f"the integer value of priority ({given}) must not be provided in pod spec; "
             f"priority admission controller computed {priority} from the given PriorityClass name"
         )
     return priority

@@ -106,7 +106,7 @@ def _jobset_labels(jobset: dict[str, Any], rjob: dict[str, Any], index: int) -> 
         "jobset.sigs.k8s.io/replicatedjob-replicas": str(rjob.get("replicas", 1)),
         "jobset.sigs.k8s.io/global-replicas": str(sum(r.get("replicas", 1) for r in rjobs)),
         "jobset.sigs.k8s.io/job-index": str(index),
-        "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{ns}/{job_name}".encode()).hexdigest(),  # noqa: S324 - upstream's key
+        "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{ns}/{job_name}".encode()).hexdigest(),
         "jobset.sigs.k8s.io/job-global-index": str(before + index),
         "jobset.sigs.k8s.io/group-name": group,
         "jobset.sigs.k8s.io/group-replicas": str(
@@ -442,6 +442,10 @@ def _pod_ip(name: str) -> str:
     return f"10.{100 + digest[0] % 100}.{digest[1]}.{1 + digest[2] % 254}"
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def run_kubelet(api: FakeApiServer, namespace: str | None = None) -> list[str]:
     """Every kubelet starts the pods bound to its node (if the node exists and is Ready):
     Pending -> Running, with container statuses, IPs and Ready conditions. Returns their names."""
@@ -469,8 +473,8 @@ def run_kubelet(api: FakeApiServer, namespace: str | None = None) -> list[str]:
                 {
                     "name": c["name"],
                     "image": c.get("image", ""),
-                    "imageID": f"{c.get('image', '')}@sha256:{hashlib.sha256(c.get('image', '').encode()).hexdigest()}",
-                    "containerID": f"containerd://{hashlib.sha256((pod['metadata']['uid'] + c['name']).encode()).hexdigest()}",
+                    "imageID": f"{c.get('image', '')}@sha256:{_digest(c.get('image', ''))}",
+                    "containerID": f"containerd://{_digest(pod['metadata']['uid'] + c['name'])}",
                     "ready": True,
                     "started": True,
                     "restartCount": 0,

@@ -72,6 +72,7 @@ from tests.kubernetes.kinds import (
     PRIORITY_CLASSES,
     VOLCANO_PODGROUPS,
     ResourceKey,
+    api_version,
 )
 from tests.kubernetes.schemas import KUBERNETES_VERSION
 
@@ -364,6 +365,7 @@ class FakeApiServer:
             raise LookupError(f'namespaces "{ns}" not found')
         self._validate(rtype, body)  # a request must be valid as sent, before defaults hide its faults
         if resource == PODS:
+            body.setdefault("status", {}).setdefault("phase", "Pending")
             spec = body.setdefault("spec", {})
             spec["priority"] = priority_of(
                 body, ns, lambda name: self.get(PRIORITY_CLASSES, "", name), self._default_priority()
@@ -469,6 +471,9 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if name is not None or not isinstance(body, dict):
                 self._send(405, status_body(405, "MethodNotAllowed", "POST a collection"))
                 return
+            # The API server decodes with the path's group/version/kind as defaults.
+            body.setdefault("apiVersion", api_version(key))
+            body.setdefault("kind", rtype.kind)
             meta = body.setdefault("metadata", {})
             if rtype.namespaced and meta.get("namespace", ns) != ns:
                 self._send(

@@ -94,9 +94,17 @@ def arch_family(major: int, minor: int) -> str:
         return "volta" if minor < 5 else "turing"
     if major == 8:
         return "ampere" if minor < 9 else "ada-lovelace"
-    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell", 12: "blackwell", 13: "rubin"}.get(
-        major, "undefined"
-    )
+    return {
+        1: "tesla",
+        2: "fermi",
+        3: "kepler",
+        5: "maxwell",
+        6: "pascal",
+        9: "hopper",
+        10: "blackwell",
+        12: "blackwell",
+        13: "rubin",
+    }.get(major, "undefined")
 
 
 @dataclass(frozen=True)
@@ -248,7 +256,12 @@ INSTANCE_TYPES: dict[str, Machine] = {
     "VM.GPU.A10.1": Machine(30, 240, "A10", 1),
     "VM.Standard.E4.Flex": Machine(8, 64),
 }
-GKE_ACCELERATORS = {"H100-80GB": "nvidia-h100-80gb", "A100-80GB": "nvidia-a100-80gb", "L4": "nvidia-l4", "T4": "nvidia-tesla-t4"}
+GKE_ACCELERATORS = {
+    "H100-80GB": "nvidia-h100-80gb",
+    "A100-80GB": "nvidia-a100-80gb",
+    "L4": "nvidia-l4",
+    "T4": "nvidia-tesla-t4",
+}
 
 
 def _cpu_reserved_millis(cpus: int) -> int:
@@ -285,7 +298,9 @@ def _memory_reserved_mib(provider: str, memory_mib: int, max_pods: int) -> int:
 EVICTION_HARD_MIB = 100
 
 
-def _resources(provider: str, machine: Machine, gpu: GpuSetup | None, max_pods: int) -> tuple[dict[str, str], dict[str, str]]:
+def _resources(
+    provider: str, machine: Machine, gpu: GpuSetup | None, max_pods: int
+) -> tuple[dict[str, str], dict[str, str]]:
     memory_mib = machine.memory_gib * 1024
     capacity = {
         "cpu": str(machine.cpus),
@@ -350,7 +365,14 @@ def build_node(
         all_labels |= gpu.labels(instance_type)
     now = "2026-01-01T00:00:00Z"
     conditions = [
-        {"type": t, "status": "False", "reason": f"KubeletHasSufficient{t[:-8]}" if t != "PIDPressure" else "KubeletHasSufficientPID", "message": "", "lastHeartbeatTime": now, "lastTransitionTime": now}
+        {
+            "type": t,
+            "status": "False",
+            "reason": f"KubeletHasSufficient{t[:-8]}" if t != "PIDPressure" else "KubeletHasSufficientPID",
+            "message": "",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
         for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
     ]
     conditions.append(
@@ -370,7 +392,9 @@ def build_node(
         spec["taints"] = taints
     if unschedulable:
         spec["unschedulable"] = True
-        spec.setdefault("taints", []).append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": now})
+        spec.setdefault("taints", []).append(
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": now}
+        )
     digest = hashlib.sha256(name.encode()).hexdigest()
     return {
         "apiVersion": "v1",
@@ -452,7 +476,7 @@ def eks_karpenter_node(
         "karpenter.sh/registered": "true",
         "karpenter.sh/initialized": "true",
         "karpenter.k8s.aws/ec2nodeclass": "default",
-        "karpenter.k8s.aws/instance-family": instance_type.split(".")[0],
+        "karpenter.k8s.aws/instance-family": instance_type.split(".", maxsplit=1)[0],
         "karpenter.k8s.aws/instance-size": instance_type.split(".")[1],
         "karpenter.k8s.aws/instance-cpu": str(machine.cpus),
         "karpenter.k8s.aws/instance-memory": str(machine.memory_gib * 1024),
@@ -470,7 +494,8 @@ def eks_karpenter_node(
     name = f"ip-{ip.replace('.', '-')}.{region}.compute.internal"
     return build_node(
         name, provider="eks", instance_type=instance_type, labels=labels, gpu=gpu, taints=taints,
-        provider_id=f"aws:///{zone}/{instance}", ip=ip, os_image="Bottlerocket OS 1.44.0 (aws-k8s-1.33-nvidia)", **kwargs,
+        provider_id=f"aws:///{zone}/{instance}", ip=ip,
+        os_image="Bottlerocket OS 1.44.0 (aws-k8s-1.33-nvidia)", **kwargs,
     )  # fmt: skip
 
 
@@ -537,7 +562,7 @@ def gke_node(
         "cloud.google.com/gke-nodepool": pool,
         "cloud.google.com/gke-os-distribution": "cos",
         "cloud.google.com/gke-boot-disk": "pd-balanced",
-        "cloud.google.com/machine-family": machine_type.split("-")[0],
+        "cloud.google.com/machine-family": machine_type.split("-", maxsplit=1)[0],
         "cloud.google.com/gke-provisioning": "spot" if spot else "standard",
         "topology.kubernetes.io/region": zone[:-2],
         "topology.kubernetes.io/zone": zone,
@@ -556,7 +581,14 @@ def gke_node(
         if partition_size:
             labels["cloud.google.com/gke-gpu-partition-size"] = partition_size
             per_gpu = 7 // MIG_PROFILES[partition_size][0]
-            gpu = GpuSetup(machine.gpu_model, machine.gpus, "mig", mig_strategy="single", mig_layout={partition_size: per_gpu}, gfd=gfd)
+            gpu = GpuSetup(
+                machine.gpu_model,
+                machine.gpus,
+                "mig",
+                mig_strategy="single",
+                mig_layout={partition_size: per_gpu},
+                gfd=gfd,
+            )
         elif gpu_sharing:
             labels["cloud.google.com/gke-gpu-sharing-strategy"] = gpu_sharing
             labels["cloud.google.com/gke-max-shared-clients-per-gpu"] = str(max_shared_clients)
@@ -592,7 +624,7 @@ def oke_node(
     }
     annotations = {
         "oci.oraclecloud.com/node-pool-id": node_pool_id,
-        "oci.oraclecloud.com/compartment-id": "ocid1.compartment.oc1..aaaaaaaa4vq2ezj7lzr6wfyfw3vdp4fx4x3g3rjcc6hmdjz6bbz5b7gqnvha",
+        "oci.oraclecloud.com/compartment-id": "ocid1.compartment.oc1..aaaaaaaa4vq2ezj7lzr6wfyfw3vdp4fx4x3g3rjcc6hmd",
     }
     instance = "ocid1.instance.oc1.iad." + hashlib.sha256(f"{node_pool_id}/{index}".encode()).hexdigest()[:60]
     return build_node(
@@ -611,7 +643,15 @@ def onprem_node(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """A kubeadm node: no cloud labels, only what the admin added (`labels`) plus GFD."""
-    node = build_node(name, provider="onprem", instance_type=instance_type, labels=dict(labels or {}), gpu=gpu, taints=taints, **kwargs)
+    node = build_node(
+        name,
+        provider="onprem",
+        instance_type=instance_type,
+        labels=dict(labels or {}),
+        gpu=gpu,
+        taints=taints,
+        **kwargs,
+    )
     for key in ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"):
         node["metadata"]["labels"].pop(key, None)  # set by cloud providers only
     return node

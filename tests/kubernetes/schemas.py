@@ -55,9 +55,10 @@ def _shipped_version() -> str:
     shipped = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) == KUBERNETES_VERSION]
     if not shipped:
         raise RuntimeError(
-            f"kubernetes-validate {kubernetes_validate.__version__} ships no schemas for Kubernetes {KUBERNETES_VERSION}"
+            f"kubernetes-validate {kubernetes_validate.__version__} ships no schemas "
+            f"for Kubernetes {KUBERNETES_VERSION}"
         )
-    return shipped[-1]
+    return str(shipped[-1])
 
 
 SCHEMA_DIR = f"kubernetes-json-schema/v{_shipped_version()}-local-strict"
@@ -150,11 +151,10 @@ def _list_map_keys(schema: dict[str, Any], path: tuple[str, ...] = ()) -> Iterat
 def _crd(group: str, plural: str) -> tuple[dict[str, dict[str, Any]], str, str]:
     """(openAPIV3Schema per served version, kind, scope) of a vendored CRD."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the JobSet CRD is 800 kB of YAML
-    doc = yaml.load((CRD_DIR / CRD_FILES[(group, plural)]).read_text(), Loader=loader)  # noqa: S506 - a safe loader
+    doc = yaml.load((CRD_DIR / CRD_FILES[(group, plural)]).read_text(), Loader=loader)
     spec = doc["spec"]
-    assert spec["group"] == group and spec["names"]["plural"] == plural, (
-        f"{CRD_FILES[(group, plural)]} is not {plural}.{group}"
-    )
+    if (spec["group"], spec["names"]["plural"]) != (group, plural):
+        raise RuntimeError(f"{CRD_FILES[(group, plural)]} is not {plural}.{group}")
     schemas = {v["name"]: v["schema"]["openAPIV3Schema"] for v in spec["versions"] if v.get("served")}
     return schemas, spec["names"]["kind"], spec["scope"]
 
@@ -210,6 +210,6 @@ def custom_schema_errors(body: dict[str, Any], group: str, version: str, plural:
                     continue
                 ident = json.dumps([item[k] for k in keys])
                 if ident in seen:
-                    errors.append(f"{where}[{i}]: Duplicate value: {dict((k, item[k]) for k in keys)}")
+                    errors.append(f"{where}[{i}]: Duplicate value: { {k: item[k] for k in keys} }")
                 seen.add(ident)
     return errors
