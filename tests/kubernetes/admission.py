@@ -72,6 +72,31 @@ class Forbidden(Exception):
     """A write an admission plugin refuses with 403 Forbidden."""
 
 
+class Denied(Exception):
+    """An admission webhook without its own status code refused the write: 400 (webhook ToStatusErr)."""
+
+    def __init__(self, webhook: str, message: str) -> None:
+        super().__init__(f'admission webhook "{webhook}" denied the request: {message}')
+
+
+def volcano_queue_admission(body: Mapping[str, Any], queues: Mapping[str, str]) -> None:
+    """Volcano's PodGroup validating webhook (pkg/webhooks/admission/podgroups/validate,
+    checkQueueState): the queue must exist and be Open. The CRD defaults the queue to `default`,
+    which a Volcano install creates."""
+    queue = (body.get("spec") or {}).get("queue", "default")
+    if not queue:
+        return
+    if queue not in queues:
+        raise Denied(
+            "validatepodgroup.volcano.sh", f'unable to find queue: queue.scheduling.volcano.sh "{queue}" not found'
+        )
+    if queues[queue] != "Open":
+        raise Denied(
+            "validatepodgroup.volcano.sh",
+            f"can only submit PodGroup to queue with state `Open`, queue `{queue}` status is `{queues[queue]}`.",
+        )
+
+
 class Errors:
     """Field errors collected like `field.ErrorList`, raised as one Invalid."""
 
@@ -551,7 +576,8 @@ def default_job(body: dict[str, Any]) -> None:
             ("job-name", name),
         ):
             labels.setdefault(key, value)
-    spec.setdefault("completions", 1 if spec.get("completionMode") != "Indexed" else spec.get("completions"))
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = 1  # both unset: one pod; parallelism alone: a work queue, no completions
     spec.setdefault("parallelism", 1)
     spec.setdefault("backoffLimit", 6 if spec.get("backoffLimitPerIndex") is None else MAX_INT32)
     spec.setdefault("completionMode", "NonIndexed")
@@ -681,7 +707,10 @@ def validate_jobset(body: dict[str, Any]) -> None:
     defaulted = _deep_copy(body)
     default_jobset(defaulted)
     _jobset_webhook(errs, defaulted)
-    errs.raise_for("JobSet.jobset.x-k8s.io", _name(body))
+    try:
+        errs.raise_for("JobSet.jobset.x-k8s.io", _name(body))
+    except Invalid as exc:  # controller-runtime passes the webhook's 422 through, named
+        raise Invalid(f'admission webhook "vjobset.kb.io" denied the request: {exc}', exc.causes) from None
 
 
 def _deep_copy(body: dict[str, Any]) -> dict[str, Any]:

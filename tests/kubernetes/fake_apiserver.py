@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.kubernetes.admission import (
+    Denied,
     Forbidden,
     Invalid,
     default_job,
@@ -51,6 +52,7 @@ from tests.kubernetes.admission import (
     validate_pod,
     validate_priority_class,
     validate_volcano_pod_group,
+    volcano_queue_admission,
 )
 from tests.kubernetes.controllers import (
     admit_kueue,
@@ -229,6 +231,8 @@ class FakeApiServer:
     # Real pod names carry a 5-character random suffix (`<job>-<index>-x7k2p`); off, the Job
     # controller names pods `<job>-<index>` (what the first tests were written against).
     generated_pod_names: bool = False
+    # Volcano queues and their state: its webhook refuses PodGroups of a missing or closed queue.
+    volcano_queues: dict[str, str] = field(default_factory=lambda: {"default": "Open"})
     # NamespaceLifecycle: refuse objects in a namespace that does not exist (404), as real clusters do.
     require_namespaces: bool = False
     # Called before each request is handled: lets a test make another actor race the client.
@@ -308,6 +312,8 @@ class FakeApiServer:
             code, message = 422, str(exc)
         except Forbidden as exc:
             code, message = 403, str(exc)
+        except Denied as exc:
+            code, message = 400, str(exc)
         self.failed_creates.append(
             FailedCreate(resource, meta.get("namespace", ""), meta.get("name", ""), controller, code, message)
         )
@@ -370,6 +376,8 @@ class FakeApiServer:
             spec["priority"] = priority_of(
                 body, ns, lambda name: self.get(PRIORITY_CLASSES, "", name), self._default_priority()
             )
+        if resource == VOLCANO_PODGROUPS:
+            volcano_queue_admission(body, self.volcano_queues)
         if rtype.default is not None:
             meta.setdefault("uid", str(uuid.uuid4()))
             rtype.default(body)
@@ -459,6 +467,8 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 self._send(422, status_body(422, "Invalid", str(exc), details))
             elif isinstance(exc, Forbidden):
                 self._send(403, status_body(403, "Forbidden", str(exc), {"name": name, "kind": kind}))
+            elif isinstance(exc, Denied):
+                self._send(400, status_body(400, "BadRequest", str(exc), {"name": name, "kind": kind}))
             else:
                 self._send(404, status_body(404, "NotFound", str(exc).strip("'\""), {"name": name, "kind": kind}))
 
@@ -503,7 +513,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     return
                 try:
                     api._admit_create(key, body, ns if rtype.namespaced else "")
-                except (Invalid, Forbidden, LookupError) as exc:
+                except (Invalid, Forbidden, Denied, LookupError) as exc:
                     self._refuse(exc, rtype.kind, obj_name)
                     return
                 api._stamp(body, None)
@@ -541,7 +551,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     meta["namespace"] = ns
                 try:
                     stored = api.put(key, body)
-                except (Invalid, Forbidden) as exc:
+                except (Invalid, Forbidden, Denied) as exc:
                     self._refuse(exc, rtype.kind, name)
                     return
             self._send(200, stored)
@@ -689,6 +699,7 @@ __all__ = [
     "PRIORITY_CLASSES",
     "RESOURCES",
     "VOLCANO_PODGROUPS",
+    "Denied",
     "FailedCreate",
     "FakeApiServer",
     "Forbidden",

@@ -144,6 +144,16 @@ def test_create_conflict_not_found_and_invalid_have_status_bodies(
         assert missing.value.status == 404
         assert json.loads(missing.value.body or "")["reason"] == "NotFound"
 
+        # Volcano's webhook: the queue must exist and be Open
+        with pytest.raises(ApiException) as no_queue:
+            custom.create_namespaced_custom_object(*args, pod_group("pgq") | {"spec": {"minMember": 1, "queue": "ml"}})
+        assert no_queue.value.status == 400
+        denied = json.loads(no_queue.value.body or "")["message"]
+        assert 'denied the request: unable to find queue: queue.scheduling.volcano.sh "ml" not found' in denied
+        fake_api.volcano_queues["ml"] = "Closed"
+        with pytest.raises(ApiException, match="queue with state `Open`"):
+            custom.create_namespaced_custom_object(*args, pod_group("pgq") | {"spec": {"minMember": 1, "queue": "ml"}})
+
         # Volcano's CRD allows minMember 0 (minimum: 0) but not a negative one
         custom.create_namespaced_custom_object(*args, pod_group("pg0", min_member=0))
         with pytest.raises(ApiException) as invalid:
@@ -660,6 +670,23 @@ def test_cordoned_not_ready_and_full_nodes_take_no_pods() -> None:
     assert run_kubelet(api) == ["p0", "p1"]
     assert finish_pods(api, NS, ["p0"]) == ["p0"]
     assert schedule(api) == ["p2"]  # a finished pod holds nothing
+
+
+def test_shared_and_partitioned_gpus_are_asked_for_by_the_advertised_name() -> None:
+    api = FakeApiServer()
+    renamed = nodes.GpuSetup("A10", 1, "time-slicing", replicas=4, rename_by_default=True)
+    api.put(NODES, nodes.onprem_node("renamed", instance_type="VM.GPU.A10.1", gpu=renamed))
+    api.put(NODES, nodes.onprem_node("mig", gpu=nodes.GpuSetup("A100-80GB", 8, "mig", mig_layout={"3g.40gb": 2})))
+    api.put(PODS, pod_body("whole", containers=[container(1)], nodeSelector={"kubernetes.io/hostname": "renamed"}))
+    for i in range(5):
+        api.put(PODS, pod_body(f"share-{i}", containers=[container(1, cpu="100m", resource="nvidia.com/gpu.shared")]))
+    for i in range(17):
+        api.put(PODS, pod_body(f"mig-{i}", containers=[container(1, cpu="100m", resource="nvidia.com/mig-3g.40gb")]))
+    bound = schedule(api)
+    assert [n for n in bound if n.startswith("share")] == [f"share-{i}" for i in range(4)]  # 4 replicas of one GPU
+    assert len([n for n in bound if n.startswith("mig")]) == 16  # 8 GPUs x 2 instances
+    assert _pending_message(api, "share-4") == "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.shared."
+    assert "Insufficient nvidia.com/gpu" in _pending_message(api, "whole")  # renamed: no nvidia.com/gpu left
 
 
 def test_node_selector_and_affinity_operators() -> None:
