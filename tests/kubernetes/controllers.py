@@ -41,6 +41,7 @@ from tests.kubernetes.kinds import (
     NODES,
     PODS,
     VOLCANO_PODGROUPS,
+    FailedCreate,
     ResourceKey,
 )
 from tests.kubernetes.scheduler import TERMINAL_PHASES, node_ready, node_states, place
@@ -543,17 +544,42 @@ def collect_orphaned_pods(api: FakeApiServer) -> list[str]:
     return gone
 
 
-def admit_kueue(api: FakeApiServer, namespace: str) -> list[str]:
+KUEUE_MAX_POD_SETS = 8  # kueue.x-k8s.io Workload spec.podSets: +kubebuilder:validation:MaxItems=8
+
+
+def admit_kueue(api: FakeApiServer, namespace: str, local_queues: set[str] | None = None) -> list[str]:
     """Kueue admits every queued (suspended, queue-labelled) Job and JobSet: it unsuspends them.
-    Quota, flavors and preemption are not modelled."""
+
+    What Kueue would refuse is refused: a queue name with no LocalQueue (when `local_queues` is
+    given) stays suspended; a JobSet with more replicatedJobs than a Workload may have pod sets
+    (one pod set per replicatedJob, at most 8) gets no Workload at all (recorded in
+    `api.failed_creates`). Quota, flavors and preemption are not modelled."""
     admitted = []
     for key in (JOBS, JOBSETS):
         for obj in api.objects_of(key, namespace):
-            if obj["spec"].get("suspend") and (obj["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL):
-                updated = _copy(obj)
-                updated["spec"]["suspend"] = False
-                api.put(key, updated)
-                admitted.append(obj["metadata"]["name"])
+            queue = (obj["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+            if not obj["spec"].get("suspend") or not queue:
+                continue
+            if local_queues is not None and queue not in local_queues:
+                continue
+            pod_sets = len(obj["spec"].get("replicatedJobs") or []) if key == JOBSETS else 1
+            if pod_sets > KUEUE_MAX_POD_SETS:
+                name = obj["metadata"]["name"]
+                api.failed_creates.append(
+                    FailedCreate(
+                        ("kueue.x-k8s.io", "v1beta1", "workloads"),
+                        namespace,
+                        f"jobset-{name}",
+                        "kueue",
+                        422,
+                        f"spec.podSets: Too many: {pod_sets}: must have at most {KUEUE_MAX_POD_SETS} items",
+                    )
+                )
+                continue
+            updated = _copy(obj)
+            updated["spec"]["suspend"] = False
+            api.put(key, updated)
+            admitted.append(obj["metadata"]["name"])
     return admitted
 
 

@@ -73,6 +73,7 @@ from tests.kubernetes.kinds import (
     PODS,
     PRIORITY_CLASSES,
     VOLCANO_PODGROUPS,
+    FailedCreate,
     ResourceKey,
     api_version,
 )
@@ -109,18 +110,6 @@ _validate_jobset = validate_jobset_and_children
 _validate_volcano_pod_group = validate_volcano_pod_group
 _validate_coscheduling_pod_group = validate_coscheduling_pod_group
 SERVER_FIELDS = ("creationTimestamp", "resourceVersion", "uid", "generation")
-
-
-@dataclass(frozen=True)
-class FailedCreate:
-    """An object a controller tried to create and the API server refused (a FailedCreate event)."""
-
-    resource: ResourceKey
-    namespace: str
-    name: str
-    controller: str
-    code: int
-    message: str
 
 
 def _split_selector(text: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 ResourceKey = tuple[str, str, str]  # (group, version, plural); group "" is the core group
 
 PODS: ResourceKey = ("", "v1", "pods")
@@ -16,3 +18,15 @@ COSCHEDULING_PODGROUPS: ResourceKey = ("scheduling.x-k8s.io", "v1alpha1", "podgr
 
 def api_version(key: ResourceKey) -> str:
     return f"{key[0]}/{key[1]}" if key[0] else key[1]
+
+
+@dataclass(frozen=True)
+class FailedCreate:
+    """An object a controller tried to create and the API server refused (a FailedCreate event)."""
+
+    resource: ResourceKey
+    namespace: str
+    name: str
+    controller: str
+    code: int
+    message: str

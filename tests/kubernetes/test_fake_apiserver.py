@@ -779,6 +779,45 @@ def test_jobset_controller_job_controller_and_kubelet() -> None:
     assert run_job_controller(api, NS) == []  # idempotent: finished Jobs make no new pods
 
 
+def test_kueue_admits_only_what_it_can_make_a_workload_of() -> None:
+    api = FakeApiServer()
+    queued = {"kueue.x-k8s.io/queue-name": "team-a"}
+    nine = [_rjob(f"w{i}", 1) for i in range(9)]
+    for name, rjobs in (("eight", nine[:8]), ("nine", nine)):
+        body = jobset_body(name, rjobs=rjobs, suspend=True)
+        body["metadata"]["labels"] = dict(queued)
+        api.put(JOBSETS, body)
+    other = jobset_body("elsewhere", suspend=True)
+    other["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-b"}
+    api.put(JOBSETS, other)
+    assert admit_kueue(api, NS, local_queues={"team-a"}) == ["eight"]
+    [failed] = api.failed_creates
+    assert (failed.controller, failed.name) == ("kueue", "jobset-nine")
+    assert "must have at most 8 items" in failed.message
+
+
+def _gang_on_nine_nodes() -> RunOrder:
+    worker = {CPU: 1_000, MEM: 1_024, GPU: 8}
+    order = _long_jobset_order()
+    pods = tuple(PodOrder("worker", i, f"node-{i}", "h100", worker) for i in range(9))
+    return RunOrder(**{**order.__dict__, "run_id": "run-0123456789abcdef0123-1", "pods": pods, "min_available": 9})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "real rule (Kueue Workload spec.podSets MaxItems=8, one pod set per replicatedJob): gpufleet's JobSet has "
+        "one replicatedJob per node, so a gang on 9 nodes gets no Workload and is never admitted"
+    ),
+)
+def test_product_kueue_jobset_gang_on_nine_nodes_is_admitted() -> None:
+    api = FakeApiServer()
+    run = build_run_manifests(_gang_on_nine_nodes(), pools(), KubeSettings(gang="kueue", use_jobset=True))
+    [jobset] = run.workloads
+    api.put(JOBSETS, jobset.body)
+    assert admit_kueue(api, "gpufleet") == [jobset.name]
+
+
 def test_refused_pods_are_failed_creates_and_vanished_nodes_lose_their_pods() -> None:
     api = FakeApiServer()
     api.put(NODES, nodes.onprem_node("n1"))
