@@ -156,6 +156,53 @@ def matches_selector(labels: dict[str, str], selector: str | None) -> bool:
     return True
 
 
+# Field labels each resource supports in fieldSelector (pkg/registry/*/strategy.go *ToSelectableFields;
+# every resource has metadata.name and metadata.namespace); any other is a 400.
+FIELD_LABELS: dict[str, tuple[str, ...]] = {
+    "pods": (
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    ),
+    "nodes": ("spec.unschedulable",),
+    "jobs": ("status.successful",),
+    "namespaces": ("status.phase",),
+}
+
+
+def _field_value(obj: dict[str, Any], label: str) -> str:
+    value: Any = obj
+    for part in label.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if label == "spec.unschedulable" or label == "spec.hostNetwork":
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def parse_field_selector(plural: str, text: str | None) -> list[tuple[str, str, bool]]:
+    """(field, value, equal) terms of a field selector; ValueError for an unsupported field."""
+    terms: list[tuple[str, str, bool]] = []
+    for term in (text or "").split(","):
+        if not term.strip():
+            continue
+        negate = "!=" in term
+        field_label, _, value = term.partition("!=" if negate else "=")
+        field_label, value = field_label.strip(), value.lstrip("=").strip()
+        if field_label not in ("metadata.name", "metadata.namespace", *FIELD_LABELS.get(plural, ())):
+            raise ValueError(f"field label not supported: {field_label}")
+        terms.append((field_label, value, not negate))
+    return terms
+
+
+def matches_fields(obj: dict[str, Any], terms: list[tuple[str, str, bool]]) -> bool:
+    return all((_field_value(obj, f) == v) == equal for f, v, equal in terms)
+
+
 def status_body(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "kind": "Status",
@@ -570,6 +617,12 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     self._send(200, obj)
                 return
             selector = query.get("labelSelector")
+            try:
+                fields = parse_field_selector(key[2], query.get("fieldSelector"))
+            except ValueError as exc:
+                self._send(400, status_body(400, "BadRequest", str(exc)))
+                return
+            self._fields = fields
             if query.get("watch", "").lower() in ("true", "1"):
                 self._watch(key, ns, selector, query)
                 return
@@ -579,6 +632,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     for (obj_ns, _), obj in sorted(api.objects.get(key, {}).items())
                     if (not rtype.namespaced or not ns or obj_ns == ns)
                     and matches_selector(obj["metadata"].get("labels") or {}, selector)
+                    and matches_fields(obj, fields)
                 ]
                 rv = str(api.rv)
             self._send(
@@ -655,6 +709,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         and e.resource == key
                         and (not ns or e.namespace == ns)
                         and matches_selector(e.obj["metadata"].get("labels") or {}, selector)
+                        and matches_fields(e.obj, self._fields)
                     ]
                     if batch:
                         cursor = max(e.rv for e in batch)

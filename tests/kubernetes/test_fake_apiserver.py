@@ -265,6 +265,25 @@ def test_put_patch_and_namespace_lifecycle(fake_api: FakeApiServer, kube_config:
         api.close()  # type: ignore[no-untyped-call]
 
 
+def test_field_selectors(fake_api: FakeApiServer, kube_config: client.Configuration) -> None:
+    fake_api.put(NODES, nodes.onprem_node("n1"))
+    fake_api.put(NODES, nodes.onprem_node("n2", unschedulable=True))
+    fake_api.put(PODS, pod_body("a", nodeName="n1"))
+    fake_api.put(PODS, pod_body("b", nodeName="n2"))
+    api = client.ApiClient(kube_config)
+    core: Any = client.CoreV1Api(api)
+    try:
+        on_n1 = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1")  # what a node agent asks
+        assert [p.metadata.name for p in on_n1.items] == ["a"]
+        assert [n.metadata.name for n in core.list_node(field_selector="spec.unschedulable!=true").items] == ["n1"]
+        with pytest.raises(ApiException) as bad:
+            core.list_namespaced_pod(NS, field_selector="spec.containers=main")
+        assert bad.value.status == 400
+        assert "field label not supported: spec.containers" in (bad.value.body or "")
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
 # -- validation rules ----------------------------------------------------------------------------
 
 Mutation = Callable[[dict[str, Any]], None]
