@@ -447,9 +447,37 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+SHARED_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+
+
+def device_plugin_refusal(pod: dict[str, Any], node: dict[str, Any], strict_time_slicing: bool) -> str | None:
+    """The NVIDIA device plugin's Allocate check (internal/rm/rm.go ValidateRequest): on a node whose
+    GPUs are replicated, a container asking more than one replica is refused when
+    failRequestsGreaterThanOne holds, which is the default for MPS (api/config/v1/config.go) and
+    opt-in for time-slicing; GKE's time-sharing and MPS allow one GPU per container."""
+    labels = node["metadata"].get("labels") or {}
+    strategy = labels.get("nvidia.com/gpu.sharing-strategy", "none")
+    gke_shared = "cloud.google.com/gke-gpu-sharing-strategy" in labels
+    strict = gke_shared or strategy == "mps" or (strategy == "time-slicing" and strict_time_slicing)
+    if not strict:
+        return None
+    for container in pod["spec"].get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        for name in SHARED_RESOURCES:
+            asked = int(str(limits.get(name, 0)))
+            if asked > 1:
+                return (
+                    "Allocate failed due to rpc error: code = Unknown desc = invalid request: "
+                    f"maximum request size for shared resources is 1; found {asked}, which is unexpected"
+                )
+    return None
+
+
 def run_kubelet(api: FakeApiServer, namespace: str | None = None) -> list[str]:
     """Every kubelet starts the pods bound to its node (if the node exists and is Ready):
-    Pending -> Running, with container statuses, IPs and Ready conditions. Returns their names."""
+    Pending -> Running, with container statuses, IPs and Ready conditions. A pod whose devices
+    the device plugin refuses fails at admission (UnexpectedAdmissionError) instead.
+    Returns the names of the pods started."""
     started = []
     for pod in api.objects_of(PODS, namespace):
         node_name = pod["spec"].get("nodeName")
@@ -459,6 +487,17 @@ def run_kubelet(api: FakeApiServer, namespace: str | None = None) -> list[str]:
         if node is None or node_ready(node) != "True":
             continue
         now = api.now()
+        refusal = device_plugin_refusal(pod, node, node_name in api.strict_time_slicing_nodes)
+        if refusal is not None:
+            failed = _copy(pod)
+            failed["status"] = {
+                "phase": "Failed",
+                "reason": "UnexpectedAdmissionError",
+                "message": refusal,
+                "startTime": now,
+            }
+            api.put(PODS, failed)
+            continue
         updated = _copy(pod)
         updated["status"] = {
             "phase": "Running",

@@ -269,6 +269,8 @@ class FakeApiServer:
     generated_pod_names: bool = False
     # Volcano queues and their state: its webhook refuses PodGroups of a missing or closed queue.
     volcano_queues: dict[str, str] = field(default_factory=lambda: {"default": "Open"})
+    # Nodes whose device plugin runs time-slicing with failRequestsGreaterThanOne (MPS always does).
+    strict_time_slicing_nodes: set[str] = field(default_factory=set)
     # NamespaceLifecycle: refuse objects in a namespace that does not exist (404), as real clusters do.
     require_namespaces: bool = False
     # Called before each request is handled: lets a test make another actor race the client.

@@ -46,6 +46,7 @@ representative (A100/H100), not per-SKU exact.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -655,3 +656,33 @@ def onprem_node(
     for key in ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"):
         node["metadata"]["labels"].pop(key, None)  # set by cloud providers only
     return node
+
+
+# One node of each flavour the tests (and the end-to-end tests) use.
+EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
+    "eks-managed": lambda: eks_managed_node(3, nodegroup="gpu-h100"),
+    "eks-managed-spot-l4": lambda: eks_managed_node(1, nodegroup="l4", instance_type="g6.xlarge", capacity_type="SPOT"),
+    "eks-karpenter": lambda: eks_karpenter_node(0, nodepool="gpu", capacity_type="spot"),
+    "aks": lambda: aks_node(0, pool="gpuh100", sku_gpu_taint=True),
+    "aks-spot": lambda: aks_node(2, pool="t4spot", vm_size="Standard_NC4as_T4_v3", spot=True),
+    "gke": lambda: gke_node(0, pool="a3"),
+    "gke-mig": lambda: gke_node(1, pool="a2-mig", machine_type="a2-ultragpu-8g", partition_size="1g.10gb"),
+    "gke-time-sharing": lambda: gke_node(
+        0, pool="l4-ts", machine_type="g2-standard-8", gpu_sharing="time-sharing", max_shared_clients=4
+    ),
+    "oke": lambda: oke_node(0),
+    "onprem-mig-mixed": lambda: onprem_node("dgx-1", gpu=GpuSetup("A100-80GB", 8, "mig", mig_layout={"1g.10gb": 7})),
+    "onprem-mig-single": lambda: onprem_node(
+        "dgx-2", gpu=GpuSetup("H100-80GB", 8, "mig", mig_strategy="single", mig_layout={"3g.40gb": 2})
+    ),
+    "onprem-time-slicing": lambda: onprem_node(
+        "ts", instance_type="VM.GPU.A10.1", gpu=GpuSetup("A10", 1, "time-slicing", replicas=4)
+    ),
+    "onprem-renamed": lambda: onprem_node(
+        "ren",
+        instance_type="VM.GPU.A10.1",
+        gpu=GpuSetup("A10", 1, "time-slicing", replicas=4, rename_by_default=True),
+    ),
+    "onprem-mps": lambda: onprem_node("mps", instance_type="VM.GPU.A10.1", gpu=GpuSetup("A10", 1, "mps", replicas=2)),
+    "cpu-only": lambda: eks_managed_node(9, nodegroup="system", instance_type="m6i.2xlarge"),
+}
