@@ -12,6 +12,7 @@ Kubernetes structural-schema extensions:
 - `x-kubernetes-preserve-unknown-fields`: any property is kept;
 - `x-kubernetes-embedded-resource`: apiVersion, kind and metadata are allowed;
 - `x-kubernetes-list-type: map` / `set`: items unique by their `x-kubernetes-list-map-keys` / whole;
+- `format: int32`: within the int32 range;
 - every other object schema with `properties`: an unknown property is REFUSED.
 
 On that last point a real API server prunes unknown fields of custom resources silently (with a
@@ -112,6 +113,9 @@ def _structural(schema: dict[str, Any]) -> dict[str, Any]:
         out.pop("type", None)
         out.pop("anyOf", None)
         out["type"] = ["integer", "string"]
+    if schema.get("format") == "int32" and schema.get("type") == "integer":  # go-openapi's int32 check
+        out.setdefault("minimum", -(2**31))
+        out.setdefault("maximum", 2**31 - 1)
     if schema.get("nullable") and "type" in out:
         types = out["type"] if isinstance(out["type"], list) else [out["type"]]
         out["type"] = [*types, "null"]

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import jsonschema
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -47,7 +48,7 @@ from tests.kubernetes.fake_apiserver import (
     schedule,
 )
 from tests.kubernetes.quantity import parse_quantity
-from tests.kubernetes.schemas import KUBERNETES_VERSION
+from tests.kubernetes.schemas import KUBERNETES_VERSION, _structural
 
 # Raw `call_api` bypasses the generated methods, and with them the bearer-token auth setting.
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -514,6 +515,46 @@ def test_volcano_pod_group_against_its_crd() -> None:
         with pytest.raises(Invalid, match=r"PodGroup\.scheduling\.volcano\.sh") as refused:
             validate_volcano_pod_group(pod_group("pg") | {"spec": spec})
         assert message in str(refused.value)
+
+
+def test_structural_schema_extensions() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "port": {"x-kubernetes-int-or-string": True},
+            "free": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "properties": {"a": {"type": "string"}},
+            },
+            "strict": {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}},
+            "embedded": {
+                "type": "object",
+                "x-kubernetes-embedded-resource": True,
+                "properties": {"spec": {"type": "object"}},
+            },
+            "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+            "count": {"type": "integer", "format": "int32"},
+        },
+    }
+    validator = jsonschema.Draft7Validator(_structural(schema))
+    good = {
+        "port": "http",
+        "free": {"anything": 1},
+        "strict": {"a": None},
+        "embedded": {"apiVersion": "v1", "kind": "Pod", "metadata": {}, "spec": {}},
+        "tags": ["a", "b"],
+        "count": 2**31 - 1,
+    }
+    assert list(validator.iter_errors(good)) == []
+    for bad in (
+        {"port": 1.5},
+        {"strict": {"b": 1}},
+        {"embedded": {"status": {}}},
+        {"tags": ["a", "a"]},
+        {"count": 2**31},
+    ):
+        assert list(validator.iter_errors(bad)), bad
 
 
 def test_coscheduling_pod_group_against_its_crd() -> None:
