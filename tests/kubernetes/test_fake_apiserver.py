@@ -547,13 +547,14 @@ def test_structural_schema_extensions() -> None:
         "count": 2**31 - 1,
     }
     assert list(validator.iter_errors(good)) == []
-    for bad in (
+    bads: list[dict[str, Any]] = [
         {"port": 1.5},
         {"strict": {"b": 1}},
         {"embedded": {"status": {}}},
         {"tags": ["a", "a"]},
         {"count": 2**31},
-    ):
+    ]
+    for bad in bads:
         assert list(validator.iter_errors(bad)), bad
 
 
