@@ -171,7 +171,7 @@ def fit_error(node_count: int, reasons: Mapping[str, list[str]]) -> str:
 
 
 def place(pod_spec: Mapping[str, Any], states: Mapping[str, NodeState]) -> tuple[str | None, str]:
-    """The node the pod goes to (the fitting node with the most room left, by name on ties),
+    """The node the pod goes to (the first fitting node by name: deterministic, no scoring),
     or None and the scheduler's message."""
     reasons: dict[str, list[str]] = {}
     fitting: list[NodeState] = []
