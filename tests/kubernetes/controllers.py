@@ -265,10 +265,10 @@ def _sync_job(api: FakeApiServer, job: dict[str, Any], created: list[str]) -> No
         stored = api.create_as_controller(PODS, pod, f"job/{job['metadata']['name']}")
         if stored is not None:
             created.append(stored["metadata"]["name"])
-    _set_job_status(api, job, [], api_pods_of(api, job))
+    _set_job_status(api, job, [], _pods_of(api, job))
 
 
-def api_pods_of(api: FakeApiServer, job: dict[str, Any]) -> list[dict[str, Any]]:
+def _pods_of(api: FakeApiServer, job: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for p in api.objects_of(PODS, job["metadata"]["namespace"]) if _owned_by(p, job)]
 
 
