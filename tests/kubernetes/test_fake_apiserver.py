@@ -1089,3 +1089,37 @@ def test_provider_labels_and_advertised_resources() -> None:
     assert renamed["status"]["allocatable"]["nvidia.com/gpu.shared"] == "4"
     assert renamed["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A10"  # renamed: no -SHARED
     assert FLAVOURS["onprem-mps"]()["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] == "mps"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "product finding (issue 10, deliverable 1): the inventory reads no pool for Karpenter nodes "
+        "(karpenter.sh/nodepool) nor OKE nodes (annotation oci.oraclecloud.com/node-pool-id)"
+    ),
+)
+async def test_product_inventory_reads_every_providers_pool_key(
+    fake_api: FakeApiServer, kube_config: client.Configuration
+) -> None:
+    from adapters.kubernetes.status import list_nodes  # noqa: PLC0415 - the inventory helper may reshape it
+
+    expected = {
+        "eks-managed": "gpu-h100",
+        "eks-karpenter": "gpu",
+        "aks": "gpuh100",
+        "gke": "a3",
+        "oke": "",  # named after the annotation's OCID or the pool's name: any, but one
+    }
+    names = {}
+    for flavour in expected:
+        node = FLAVOURS[flavour]()
+        fake_api.put(NODES, node)
+        names[node["metadata"]["name"]] = flavour
+    api = client.ApiClient(kube_config)
+    try:
+        listed = await list_nodes(api)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    pools_read = {names[n.name]: n.pool for n in listed}
+    assert pools_read.pop("oke")
+    assert pools_read == {k: v for k, v in expected.items() if k != "oke"}
