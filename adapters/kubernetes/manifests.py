@@ -584,8 +584,12 @@ def _node_affinity(unit: JobUnit) -> dict[str, Any]:
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 # matchFields on metadata.name (what the DaemonSet controller uses) matches the
-                # Node object's name, not a hostname label that may differ from it.
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": nodes}]}]
+                # Node object's name, not a hostname label that may differ from it. The API server
+                # allows exactly one value per `metadata.name` field selector, so several nodes are
+                # several terms, which are ORed.
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]} for node in nodes
+                ]
             }
         }
     }

@@ -1,15 +1,26 @@
-"""A small, strict fake of the Kubernetes API server for the Kubernetes adapter's tests.
+"""A strict fake of the Kubernetes API server for the Kubernetes adapter's tests.
 
 It speaks the REST paths the official client uses (core `/api/v1`, groups `/apis/<g>/<v>`),
 stores objects per (group/version/resource, namespace, name), answers 201 / 409 AlreadyExists /
-404 NotFound / 422 Invalid / 401 with proper `Status` bodies, lists with label selectors, deletes
-with cascading garbage collection through ownerReferences, and streams watch events as
-newline-delimited `{"type", "object"}` JSON, with 410 Gone for a compacted resourceVersion.
+404 NotFound / 422 Invalid / 403 Forbidden / 401 with proper `Status` bodies, lists with label
+selectors, replaces (PUT) and merge-patches (PATCH), deletes with cascading garbage collection
+through ownerReferences, and streams watch events as newline-delimited `{"type", "object"}` JSON,
+with 410 Gone for a compacted resourceVersion.
 
-Every object written is validated: built-in kinds are deserialized into the client's models and
-serialized back, and any field the model does not know (a typo, a wrong nesting level) makes the
-round trip differ and the request fail with 422, like `fieldValidation=Strict` on a real server.
-Custom resources get the required-field checks of their CRDs.
+Every object written, by a client or by a test through `put`, is validated the way a real
+cluster validates it (`admission.py`, `schemas.py`):
+- built-in kinds against the OpenAPI schemas of Kubernetes `KUBERNETES_VERSION` shipped by the
+  PyPI package `kubernetes-validate`, strict (an unknown field is refused, not silently pruned);
+- custom resources against the real CRDs vendored in `tests/kubernetes/crds/`;
+- the rules the schemas miss: name rules per kind, label and annotation syntax, Indexed Job
+  rules, resource requests (extended resources integers, requests == limits), tolerations and
+  node affinity syntax, the JobSet webhook (generated Job and pod names within 63 characters);
+- admission on create: the Priority plugin (403 for a priorityClassName no PriorityClass has),
+  the JobSet webhook's defaulting, the Job's generated selector and labels; with
+  `require_namespaces`, NamespaceLifecycle (404 for a namespace that does not exist).
+
+The cluster's actors (JobSet/Job controllers, scheduler, kubelet, PodGC, Kueue) are functions in
+`controllers.py`, re-exported here; a test calls them when it wants them to act.
 """
 
 from __future__ import annotations
@@ -26,22 +37,52 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kubernetes import client
+from tests.kubernetes.admission import (
+    Denied,
+    Forbidden,
+    Invalid,
+    default_job,
+    default_jobset,
+    priority_of,
+    validate_coscheduling_pod_group,
+    validate_job,
+    validate_jobset,
+    validate_namespace,
+    validate_node,
+    validate_pod,
+    validate_priority_class,
+    validate_volcano_pod_group,
+    volcano_queue_admission,
+)
+from tests.kubernetes.controllers import (
+    admit_kueue,
+    collect_orphaned_pods,
+    finish_pods,
+    run_job_controller,
+    run_kubelet,
+    schedule,
+    set_pod_status,
+    validate_jobset_and_children,
+)
+from tests.kubernetes.kinds import (
+    COSCHEDULING_PODGROUPS,
+    JOBS,
+    JOBSETS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    VOLCANO_PODGROUPS,
+    FailedCreate,
+    ResourceKey,
+    api_version,
+)
+from tests.kubernetes.schemas import KUBERNETES_VERSION
 
-ResourceKey = tuple[str, str, str]  # (group, version, plural)
-
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?/?$"
 )
-
-
-class Invalid(Exception):
-    """A write the real API server would refuse with 422."""
 
 
 @dataclass(frozen=True)
@@ -49,184 +90,26 @@ class ResourceType:
     kind: str
     namespaced: bool
     validate: Callable[[dict[str, Any]], None]
-    model: str | None = None  # client model name for built-in kinds
-
-
-_api = client.ApiClient()
-
-
-def _round_trip(body: dict[str, Any], model: str) -> None:
-    """Deserialize into the client's model and back; any dropped or mistyped field is an error."""
-    try:
-        obj = _api.deserialize(json.dumps(body), model, "application/json")
-    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
-        raise Invalid(f"{model}: {exc}") from exc
-    back = _api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
-    if back != body:
-        raise Invalid(f"{model}: fields not in the schema or of the wrong type: {_diff(body, back)}")
-
-
-def _diff(want: Any, got: Any, path: str = "") -> str:
-    if isinstance(want, dict) and isinstance(got, dict):
-        for key in sorted(set(want) | set(got)):
-            if key not in got:
-                return f"{path}.{key} unknown"
-            if key not in want:
-                return f"{path}.{key} added"
-            sub = _diff(want[key], got[key], f"{path}.{key}")
-            if sub:
-                return sub
-        return ""
-    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
-        for i, (a, b) in enumerate(zip(want, got, strict=True)):
-            sub = _diff(a, b, f"{path}[{i}]")
-            if sub:
-                return sub
-        return ""
-    return "" if want == got else f"{path}: {want!r} became {got!r}"
-
-
-def _check_meta(body: dict[str, Any], *, name_max: int = 63) -> None:
-    meta = body.get("metadata") or {}
-    name = meta.get("name", "")
-    if not DNS_LABEL.match(name) or len(name) > name_max:
-        raise Invalid(f"metadata.name {name!r} is not a DNS-1123 label of at most {name_max} characters")
-    for what in ("labels", "annotations"):
-        for key, value in (meta.get(what) or {}).items():
-            prefix, _, local = key.rpartition("/")
-            if (prefix and not DNS_SUBDOMAIN.match(prefix)) or not LABEL_NAME.match(local) or len(local) > 63:
-                raise Invalid(f"metadata.{what} key {key!r} is invalid")
-            if not isinstance(value, str):
-                raise Invalid(f"metadata.{what}[{key}] must be a string")
-            if what == "labels" and (len(value) > 63 or not LABEL_VALUE.match(value)):
-                raise Invalid(f"label value {value!r} of {key} is invalid")
-
-
-def _check_pod_spec(spec: dict[str, Any], where: str) -> None:
-    containers = spec.get("containers") or []
-    if not containers:
-        raise Invalid(f"{where}.containers: at least one container is required")
-    for c in containers:
-        if not c.get("image"):
-            raise Invalid(f"{where}.containers[{c.get('name')}].image is required")
-        resources = c.get("resources") or {}
-        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
-        for name, value in requests.items():
-            if "/" in name and name not in limits:
-                raise Invalid(f"extended resource {name} must have a limit")
-            if "/" in name and limits[name] != value:
-                raise Invalid(f"extended resource {name}: request must equal limit")
-
-
-def _validate_job(body: dict[str, Any]) -> None:
-    _round_trip(body, "V1Job")
-    _check_meta(body)
-    spec = body.get("spec") or {}
-    template = spec.get("template") or {}
-    pod_spec = template.get("spec") or {}
-    if pod_spec.get("restartPolicy") not in ("Never", "OnFailure"):
-        raise Invalid("spec.template.spec.restartPolicy must be Never or OnFailure for a Job")
-    if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-        raise Invalid("spec.completions is required for an Indexed Job")
-    _check_pod_spec(pod_spec, "spec.template.spec")
-    _check_meta({"metadata": {"name": body["metadata"]["name"], **(template.get("metadata") or {})}})
-
-
-def _validate_pod(body: dict[str, Any]) -> None:
-    _round_trip(body, "V1Pod")
-    _check_meta(body, name_max=253)
-    _check_pod_spec(body.get("spec") or {}, "spec")
-
-
-def _validate_node(body: dict[str, Any]) -> None:
-    _round_trip(body, "V1Node")
-
-
-def _require_int(value: Any, what: str, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise Invalid(f"{what} must be an integer >= {minimum}, got {value!r}")
-
-
-def _validate_kind(body: dict[str, Any], api_version: str, kind: str) -> None:
-    if body.get("apiVersion") != api_version or body.get("kind") != kind:
-        raise Invalid(f"expected {api_version} {kind}, got {body.get('apiVersion')} {body.get('kind')}")
-
-
-def _validate_volcano_pod_group(body: dict[str, Any]) -> None:
-    _validate_kind(body, "scheduling.volcano.sh/v1beta1", "PodGroup")
-    _check_meta(body)
-    spec = body.get("spec") or {}
-    allowed = {"minMember", "minTaskMember", "queue", "priorityClassName", "minResources", "networkTopology"}
-    if set(spec) - allowed:
-        raise Invalid(f"PodGroup spec fields unknown to Volcano: {sorted(set(spec) - allowed)}")
-    _require_int(spec.get("minMember"), "spec.minMember", 1)
-    if "queue" in spec and not isinstance(spec["queue"], str):
-        raise Invalid("spec.queue must be a string")
-
-
-def _validate_coscheduling_pod_group(body: dict[str, Any]) -> None:
-    _validate_kind(body, "scheduling.x-k8s.io/v1alpha1", "PodGroup")
-    _check_meta(body)
-    spec = body.get("spec") or {}
-    if set(spec) - {"minMember", "minResources", "scheduleTimeoutSeconds"}:
-        raise Invalid(f"PodGroup spec fields unknown to scheduler-plugins: {sorted(spec)}")
-    _require_int(spec.get("minMember"), "spec.minMember", 1)
-    if "scheduleTimeoutSeconds" in spec:
-        _require_int(spec["scheduleTimeoutSeconds"], "spec.scheduleTimeoutSeconds", 1)
-
-
-def _validate_jobset(body: dict[str, Any]) -> None:
-    _validate_kind(body, "jobset.x-k8s.io/v1alpha2", "JobSet")
-    _check_meta(body)
-    spec = body.get("spec") or {}
-    allowed = {
-        "replicatedJobs",
-        "successPolicy",
-        "failurePolicy",
-        "startupPolicy",
-        "network",
-        "suspend",
-        "coordinator",
-        "managedBy",
-        "ttlSecondsAfterFinished",
-    }
-    if set(spec) - allowed:
-        raise Invalid(f"JobSet spec fields unknown: {sorted(set(spec) - allowed)}")
-    jobs = spec.get("replicatedJobs") or []
-    if not jobs:
-        raise Invalid("spec.replicatedJobs must not be empty")
-    names = [j.get("name", "") for j in jobs]
-    if len(set(names)) != len(names):
-        raise Invalid("replicatedJobs names must be unique")
-    jobset_name = body["metadata"]["name"]
-    for job in jobs:
-        if set(job) - {"name", "groupName", "replicas", "template", "dependsOn"}:
-            raise Invalid(f"replicatedJob fields unknown: {sorted(job)}")
-        name = job.get("name", "")
-        if not DNS_LABEL.match(name):
-            raise Invalid(f"replicatedJob name {name!r} is not a DNS-1123 label")
-        _require_int(job.get("replicas"), f"replicatedJobs[{name}].replicas", 1)
-        template = job.get("template") or {}
-        _round_trip(template, "V1JobTemplateSpec")
-        job_spec = template.get("spec") or {}
-        pod_spec = (job_spec.get("template") or {}).get("spec") or {}
-        if pod_spec.get("restartPolicy") not in ("Never", "OnFailure"):
-            raise Invalid("restartPolicy must be Never or OnFailure")
-        _check_pod_spec(pod_spec, f"replicatedJobs[{name}]")
-        # JobSet's webhook: pod hostnames <jobset>-<rjob>-<jobIndex>-<podIndex> must be DNS labels.
-        longest = f"{jobset_name}-{name}-{job['replicas'] - 1}-{(job_spec.get('completions') or 1) - 1}"
-        if len(longest) > 63:
-            raise Invalid(f"pod hostname {longest!r} would exceed 63 characters")
+    default: Callable[[dict[str, Any]], None] | None = None  # mutating admission on create
 
 
 RESOURCES: dict[ResourceKey, ResourceType] = {
-    ("", "v1", "pods"): ResourceType("Pod", True, _validate_pod, "V1Pod"),
-    ("", "v1", "nodes"): ResourceType("Node", False, _validate_node, "V1Node"),
-    ("batch", "v1", "jobs"): ResourceType("Job", True, _validate_job, "V1Job"),
-    ("jobset.x-k8s.io", "v1alpha2", "jobsets"): ResourceType("JobSet", True, _validate_jobset),
-    ("scheduling.volcano.sh", "v1beta1", "podgroups"): ResourceType("PodGroup", True, _validate_volcano_pod_group),
-    ("scheduling.x-k8s.io", "v1alpha1", "podgroups"): ResourceType("PodGroup", True, _validate_coscheduling_pod_group),
+    PODS: ResourceType("Pod", True, validate_pod),
+    NODES: ResourceType("Node", False, validate_node),
+    NAMESPACES: ResourceType("Namespace", False, validate_namespace),
+    JOBS: ResourceType("Job", True, validate_job, default_job),
+    PRIORITY_CLASSES: ResourceType("PriorityClass", False, validate_priority_class),
+    JOBSETS: ResourceType("JobSet", True, validate_jobset, default_jobset),
+    VOLCANO_PODGROUPS: ResourceType("PodGroup", True, validate_volcano_pod_group),
+    COSCHEDULING_PODGROUPS: ResourceType("PodGroup", True, validate_coscheduling_pod_group),
 }
+
+# Names kept for the tests written against the first version of this fake.
+_validate_job = validate_job
+_validate_jobset = validate_jobset_and_children
+_validate_volcano_pod_group = validate_volcano_pod_group
+_validate_coscheduling_pod_group = validate_coscheduling_pod_group
+SERVER_FIELDS = ("creationTimestamp", "resourceVersion", "uid", "generation")
 
 
 def _split_selector(text: str) -> list[str]:
@@ -273,6 +156,53 @@ def matches_selector(labels: dict[str, str], selector: str | None) -> bool:
     return True
 
 
+# Field labels each resource supports in fieldSelector (pkg/registry/*/strategy.go *ToSelectableFields;
+# every resource has metadata.name and metadata.namespace); any other is a 400.
+FIELD_LABELS: dict[str, tuple[str, ...]] = {
+    "pods": (
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    ),
+    "nodes": ("spec.unschedulable",),
+    "jobs": ("status.successful",),
+    "namespaces": ("status.phase",),
+}
+
+
+def _field_value(obj: dict[str, Any], label: str) -> str:
+    value: Any = obj
+    for part in label.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if label == "spec.unschedulable" or label == "spec.hostNetwork":
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def parse_field_selector(plural: str, text: str | None) -> list[tuple[str, str, bool]]:
+    """(field, value, equal) terms of a field selector; ValueError for an unsupported field."""
+    terms: list[tuple[str, str, bool]] = []
+    for term in (text or "").split(","):
+        if not term.strip():
+            continue
+        negate = "!=" in term
+        field_label, _, value = term.partition("!=" if negate else "=")
+        field_label, value = field_label.strip(), value.lstrip("=").strip()
+        if field_label not in ("metadata.name", "metadata.namespace", *FIELD_LABELS.get(plural, ())):
+            raise ValueError(f"field label not supported: {field_label}")
+        terms.append((field_label, value, not negate))
+    return terms
+
+
+def matches_fields(obj: dict[str, Any], terms: list[tuple[str, str, bool]]) -> bool:
+    return all((_field_value(obj, f) == v) == equal for f, v, equal in terms)
+
+
 def status_body(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "kind": "Status",
@@ -286,6 +216,19 @@ def status_body(code: int, reason: str, message: str, details: dict[str, Any] | 
     if details is not None:
         body["details"] = details
     return body
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
 
 
 @dataclass
@@ -316,6 +259,20 @@ class FakeApiServer:
     requests: list[Request] = field(default_factory=list)
     creations: list[tuple[ResourceKey, str, str]] = field(default_factory=list)  # successful POSTs
     deletions: list[tuple[ResourceKey, str, str, str | None]] = field(default_factory=list)  # + propagation
+    failed_creates: list[FailedCreate] = field(default_factory=list)  # refused controller creates
+    # Scheduler names someone serves; pods naming another scheduler stay Pending, untouched.
+    schedulers: set[str] = field(
+        default_factory=lambda: {"default-scheduler", "volcano", "scheduler-plugins-scheduler"}
+    )
+    # Real pod names carry a 5-character random suffix (`<job>-<index>-x7k2p`); off, the Job
+    # controller names pods `<job>-<index>` (what the first tests were written against).
+    generated_pod_names: bool = False
+    # Volcano queues and their state: its webhook refuses PodGroups of a missing or closed queue.
+    volcano_queues: dict[str, str] = field(default_factory=lambda: {"default": "Open"})
+    # Nodes whose device plugin runs time-slicing with failRequestsGreaterThanOne (MPS always does).
+    strict_time_slicing_nodes: set[str] = field(default_factory=set)
+    # NamespaceLifecycle: refuse objects in a namespace that does not exist (404), as real clusters do.
+    require_namespaces: bool = False
     # Called before each request is handled: lets a test make another actor race the client.
     before_request: Callable[[Request], None] | None = None
     rv: int = 0
@@ -325,6 +282,8 @@ class FakeApiServer:
     _watch_generation: int = 0
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
+
+    kubernetes_version = KUBERNETES_VERSION
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -356,25 +315,47 @@ class FakeApiServer:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    @staticmethod
+    def now() -> str:
+        return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
     # -- direct access for tests (what controllers and kubelets would do) ----------------
 
     def put(self, resource: ResourceKey, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create or replace an object as a controller would; validated like an API write."""
+        """Create or replace an object as a controller would; validated like an API write
+        (a new object also meets the create-time admission: defaulting, Priority plugin)."""
         rtype = RESOURCES[resource]
         body: dict[str, Any] = json.loads(json.dumps(obj))
-        # Fields the server itself stamped are not the writer's and are not revalidated.
-        check = json.loads(json.dumps(obj))
-        for server_field in ("creationTimestamp", "resourceVersion", "uid"):
-            check["metadata"].pop(server_field, None)
-        rtype.validate(check)
-        meta = body["metadata"]
+        meta = body.setdefault("metadata", {})
         ns = meta.get("namespace", "") if rtype.namespaced else ""
         with self.lock:
-            existing = self.objects.setdefault(resource, {}).get((ns, meta["name"]))
+            existing = self.objects.get(resource, {}).get((ns, meta.get("name", "")))
+            if existing is None:
+                self._admit_create(resource, body, ns)
+            else:
+                self._validate(rtype, body)
             self._stamp(body, existing)
-            self.objects[resource][(ns, meta["name"])] = body
+            self.objects.setdefault(resource, {})[(ns, meta["name"])] = body
             self._emit(resource, ns, "MODIFIED" if existing else "ADDED", body)
         return body
+
+    def create_as_controller(
+        self, resource: ResourceKey, obj: dict[str, Any], controller: str
+    ) -> dict[str, Any] | None:
+        """A controller's create: refused objects are recorded in `failed_creates`, not raised."""
+        meta = obj.get("metadata") or {}
+        try:
+            return self.put(resource, obj)
+        except Invalid as exc:
+            code, message = 422, str(exc)
+        except Forbidden as exc:
+            code, message = 403, str(exc)
+        except Denied as exc:
+            code, message = 400, str(exc)
+        self.failed_creates.append(
+            FailedCreate(resource, meta.get("namespace", ""), meta.get("name", ""), controller, code, message)
+        )
+        return None
 
     def get(self, resource: ResourceKey, namespace: str, name: str) -> dict[str, Any] | None:
         with self.lock:
@@ -408,13 +389,49 @@ class FakeApiServer:
     def requests_to(self, method: str, plural: str) -> list[Request]:
         return [r for r in self.requests if r.method == method and f"/{plural}" in r.path]
 
+    # -- admission -----------------------------------------------------------------------
+
+    def _validate(self, rtype: ResourceType, body: dict[str, Any]) -> None:
+        # Fields the server itself stamps are not the writer's and are not revalidated.
+        check = json.loads(json.dumps(body))
+        for server_field in SERVER_FIELDS:
+            check.get("metadata", {}).pop(server_field, None)
+        rtype.validate(check)
+
+    def _admit_create(self, resource: ResourceKey, body: dict[str, Any], ns: str) -> None:
+        """Create path of the real API server: mutating admission (defaulting, Priority),
+        validation, then the namespace must exist. Raises Invalid / Forbidden / LookupError."""
+        rtype = RESOURCES[resource]
+        meta = body.setdefault("metadata", {})
+        if rtype.namespaced:
+            meta["namespace"] = ns
+        if self.require_namespaces and rtype.namespaced and self.get(NAMESPACES, "", ns) is None:
+            raise LookupError(f'namespaces "{ns}" not found')
+        self._validate(rtype, body)  # a request must be valid as sent, before defaults hide its faults
+        if resource == PODS:
+            body.setdefault("status", {}).setdefault("phase", "Pending")
+            spec = body.setdefault("spec", {})
+            spec["priority"] = priority_of(
+                body, ns, lambda name: self.get(PRIORITY_CLASSES, "", name), self._default_priority()
+            )
+        if resource == VOLCANO_PODGROUPS:
+            volcano_queue_admission(body, self.volcano_queues)
+        if rtype.default is not None:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            rtype.default(body)
+            self._validate(rtype, body)
+
+    def _default_priority(self) -> int:
+        defaults = [pc for pc in self.objects_of(PRIORITY_CLASSES) if pc.get("globalDefault")]
+        return int(defaults[0].get("value", 0)) if defaults else 0
+
     # -- internals -----------------------------------------------------------------------
 
     def _stamp(self, body: dict[str, Any], existing: dict[str, Any] | None) -> None:
         self.rv += 1
         meta = body["metadata"]
         meta["resourceVersion"] = str(self.rv)
-        meta["uid"] = (existing or {}).get("metadata", {}).get("uid") or str(uuid.uuid4())
+        meta["uid"] = (existing or {}).get("metadata", {}).get("uid") or meta.get("uid") or str(uuid.uuid4())
         meta["creationTimestamp"] = (existing or {}).get("metadata", {}).get("creationTimestamp") or datetime.now(
             UTC
         ).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -481,6 +498,18 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 return None
             return key, rtype, m["ns"] or "", m["name"], query
 
+        def _refuse(self, exc: Exception, kind: str, name: str | None) -> None:
+            if isinstance(exc, Invalid):
+                causes = [{"message": cause} for cause in exc.causes]
+                details = {"name": name, "kind": kind, "causes": causes}
+                self._send(422, status_body(422, "Invalid", str(exc), details))
+            elif isinstance(exc, Forbidden):
+                self._send(403, status_body(403, "Forbidden", str(exc), {"name": name, "kind": kind}))
+            elif isinstance(exc, Denied):
+                self._send(400, status_body(400, "BadRequest", str(exc), {"name": name, "kind": kind}))
+            else:
+                self._send(404, status_body(404, "NotFound", str(exc).strip("'\""), {"name": name, "kind": kind}))
+
         def do_POST(self) -> None:
             routed = self._route()
             if routed is None:
@@ -490,18 +519,21 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if name is not None or not isinstance(body, dict):
                 self._send(405, status_body(405, "MethodNotAllowed", "POST a collection"))
                 return
+            # The API server decodes with the path's group/version/kind as defaults.
+            body.setdefault("apiVersion", api_version(key))
+            body.setdefault("kind", rtype.kind)
             meta = body.setdefault("metadata", {})
-            if meta.get("namespace", ns) != ns:
-                self._send(400, status_body(400, "BadRequest", "namespace of the body does not match the path"))
+            if rtype.namespaced and meta.get("namespace", ns) != ns:
+                self._send(
+                    400,
+                    status_body(
+                        400,
+                        "BadRequest",
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ),
+                )
                 return
-            if rtype.namespaced:
-                meta["namespace"] = ns
-            try:
-                rtype.validate(body)
-            except Invalid as exc:
-                self._send(422, status_body(422, "Invalid", str(exc), {"name": meta.get("name"), "kind": rtype.kind}))
-                return
-            obj_name = meta["name"]
+            obj_name = meta.get("name")
             with api.lock:
                 store = api.objects.setdefault(key, {})
                 if (ns, obj_name) in store:
@@ -517,11 +549,62 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         ),
                     )
                     return
+                try:
+                    api._admit_create(key, body, ns if rtype.namespaced else "")
+                except (Invalid, Forbidden, Denied, LookupError) as exc:
+                    self._refuse(exc, rtype.kind, obj_name)
+                    return
                 api._stamp(body, None)
                 store[(ns, obj_name)] = body
                 api.creations.append((key, ns, obj_name))
                 api._emit(key, ns, "ADDED", body)
             self._send(201, body)
+
+        def _write_existing(self, patch: bool) -> None:
+            routed = self._route()
+            if routed is None:
+                return
+            key, rtype, ns, name, _ = routed
+            if name is None or not isinstance(self._body, dict):
+                self._send(405, status_body(405, "MethodNotAllowed", "PUT or PATCH one object"))
+                return
+            with api.lock:
+                existing = api.get(key, ns, name)
+                if existing is None:
+                    self._send(404, status_body(404, "NotFound", f'{key[2]} "{name}" not found'))
+                    return
+                body = merge_patch(json.loads(json.dumps(existing)), self._body) if patch else self._body
+                sent_rv = (self._body.get("metadata") or {}).get("resourceVersion")
+                if sent_rv and sent_rv != existing["metadata"]["resourceVersion"]:
+                    message = f'Operation cannot be fulfilled on {key[2]} "{name}": the object has been modified'
+                    self._send(409, status_body(409, "Conflict", message, {"name": name, "kind": key[2]}))
+                    return
+                meta = body.setdefault("metadata", {})
+                if meta.get("name") != name:
+                    self._send(
+                        400, status_body(400, "BadRequest", "the name of the object does not match the name on the URL")
+                    )
+                    return
+                if rtype.namespaced:
+                    meta["namespace"] = ns
+                try:
+                    stored = api.put(key, body)
+                except (Invalid, Forbidden, Denied) as exc:
+                    self._refuse(exc, rtype.kind, name)
+                    return
+            self._send(200, stored)
+
+        def do_PUT(self) -> None:
+            self._write_existing(patch=False)
+
+        def do_PATCH(self) -> None:
+            if "merge-patch" not in (self.headers.get("Content-Type") or "") and "strategic" not in (
+                self.headers.get("Content-Type") or ""
+            ):
+                self._route()
+                self._send(415, status_body(415, "UnsupportedMediaType", "only merge patches are supported"))
+                return
+            self._write_existing(patch=True)
 
         def do_GET(self) -> None:
             routed = self._route()
@@ -536,6 +619,12 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     self._send(200, obj)
                 return
             selector = query.get("labelSelector")
+            try:
+                fields = parse_field_selector(key[2], query.get("fieldSelector"))
+            except ValueError as exc:
+                self._send(400, status_body(400, "BadRequest", str(exc)))
+                return
+            self._fields = fields
             if query.get("watch", "").lower() in ("true", "1"):
                 self._watch(key, ns, selector, query)
                 return
@@ -545,6 +634,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     for (obj_ns, _), obj in sorted(api.objects.get(key, {}).items())
                     if (not rtype.namespaced or not ns or obj_ns == ns)
                     and matches_selector(obj["metadata"].get("labels") or {}, selector)
+                    and matches_fields(obj, fields)
                 ]
                 rv = str(api.rv)
             self._send(
@@ -621,6 +711,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         and e.resource == key
                         and (not ns or e.namespace == ns)
                         and matches_selector(e.obj["metadata"].get("labels") or {}, selector)
+                        and matches_fields(e.obj, self._fields)
                     ]
                     if batch:
                         cursor = max(e.rv for e in batch)
@@ -644,112 +735,30 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-PODS: ResourceKey = ("", "v1", "pods")
-NODES: ResourceKey = ("", "v1", "nodes")
-JOBS: ResourceKey = ("batch", "v1", "jobs")
-JOBSETS: ResourceKey = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
-VOLCANO_PODGROUPS: ResourceKey = ("scheduling.volcano.sh", "v1beta1", "podgroups")
-COSCHEDULING_PODGROUPS: ResourceKey = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
-
-
-def _owner(api_version: str, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    meta = obj["metadata"]
-    return {"apiVersion": api_version, "kind": kind, "name": meta["name"], "uid": meta["uid"], "controller": True}
-
-
-def _pinned_node(pod_spec: dict[str, Any]) -> str | None:
-    terms = (
-        ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    ).get("nodeSelectorTerms") or []
-    for term in terms:
-        for field_req in term.get("matchFields") or []:
-            if field_req.get("key") == "metadata.name" and field_req.get("operator") == "In":
-                values = field_req.get("values") or []
-                if len(values) == 1:
-                    return str(values[0])
-    return None
-
-
-def run_job_controller(api: FakeApiServer, namespace: str) -> list[dict[str, Any]]:
-    """Do what the JobSet and Job controllers plus the scheduler would: child Jobs, then one
-    Pending pod per completion index, bound to the node its required affinity names.
-    Idempotent; returns the pods created by this call."""
-    for jobset in api.objects_of(JOBSETS, namespace):
-        if jobset["spec"].get("suspend"):
-            continue
-        for rjob in jobset["spec"]["replicatedJobs"]:
-            for i in range(rjob["replicas"]):
-                name = f"{jobset['metadata']['name']}-{rjob['name']}-{i}"
-                if api.get(JOBS, namespace, name) is not None:
-                    continue
-                template = json.loads(json.dumps(rjob["template"]))
-                meta = template.get("metadata") or {}
-                labels = dict(meta.get("labels") or {}) | {
-                    "jobset.sigs.k8s.io/jobset-name": jobset["metadata"]["name"],
-                    "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
-                }
-                api.put(
-                    JOBS,
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {
-                            "name": name,
-                            "namespace": namespace,
-                            "labels": labels,
-                            "ownerReferences": [_owner("jobset.x-k8s.io/v1alpha2", "JobSet", jobset)],
-                        },
-                        "spec": template["spec"],
-                    },
-                )
-    created: list[dict[str, Any]] = []
-    for job in api.objects_of(JOBS, namespace):
-        spec = job["spec"]
-        if spec.get("suspend"):
-            continue
-        template = spec["template"]
-        for index in range(spec.get("completions") or 1):
-            name = f"{job['metadata']['name']}-{index}"
-            if api.get(PODS, namespace, name) is not None:
-                continue
-            meta = template.get("metadata") or {}
-            pod_spec = json.loads(json.dumps(template["spec"]))
-            node = _pinned_node(pod_spec)
-            if node is not None:
-                pod_spec["nodeName"] = node
-            created.append(
-                api.put(
-                    PODS,
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "metadata": {
-                            "name": name,
-                            "namespace": namespace,
-                            "labels": dict(meta.get("labels") or {})
-                            | {
-                                "job-name": job["metadata"]["name"],
-                                "batch.kubernetes.io/job-completion-index": str(index),
-                            },
-                            "annotations": dict(meta.get("annotations") or {})
-                            | {"batch.kubernetes.io/job-completion-index": str(index)},
-                            "ownerReferences": [_owner("batch/v1", "Job", job)],
-                        },
-                        "spec": pod_spec,
-                        "status": {"phase": "Pending"},
-                    },
-                )
-            )
-    return created
-
-
-def set_pod_status(api: FakeApiServer, namespace: str, name: str, phase: str, **status: Any) -> dict[str, Any]:
-    """What the kubelet does: move a pod to `phase`, with extra status fields (message, reason, …)."""
-    pod = api.get(PODS, namespace, name)
-    assert pod is not None, f"no pod {name}"
-    pod = json.loads(json.dumps(pod))
-    pod["status"] = {"phase": phase, **status}
-    return api.put(PODS, pod)
+__all__ = [
+    "COSCHEDULING_PODGROUPS",
+    "JOBS",
+    "JOBSETS",
+    "NAMESPACES",
+    "NODES",
+    "PODS",
+    "PRIORITY_CLASSES",
+    "RESOURCES",
+    "VOLCANO_PODGROUPS",
+    "Denied",
+    "FailedCreate",
+    "FakeApiServer",
+    "Forbidden",
+    "Invalid",
+    "Request",
+    "ResourceKey",
+    "admit_kueue",
+    "collect_orphaned_pods",
+    "finish_pods",
+    "matches_selector",
+    "run_job_controller",
+    "run_kubelet",
+    "schedule",
+    "set_pod_status",
+    "status_body",
+]

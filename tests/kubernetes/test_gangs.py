@@ -63,11 +63,12 @@ def validate(run: RunManifests) -> None:
 
 def required_nodes(template: dict[str, Any]) -> list[str]:
     terms = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    [term] = terms["nodeSelectorTerms"]
-    [field] = term["matchFields"]
-    assert field["key"] == "metadata.name"
-    assert field["operator"] == "In"
-    values: list[str] = field["values"]
+    values: list[str] = []
+    for term in terms["nodeSelectorTerms"]:  # ORed; one node per term, as the API server requires
+        [field] = term["matchFields"]
+        assert (field["key"], field["operator"]) == ("metadata.name", "In")
+        [node] = field["values"]
+        values.append(node)
     return values
 
 

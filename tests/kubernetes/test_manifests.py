@@ -356,5 +356,5 @@ def test_fake_server_validation_catches_a_misspelled_field() -> None:
         _validate_job(body)
     body = json.loads(json.dumps(job.body))
     body["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "7"
-    with pytest.raises(Invalid, match="request must equal limit"):
+    with pytest.raises(Invalid, match=r"must be equal to nvidia\.com/gpu limit"):
         _validate_job(body)

@@ -12,7 +12,7 @@ from adapters.kubernetes.driver import KubernetesCluster
 from adapters.kubernetes.manifests import KubeSettings, ManifestError
 from tests.kubernetes.conftest import pools, training_order
 from tests.kubernetes.fake_apiserver import FakeApiServer
-from tests.kubernetes.priority_classes import KEY as PRIORITY_CLASSES
+from tests.kubernetes.kinds import PRIORITY_CLASSES
 
 RUNS = [f"run-0123456789abcdef{i:04d}-1" for i in range(3)]
 
