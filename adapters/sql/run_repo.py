@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -87,6 +87,18 @@ class SqlRunRepository:
             .execution_options(synchronize_session=False)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def clusters_of(self, run_ids: Collection[str]) -> dict[str, str]:
+        ids = sorted(run_ids)
+        found: dict[str, str] = {}
+        for start in range(0, len(ids), 500):  # stay far below SQLite's bound on parameters
+            rows = self.s.execute(
+                select(RunRow.id, ClusterRow.name)
+                .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+                .where(RunRow.id.in_(ids[start : start + 500]))
+            ).all()
+            found.update({run_id: cluster for run_id, cluster in rows})
+        return found
 
     def status(self, run_id: str) -> RunStatus | None:
         row = self.s.execute(

@@ -20,6 +20,13 @@ from controlplane.service import telemetry
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.telemetry import BatchResult, GpuSample, WindowQuery, encode_batch
 from controlplane.workers.loops import TelemetryDelivery, handle_telemetry, telemetry_loop
+from tests.telemetry.known import register
+
+
+@pytest.fixture(autouse=True)
+def _known_clusters_and_runs(wiring: Wiring) -> None:
+    """Ingest keeps only telemetry of registered clusters and of their own runs."""
+    register(wiring, "east", "run-1")
 
 
 @pytest.fixture
