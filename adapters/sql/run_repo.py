@@ -97,7 +97,7 @@ class SqlRunRepository:
                 .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
                 .where(RunRow.id.in_(ids[start : start + 500]))
             ).all()
-            found.update({run_id: cluster for run_id, cluster in rows})
+            found.update((run_id, cluster) for run_id, cluster in rows)
         return found
 
     def status(self, run_id: str) -> RunStatus | None:
