@@ -50,7 +50,7 @@ from controlplane.service.cloud_state import CloudClusterRecord
 from controlplane.service.cluster_status import PodReport
 from controlplane.service.commands import ClusterSpec
 from controlplane.service.fleet_sync import locator_of, sync_due
-from controlplane.service.gang_timeout import requeue_stalled_gangs
+from controlplane.service.gang_timeout import requeue_stalled_gangs, requeue_undispatched
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
@@ -295,7 +295,7 @@ class RealFleet:
         subject = f"{self.prefix}.cluster.{cluster}.pods"
 
         async def publish(report: PodReport) -> None:
-            payload = report.model_dump_json().encode()
+            payload = report.encode()  # trimmed to fit one NATS message, however large the gang
             digest = hashlib.sha256(payload).hexdigest()[:16]
             await self.publisher.publish(subject, payload, f"{cluster}:{report.run_id}:{digest}")
 
@@ -467,6 +467,16 @@ async def run_components(
         real = RealFleet(wiring, publisher, prefix, providers)
         tasks.append(asyncio.create_task(real.run(stop), name="real-fleet"))
         tasks.extend(_real_cluster_tasks(wiring, real, settings, prefix, stop))
+
+        async def dispatch_timeout() -> None:
+            await asyncio.to_thread(requeue_undispatched, wiring.uow, prefix, utc_now, settings.dispatch_timeout)
+
+        tasks.append(
+            asyncio.create_task(
+                loops.periodic_loop("dispatch timeout", dispatch_timeout, stop, settings.gang_timeout_interval),
+                name="dispatch-timeout",
+            )
+        )
         tasks.append(
             asyncio.create_task(
                 loops.dispatcher_loop(
