@@ -281,7 +281,7 @@ def workload_mix(workloads: Iterable[Workload], popularity: float = 0.95) -> Wor
         for pod_set in workload.pod_sets:
             try:
                 shape = pod_shape(pod_set)
-            except Exception:  # a gang with an unreadable pod set fails in its own turn, with a reason
+            except Exception:  # noqa: S112 - an unreadable pod set fails in its gang's own turn, with a reason
                 continue
             counts[shape] = counts.get(shape, 0.0) + pod_set.replicas
     return WorkloadMix.from_counts(counts, popularity) if counts else None
