@@ -21,6 +21,7 @@ from sqlalchemy import Engine, text
 
 from adapters.clouds import build_provider
 from adapters.dcgm.consumer import JetStreamTelemetrySource
+from adapters.files import private_dir, private_sqlite, write_private
 from adapters.kubernetes import (
     KubernetesCluster,
     KubeSettings,
@@ -84,7 +85,8 @@ class Wiring:
     def __post_init__(self) -> None:
         url = self.settings.effective_database_url
         if url.startswith("sqlite"):
-            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.settings.state_dir)
+            private_sqlite(url)
         self.engine = make_engine(url)
         self._sessions = make_session_factory(self.engine)
 
@@ -102,7 +104,8 @@ class Wiring:
 
 def migrate(settings: Settings) -> None:
     if settings.effective_database_url.startswith("sqlite"):
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
+        private_sqlite(settings.effective_database_url)
     upgrade_to_head(settings.effective_database_url)
 
 
@@ -572,6 +575,5 @@ def _real_cluster_tasks(
 
 
 def write_secret(path: Path, value: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_text(value + "\n")
+    """A token file: 0600 in a 0700 directory, also when an older one was readable by others."""
+    write_private(path, value + "\n")
