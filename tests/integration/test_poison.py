@@ -19,6 +19,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
@@ -219,3 +220,25 @@ async def test_a_database_outage_holds_messages_without_spending_deliveries(
     assert _count(wiring, WorkloadRow) == 1
     info = await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
     assert info.num_redelivered == 0  # held, retried in place: no delivery was spent
+
+
+async def test_an_installation_with_the_old_limits_stream_moves_to_interest_in_place(
+    running_nats: NatsServerProcess, wiring: Wiring
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    nc: Client = await nats.connect(running_nats.url)
+    js = nc.jetstream()
+    for name in (INBOUND_STREAM, "GPUFLEET_EVENTS", DLQ_STREAM, "GPUFLEET_TELEMETRY"):
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_stream(name)
+    subjects = [f"{prefix}.submit.>", f"{prefix}.cancel", f"{prefix}.cluster.>"]
+    old = StreamConfig(name=INBOUND_STREAM, subjects=subjects, retention=RetentionPolicy.LIMITS)
+    await js.add_stream(old)
+    await js.add_consumer(INBOUND_STREAM, ConsumerConfig(durable_name=INGEST_CONSUMER, max_deliver=-1))
+    await js.publish(f"{prefix}.cancel", b"{}")  # not yet consumed: must survive the change
+    await ensure_topology(js, prefix)
+    info = await js.stream_info(INBOUND_STREAM)
+    consumer = await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
+    await nc.close()
+    assert (info.config.retention, info.state.messages) == (RetentionPolicy.INTEREST, 1)
+    assert consumer.config.max_deliver == ingest.MAX_DELIVERIES + 5
