@@ -3,13 +3,19 @@ authentication is refused with a sentence (413/422/503), and nothing it sends re
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
+from adapters.nats.server import free_port
 from controlplane.api.app import create_app
 from controlplane.api.context import ApiContext
 from controlplane.bootstrap import Wiring
@@ -182,3 +188,39 @@ def test_a_database_outage_answers_503_with_retry_after(wiring: Wiring, tmp_path
             assert "database is unavailable" in r.json()["detail"]
     finally:
         dead.close()
+
+
+def test_chunked_body_over_the_cap_is_refused_by_a_real_http_server(wiring: Wiring, tenant: Tenant) -> None:
+    """Through uvicorn and a raw socket, as the attack in the issue was made: no Content-Length."""
+    app = create_app(ApiContext(uow_factory=wiring.uow, subject_prefix=wiring.settings.subject_prefix))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            head = (
+                "POST /v1/workloads HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {tenant.token}\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            sock.sendall(head.encode())
+            chunk = b"x" * 65536
+            with contextlib.suppress(OSError):  # the server may answer and close before we finish
+                for _ in range(20):  # 1.25 MiB
+                    sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                sock.sendall(b"0\r\n\r\n")
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert status_line.startswith(b"HTTP/1.1 413"), answer[:300]
+        assert b'{"detail":"request body larger than 1 MiB"}' in rest
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
