@@ -80,6 +80,9 @@ def topology(prefix: str = "gpufleet") -> Topology:
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=30 * DAY,
+            # A flood of poison cannot fill the disk: past 1 GiB the oldest dead letters go first.
+            max_bytes=1 << 30,
+            discard=DiscardPolicy.OLD,
             duplicate_window=120.0,
             num_replicas=1,
         ),
