@@ -12,7 +12,10 @@ import re
 
 _QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The names of gpufleet objects (workloads, queues, clusters, pools...) are DNS labels: they end up
+# in Kubernetes object names and labels. Exported for request models, which check it as a pattern.
+DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS1123_LABEL = re.compile(DNS1123_LABEL_PATTERN)
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 QUALIFIED_NAME_MAX = 63

@@ -22,7 +22,7 @@ from controlplane.domain.limits import (
 from controlplane.domain.model import NodePool, PodSet, Taint, WorkloadKind
 from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_compute_slices
 
-NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAME_PATTERN = k8s.DNS1123_LABEL_PATTERN
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
 RESERVED_LABEL_PREFIX = "gpufleet.io/"
 QuotaAmount = Annotated[float, Field(ge=0, le=MAX_QUOTA_AMOUNT, allow_inf_nan=False)]
