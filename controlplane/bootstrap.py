@@ -20,6 +20,7 @@ from sqlalchemy import Engine, text
 
 from adapters.clouds import build_provider
 from adapters.dcgm.consumer import JetStreamTelemetrySource
+from adapters.files import private_dir, private_sqlite, write_private
 from adapters.kubernetes import (
     KubernetesCluster,
     KubeSettings,
@@ -49,7 +50,7 @@ from controlplane.service.cloud_state import CloudClusterRecord
 from controlplane.service.cluster_status import PodReport
 from controlplane.service.commands import ClusterSpec
 from controlplane.service.fleet_sync import locator_of, sync_due
-from controlplane.service.gang_timeout import requeue_stalled_gangs
+from controlplane.service.gang_timeout import requeue_stalled_gangs, requeue_undispatched
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
@@ -83,7 +84,8 @@ class Wiring:
     def __post_init__(self) -> None:
         url = self.settings.effective_database_url
         if url.startswith("sqlite"):
-            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.settings.state_dir)
+            private_sqlite(url)
         self.engine = make_engine(url)
         self._sessions = make_session_factory(self.engine)
 
@@ -101,7 +103,8 @@ class Wiring:
 
 def migrate(settings: Settings) -> None:
     if settings.effective_database_url.startswith("sqlite"):
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
+        private_sqlite(settings.effective_database_url)
     upgrade_to_head(settings.effective_database_url)
 
 
@@ -301,7 +304,7 @@ class RealFleet:
         subject = f"{self.prefix}.cluster.{cluster}.pods"
 
         async def publish(report: PodReport) -> None:
-            payload = report.model_dump_json().encode()
+            payload = report.encode()  # trimmed to fit one NATS message, however large the gang
             digest = hashlib.sha256(payload).hexdigest()[:16]
             await self.publisher.publish(subject, payload, f"{cluster}:{report.run_id}:{digest}")
 
@@ -458,6 +461,16 @@ async def run_components(
         real = RealFleet(wiring, publisher, prefix, providers)
         tasks.append(asyncio.create_task(real.run(stop), name="real-fleet"))
         tasks.extend(_real_cluster_tasks(wiring, real, settings, prefix, stop))
+
+        async def dispatch_timeout() -> None:
+            await asyncio.to_thread(requeue_undispatched, wiring.uow, prefix, utc_now, settings.dispatch_timeout)
+
+        tasks.append(
+            asyncio.create_task(
+                loops.periodic_loop("dispatch timeout", dispatch_timeout, stop, settings.gang_timeout_interval),
+                name="dispatch-timeout",
+            )
+        )
         tasks.append(
             asyncio.create_task(
                 loops.dispatcher_loop(
@@ -555,6 +568,5 @@ def _real_cluster_tasks(
 
 
 def write_secret(path: Path, value: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_text(value + "\n")
+    """A token file: 0600 in a 0700 directory, also when an older one was readable by others."""
+    write_private(path, value + "\n")

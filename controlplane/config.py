@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     credential_refresh_margin: float = Field(default=300.0, ge=0)
     gang_start_timeout: float = Field(default=600.0, gt=0)
     gang_timeout_interval: float = Field(default=5.0, gt=0)
+    # An admitted run not applied to its cluster within this many seconds is requeued with a reason.
+    dispatch_timeout: float = Field(default=300.0, gt=0)
     autoscale: bool = True
     autoscale_interval: float = Field(default=30.0, gt=0)
     autoscale_cooldown: float = Field(default=600.0, ge=0)

@@ -38,6 +38,13 @@ class Delivery:
     message: InboundMessage
     _msg: Msg
 
+    @property
+    def attempt(self) -> int:
+        return int(self._msg.metadata.num_delivered or 1)
+
+    async def hold(self) -> None:
+        await self._msg.in_progress()
+
     async def ack(self) -> None:
         # Double ack: the server confirms it, so a lost ack shows up here rather than as a
         # silent redelivery (which the inbox would absorb anyway).

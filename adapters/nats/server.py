@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from adapters.files import PRIVATE_UMASK, private_dir
+
 
 def find_binary() -> str:
     beside = Path(sys.executable).parent / "nats-server"
@@ -48,7 +50,7 @@ class NatsServerProcess:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> None:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.store_dir)
         args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
         if self.log_file is not None:
             args += ["-l", str(self.log_file)]
@@ -58,6 +60,7 @@ class NatsServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            umask=PRIVATE_UMASK,  # its store and log are private to the user running gpufleet
             preexec_fn=_die_with_parent if os.name == "posix" else None,  # noqa: PLW1509
         )
         deadline = time.monotonic() + timeout

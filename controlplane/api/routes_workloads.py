@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field
 
 from controlplane.api.security import Caller, Ctx
+from controlplane.domain.limits import MAX_OFFSET, MAX_PAGE
 from controlplane.domain.model import WorkloadState
 from controlplane.service import workloads as svc
 from controlplane.service.commands import Strict, SubmitWorkload
@@ -46,11 +47,11 @@ def submit(
 def list_workloads(
     who: Caller,
     ctx: Ctx,
-    queue: str | None = None,
-    state: Annotated[list[WorkloadState] | None, Query()] = None,
-    name: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    queue: Annotated[str | None, Query(max_length=63)] = None,
+    state: Annotated[list[WorkloadState] | None, Query(max_length=len(WorkloadState))] = None,
+    name: Annotated[str | None, Query(max_length=63)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[WorkloadView]:
     flt = WorkloadFilter(None, queue, tuple(str(s) for s in state or ()), name, limit, offset)
     return svc.list_workloads(ctx.uow_factory(), who, flt)

@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import json
 import logging
+import os
 import signal
 import socket
 from collections.abc import Coroutine
@@ -14,6 +15,7 @@ from typing import Any
 
 import click
 
+from adapters.files import PRIVATE_UMASK, private_dir
 from controlplane import bootstrap
 from controlplane.cli import demo, seed
 from controlplane.config import Settings
@@ -174,7 +176,10 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         database_url="",
     )
     state = settings.state_dir
-    state.mkdir(parents=True, exist_ok=True)
+    # Everything `up` creates (database, NATS store, tokens, logs, simulated cluster state) is
+    # private to the user running it.
+    os.umask(PRIVATE_UMASK)
+    private_dir(state)
     lock = (state / "gpufleet.lock").open("w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

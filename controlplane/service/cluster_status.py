@@ -7,6 +7,7 @@ from datetime import datetime
 
 from pydantic import Field
 
+from controlplane.domain.limits import MAX_MESSAGE_BYTES, MAX_PODS_PER_GANG
 from controlplane.domain.model import WorkloadState
 from controlplane.service.commands import Strict
 from controlplane.service.ports import UnitOfWork
@@ -27,7 +28,27 @@ class PodReport(Strict):
 
     run_id: str = Field(min_length=1, max_length=40)
     epoch: int = Field(ge=0)
-    pods: list[PodStatus] = Field(max_length=10_000)
+    pods: list[PodStatus] = Field(max_length=MAX_PODS_PER_GANG)
+
+    def encode(self, max_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
+        """The report as one NATS message of at most `max_bytes`: when the pods' messages make it
+        larger, they are shortened (those of failed pods last), so a report for the largest gang
+        gpufleet accepts always fits; phases, which decide the run's state, are never dropped."""
+        data = self.model_dump_json().encode()
+        if len(data) <= max_bytes:
+            return data
+        bare = self.model_copy(update={"pods": [p.model_copy(update={"message": ""}) for p in self.pods]})
+        room = max_bytes - len(bare.model_dump_json().encode()) - 64
+        pods: list[PodStatus] = []
+        # Failed pods first: their message says why the gang failed; then the rest in order.
+        for pod in sorted(self.pods, key=lambda p: p.phase != "Failed"):
+            # At most 4 bytes per character in UTF-8, and escapes can double that: budget 8.
+            keep = max(0, min(len(pod.message), room // 8))
+            pods.append(pod.model_copy(update={"message": pod.message[:keep]}))
+            room -= 8 * keep
+        order = {(p.pod_set, p.index): i for i, p in enumerate(self.pods)}
+        pods.sort(key=lambda p: order[(p.pod_set, p.index)])
+        return self.model_copy(update={"pods": pods}).model_dump_json().encode()
 
 
 def _verdict(pods: Sequence[PodStatus], min_available: int) -> tuple[str, str] | None:

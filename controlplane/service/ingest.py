@@ -2,13 +2,13 @@
 
 Each message is applied in one transaction together with its inbox row, so a redelivery is a
 no-op; the worker acks only after that commit. Bad input never raises out of here: a message we
-cannot parse is `MALFORMED` (the worker dead-letters it), a well-formed but unacceptable request is
-`REJECTED` and leaves a rejection event.
+cannot parse is `MALFORMED` and one about a cluster or run gpufleet does not know is `UNKNOWN`
+(the worker dead-letters both, and neither leaves anything in SQL, not even an inbox row); a
+well-formed but unacceptable request is `REJECTED` and leaves a rejection event.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,8 +25,13 @@ from controlplane.service.errors import ServiceError
 from controlplane.service.events import envelope, workload_subject
 from controlplane.service.inventory import InventoryReport, apply_inventory
 from controlplane.service.ports import UnitOfWork
+from controlplane.service.safejson import UnsafeJson, decode_object
 
 CONSUMER = "ingest"
+# A message that fails on this many deliveries (an exception, or the consumer died holding it) is
+# dead-lettered by the worker; the JetStream consumer's `max_deliver` sits a little above, as a
+# backstop that the worker's own check always reaches first.
+MAX_DELIVERIES = 5
 
 
 class Outcome(StrEnum):
@@ -34,6 +39,12 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"
     REJECTED = "rejected"
     MALFORMED = "malformed"
+    UNKNOWN = "unknown"  # a report about a cluster or run gpufleet does not know
+
+    @property
+    def dead_letter(self) -> bool:
+        """Whether the worker moves the message to the dead-letter stream (and stores nothing)."""
+        return self in (Outcome.MALFORMED, Outcome.UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -50,14 +61,6 @@ class Handled:
     detail: str
 
 
-def _parse(data: bytes) -> dict[str, Any] | None:
-    try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return body if isinstance(body, dict) else None
-
-
 def _errors(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors())
 
@@ -69,9 +72,10 @@ def _token(headers: Mapping[str, str]) -> str:
 
 def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime) -> Handled:
     parts = message.subject.split(".")
-    body = _parse(message.data)
-    if body is None:
-        return Handled(Outcome.MALFORMED, "payload is not a JSON object")
+    try:
+        body = decode_object(message.data)
+    except UnsafeJson as exc:
+        return Handled(Outcome.MALFORMED, f"payload refused: {exc}")
     with uow:
         if not uow.inbox.first_time(CONSUMER, message.msg_id, now):
             return Handled(Outcome.DUPLICATE, "already processed")
@@ -84,12 +88,18 @@ def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime)
                 report = PodReport.model_validate(body)
             except ValidationError as exc:
                 return Handled(Outcome.MALFORMED, _errors(exc))
+            if not uow.admin.known_clusters([parts[2]]):
+                return Handled(Outcome.UNKNOWN, f"pod report for unknown cluster {parts[2]!r}")
+            if uow.runs.status(report.run_id) is None:
+                return Handled(Outcome.UNKNOWN, f"pod report for unknown run {report.run_id!r}")
             result = Handled(Outcome.APPLIED, apply_pod_report(uow, parts[2], report, prefix, now))
         elif parts[1:2] == ["cluster"] and len(parts) == 4 and parts[3] == "inventory":
             try:
                 inventory = InventoryReport.model_validate(body)
             except ValidationError as exc:
                 return Handled(Outcome.MALFORMED, _errors(exc))
+            if not uow.admin.known_clusters([parts[2]]):
+                return Handled(Outcome.UNKNOWN, f"inventory for unknown cluster {parts[2]!r}")
             result = Handled(Outcome.APPLIED, apply_inventory(uow, parts[2], inventory, now, prefix))
         else:
             return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")

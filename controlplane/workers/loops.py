@@ -16,7 +16,7 @@ from controlplane.core.idle import IdleRules
 from controlplane.core.snapshot import Policy
 from controlplane.service import ingest, telemetry
 from controlplane.service.dispatch import collect_orphans, dispatch_once
-from controlplane.service.errors import LostLeadership
+from controlplane.service.errors import LostLeadership, StoreUnavailable
 from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome
 from controlplane.service.ports import ClusterDriver, EventPublisher, UnitOfWorkFactory
@@ -202,14 +202,38 @@ async def relay_loop(
 class InboundDelivery(Protocol):
     message: InboundMessage
 
+    @property
+    def attempt(self) -> int:
+        """How many times the message was delivered, this delivery included (1 the first time)."""
+        ...
+
     async def ack(self) -> None: ...
     async def retry_later(self, delay: float) -> None: ...
+    async def hold(self) -> None:
+        """Tell the server the message is still being worked on, so it is not redelivered yet."""
+        ...
 
 
 class InboundSource(Protocol):
     async def fetch(self, batch: int = 64, timeout: float = 1.0) -> Sequence[InboundDelivery]: ...
     async def dead_letter(self, message: InboundMessage, reason: str) -> None: ...
     def reset(self) -> None: ...
+
+
+# While the database is down, a consumer keeps the messages it fetched (telling the server they
+# are in progress, which does not spend a delivery) and retries them with this backoff, instead
+# of letting them be redelivered: an outage must not use up the bounded redelivery budget.
+STORE_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
+
+
+async def wait_for_store(stop: asyncio.Event, attempt: int, hold: Callable[[], Awaitable[None]], what: str) -> None:
+    if attempt == 0:
+        log.warning("database unavailable; holding %s and retrying", what)
+    try:
+        await hold()
+    except Exception as exc:
+        log.warning("could not hold %s (%s); they will be redelivered", what, exc)
+    await sleep_or_stop(stop, STORE_RETRY_SECONDS[min(attempt, len(STORE_RETRY_SECONDS) - 1)])
 
 
 async def ingest_loop(
@@ -226,27 +250,71 @@ async def ingest_loop(
             source.reset()  # a pull subscription can go deaf after a server restart
             await sleep_or_stop(stop, min(5.0, 0.2 * failures))
             continue
-        for delivery in deliveries:
-            await handle_delivery(source, delivery, uow_factory, prefix, clock)
+        waiting = list(deliveries)
+        outage = 0
+        while waiting and not stop.is_set():
+            try:
+                await handle_delivery(source, waiting[0], uow_factory, prefix, clock)
+            except StoreUnavailable:
+                held = tuple(waiting)
+
+                async def hold_all(held: tuple[InboundDelivery, ...] = held) -> None:
+                    for delivery in held:
+                        await delivery.hold()
+
+                await wait_for_store(stop, outage, hold_all, f"{len(held)} inbound messages")
+                outage += 1
+                continue
+            outage = 0
+            waiting.pop(0)
+        for delivery in waiting:  # stopping: hand the rest back at once rather than after ack_wait
+            with contextlib.suppress(Exception):
+                await delivery.retry_later(0.0)
 
 
 async def handle_delivery(
     source: InboundSource, delivery: InboundDelivery, uow_factory: UnitOfWorkFactory, prefix: str, clock: Clock
 ) -> Outcome | None:
-    """Apply one message; ack only after the commit; never let one message stop the consumer."""
+    """Apply one message; ack only after the commit; never let one message stop the consumer.
+
+    A message that failed on `ingest.MAX_DELIVERIES` deliveries (an exception, or the consumer died
+    on it) is dead-lettered instead of being tried again. Raises `StoreUnavailable` when the
+    database is down: the caller holds the message and retries, and no delivery is spent.
+    Returns None when the message was handed back for redelivery.
+    """
+    message = delivery.message
     try:
-        result = await asyncio.to_thread(ingest.handle, uow_factory(), delivery.message, prefix, clock())
-        if result.outcome is Outcome.MALFORMED:
-            await source.dead_letter(delivery.message, result.detail)
-            log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
+        if delivery.attempt > ingest.MAX_DELIVERIES:
+            reason = f"delivered {delivery.attempt} times without being applied (the consumer failed or died on it)"
+            await source.dead_letter(message, reason)
+            log.warning("dead-lettered %s: %s", message.subject, reason)
+            await delivery.ack()
+            return Outcome.MALFORMED
+        try:
+            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock())
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            if delivery.attempt < ingest.MAX_DELIVERIES:
+                raise
+            reason = f"failed on {delivery.attempt} deliveries; last error {type(exc).__name__}: {exc}"
+            await source.dead_letter(message, reason[:1000])
+            log.warning("dead-lettered %s: %s", message.subject, reason[:1000])
+            await delivery.ack()
+            return Outcome.MALFORMED
+        if result.outcome.dead_letter:
+            await source.dead_letter(message, result.detail)
+            log.warning("dead-lettered %s: %s", message.subject, result.detail)
         await delivery.ack()
         return result.outcome
+    except StoreUnavailable:
+        raise
     except Exception:
-        log.exception("ingest of %s failed; it will be redelivered", delivery.message.subject)
+        log.exception("ingest of %s failed (delivery %d); it will be redelivered", message.subject, delivery.attempt)
         try:
             await delivery.retry_later(2.0)
         except Exception:
-            log.warning("could not nak %s; it returns after ack_wait", delivery.message.subject)
+            log.warning("could not nak %s; it returns after ack_wait", message.subject)
         return None
 
 
@@ -257,12 +325,16 @@ class TelemetryDelivery(Protocol):
     @property
     def published_at(self) -> float | None: ...
 
+    @property
+    def attempt(self) -> int: ...
+
 
 class TelemetrySource(Protocol):
     async def fetch(self, batch: int, timeout: float) -> Sequence[TelemetryDelivery]: ...
     # Each source acks its own deliveries (the ones its fetch returned), hence `Any` here.
     async def ack(self, deliveries: Sequence[Any]) -> None: ...
     async def retry_later(self, deliveries: Sequence[Any], delay: float) -> None: ...
+    async def hold(self, deliveries: Sequence[Any]) -> None: ...
     async def dead_letter(self, message: telemetry.BatchMessage, reason: str) -> None: ...
     def reset(self) -> None: ...
 
@@ -310,8 +382,20 @@ async def telemetry_loop(
             source.reset()  # a pull subscription can go deaf after a server restart
             await sleep_or_stop(stop, min(5.0, 0.2 * failures))
             continue
-        if deliveries:
-            await handle_telemetry(source, deliveries, uow_factory, prefix, clock, window_seconds, observer)
+        outage = 0
+        while deliveries and not stop.is_set():
+            try:
+                await handle_telemetry(source, deliveries, uow_factory, prefix, clock, window_seconds, observer)
+            except StoreUnavailable:
+                held = tuple(deliveries)
+
+                async def hold_all(held: tuple[TelemetryDelivery, ...] = held) -> None:
+                    await source.hold(held)
+
+                await wait_for_store(stop, outage, hold_all, f"{len(held)} telemetry batches")
+                outage += 1
+                continue
+            break
         if loop.time() >= next_prune:
             next_prune = loop.time() + TELEMETRY_PRUNE_SECONDS
             try:
@@ -331,13 +415,38 @@ async def handle_telemetry(
     window_seconds: int = telemetry.DEFAULT_WINDOW_SECONDS,
     observer: BatchObserver | None = None,
 ) -> telemetry.BatchResult | None:
-    """One transaction for the whole fetch; malformed batches dead-lettered; acks only after commit."""
+    """One transaction for the whole fetch; malformed batches dead-lettered; acks only after commit.
+
+    A failing transaction is retried later as a whole the first time; when it holds messages
+    delivered before, each is tried alone so one poison message cannot hold back the others, and
+    a message that failed on `telemetry.MAX_DELIVERIES` deliveries is dead-lettered. Raises
+    `StoreUnavailable` when the database is down (the caller holds the messages and retries).
+    Returns None when (some) messages were handed back or handled one by one.
+    """
+    worn = [d for d in deliveries if d.attempt > telemetry.MAX_DELIVERIES]
+    if worn:
+        for delivery in worn:
+            await _dead_letter_telemetry(source, delivery, f"delivered {delivery.attempt} times without being applied")
+        deliveries = [d for d in deliveries if d.attempt <= telemetry.MAX_DELIVERIES]
+        if not deliveries:
+            return None
     messages = [d.message for d in deliveries]
     try:
         result = await asyncio.to_thread(
             telemetry.handle_batch, uow_factory(), messages, prefix, clock(), window_seconds
         )
-    except Exception:
+    except StoreUnavailable:
+        raise
+    except Exception as exc:
+        if len(deliveries) > 1 and any(d.attempt > 1 for d in deliveries):
+            log.warning("telemetry batch of %d messages failed again; trying them one by one", len(deliveries))
+            for delivery in deliveries:
+                await handle_telemetry(source, [delivery], uow_factory, prefix, clock, window_seconds, observer)
+            return None
+        if len(deliveries) == 1 and deliveries[0].attempt >= telemetry.MAX_DELIVERIES:
+            reason = f"failed on {deliveries[0].attempt} deliveries; last error {type(exc).__name__}: {exc}"
+            await _dead_letter_telemetry(source, deliveries[0], reason[:1000])
+            return None
         log.exception("telemetry batch of %d messages failed; they will be redelivered", len(deliveries))
         try:
             await source.retry_later(deliveries, 2.0)
@@ -346,7 +455,7 @@ async def handle_telemetry(
         return None
     to_ack: list[TelemetryDelivery] = []
     for delivery, (outcome, detail) in zip(deliveries, result.outcomes, strict=True):
-        if outcome is telemetry.Outcome.MALFORMED:
+        if outcome.dead_letter:
             try:
                 await source.dead_letter(delivery.message, detail)
             except Exception:
@@ -362,3 +471,13 @@ async def handle_telemetry(
     if observer is not None:
         observer(deliveries, result)
     return result
+
+
+async def _dead_letter_telemetry(source: TelemetrySource, delivery: TelemetryDelivery, reason: str) -> None:
+    try:
+        await source.dead_letter(delivery.message, reason)
+        await source.ack([delivery])
+    except Exception:
+        log.warning("could not dead-letter %s; it will be redelivered", delivery.message.subject)
+        return
+    log.warning("dead-lettered %s: %s", delivery.message.subject, reason)

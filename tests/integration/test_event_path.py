@@ -102,7 +102,7 @@ async def test_malformed_message_goes_to_dead_letter_and_consumer_continues(
     assert [m.subject for m in dead] == [f"{prefix}.dlq.submit.{tenant.queue}", f"{prefix}.dlq.cluster.nowhere.pods"]
     assert dead[0].data == b"{not json"
     assert dead[0].headers is not None
-    assert "not a JSON object" in dead[0].headers["Gpufleet-Dlq-Reason"]
+    assert "not JSON" in dead[0].headers["Gpufleet-Dlq-Reason"]
     assert dead[1].headers is not None
     assert "run_id" in dead[1].headers["Gpufleet-Dlq-Reason"]
     assert _count(wiring, WorkloadRow) == 1
