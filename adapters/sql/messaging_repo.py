@@ -113,6 +113,10 @@ class SqlLeases:
             .execution_options(synchronize_session=False)
         )
 
+    def expires_at(self, name: str) -> datetime | None:
+        """When the named lease runs out (None: never taken); readiness reads it."""
+        return self.s.scalar(select(LeaderLeaseRow.expires_at).where(LeaderLeaseRow.name == name))
+
 
 class SqlTokens:
     def __init__(self, session: Session) -> None:

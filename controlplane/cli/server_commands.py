@@ -35,7 +35,11 @@ def _logging(verbose: bool) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port`. SO_REUSEADDR, as uvicorn and nats-server bind
+    with: connections left in TIME-WAIT by a crashed run do not make the port "in use", so a
+    restart right after a crash is not refused; a listening socket still does."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

@@ -42,6 +42,30 @@ def acquire_leadership(
     return epoch
 
 
+def renew_leadership(
+    uow_factory: UnitOfWorkFactory, holder: str, epoch: int, now: datetime, ttl: float, lease: str = LEASE_NAME
+) -> bool:
+    """Extend this holder's term; False once another holder has taken the lease (deposed)."""
+    with uow_factory() as uow:
+        renewed = uow.leases.renew(lease, holder, epoch, now, ttl)
+        uow.commit()
+    return renewed
+
+
+def lease_gap(uow_factory: UnitOfWorkFactory, lease: str, now: datetime) -> str | None:
+    """None while some holder's `lease` is live; otherwise a sentence saying since when nobody holds
+    it (readiness: a dead scheduler or dispatcher means no admissions or dispatch)."""
+    with uow_factory() as uow:
+        expires = uow.leases.expires_at(lease)
+    if expires is None:
+        return f"no {lease} has taken its lease yet"
+    if expires > now:
+        return None
+    if expires.year == 1970:
+        return f"no live {lease}: the last one stopped"
+    return f"no live {lease}: its lease expired {(now - expires).total_seconds():.1f} s ago"
+
+
 def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int, lease: str = LEASE_NAME) -> None:
     with uow_factory() as uow:
         uow.leases.release(lease, holder, epoch)
