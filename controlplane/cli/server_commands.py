@@ -78,6 +78,19 @@ def _component_command(name: str) -> click.Command:
     return command
 
 
+@click.command(name="run")
+@config_option
+@click.argument("components", nargs=-1, required=True, type=click.Choice(bootstrap.COMPONENTS))
+@click.option("-v", "--verbose", is_flag=True)
+def run_many(config: Path | None, components: tuple[str, ...], verbose: bool) -> None:
+    """Run several components in one process, e.g. `gpufleet run api ingest relay` (fewer processes
+    than one per component; the scheduler and dispatcher still elect one leader each by lease)."""
+    _logging(verbose)
+    settings = _settings(config)
+    stop = asyncio.Event()
+    _run_until_signal(bootstrap.run_components(settings, tuple(dict.fromkeys(components)), stop), stop)
+
+
 @click.command()
 @config_option
 @click.option("--host", default=None, help="address to bind (default 127.0.0.1)")
@@ -230,5 +243,6 @@ def register(group: click.Group) -> None:
     group.add_command(init)
     group.add_command(create_admin_token)
     group.add_command(nats_topology)
+    group.add_command(run_many)
     for name in ("scheduler", "dispatcher", "ingest", "relay"):
         group.add_command(_component_command(name))

@@ -54,6 +54,7 @@ class LeaseTerm:
         self.uow_factory, self.lease, self.holder, self.clock, self.ttl = uow_factory, lease, holder, clock, ttl
         self.epoch: int | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._standing_by = False
 
     async def ensure(self) -> int | None:
         """The current epoch, acquiring the lease if it is free; None while another holder has it."""
@@ -66,6 +67,10 @@ class LeaseTerm:
             if self.epoch is not None:
                 log.info("%s leads %s with epoch %d", self.holder, self.lease, self.epoch)
                 self._renewer = asyncio.create_task(self._renew(self.epoch), name=f"{self.lease}-lease")
+                self._standing_by = False
+            elif not self._standing_by:
+                log.info("%s stands by: another holder has the %s lease", self.holder, self.lease)
+                self._standing_by = True
         return self.epoch
 
     async def _renew(self, epoch: int) -> None:
