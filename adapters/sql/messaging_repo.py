@@ -113,6 +113,15 @@ class SqlLeases:
             .execution_options(synchronize_session=False)
         )
 
+    def expire_all(self) -> int:
+        """End every term at once (epochs are kept, so they keep rising); returns how many."""
+        result = self.s.execute(
+            update(LeaderLeaseRow)
+            .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
+            .execution_options(synchronize_session=False)
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
     def expires_at(self, name: str) -> datetime | None:
         """When the named lease runs out (None: never taken); readiness reads it."""
         return self.s.scalar(select(LeaderLeaseRow.expires_at).where(LeaderLeaseRow.name == name))

@@ -19,6 +19,7 @@ from controlplane.cli import demo, seed
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
+from controlplane.service.scheduling import expire_leases_of_dead_holders
 
 log = logging.getLogger("gpufleet")
 
@@ -45,6 +46,19 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+async def _supervise_nats(nats: bootstrap.NatsServerProcess, stop: asyncio.Event) -> None:
+    """Start the embedded nats-server again if it dies (its store survives; clients reconnect)."""
+    while not stop.is_set():
+        await bootstrap.loops.sleep_or_stop(stop, 0.5)
+        if stop.is_set() or nats.process is None or nats.process.poll() is None:
+            continue
+        log.warning("embedded nats-server exited with %s; starting it again", nats.process.returncode)
+        try:
+            await asyncio.to_thread(nats.start)
+        except Exception:
+            log.exception("could not start nats-server again; retrying")
 
 
 def _run_until_signal(main: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
@@ -208,6 +222,9 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
     try:
         bootstrap.migrate(settings)
         wiring = bootstrap.Wiring(settings)
+        # The lock proves no other process of this installation runs: leases left by a crashed
+        # run have no live holder, so the restart takes over at once instead of after their TTL.
+        expire_leases_of_dead_holders(wiring.uow)
         admin_token = seed.ensure_admin_token_file(wiring, state / "admin.token")
         (state / "nats.url").write_text(settings.nats_url + "\n")
         seed.seed_defaults(wiring)
@@ -215,6 +232,7 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         extra: list[Coroutine[Any, Any, None]] = []
         stop = asyncio.Event()
         extra.append(demo.report_progress(wiring, stop))
+        extra.append(_supervise_nats(nats, stop))
         if demo_flag:
             # Short telemetry windows and idle stages, so the hoarder story plays in minutes.
             settings = demo.demo_settings(settings)

@@ -52,6 +52,16 @@ def renew_leadership(
     return renewed
 
 
+def expire_leases_of_dead_holders(uow_factory: UnitOfWorkFactory) -> int:
+    """End every lease at once. Only for a caller that knows no holder is alive, e.g. the embedded
+    `gpufleet up` holding its state directory's lock: a restart after a crash need not wait out the
+    crashed process's leases."""
+    with uow_factory() as uow:
+        expired = uow.leases.expire_all()
+        uow.commit()
+    return expired
+
+
 def lease_gap(uow_factory: UnitOfWorkFactory, lease: str, now: datetime) -> str | None:
     """None while some holder's `lease` is live; otherwise a sentence saying since when nobody holds
     it (readiness: a dead scheduler or dispatcher means no admissions or dispatch)."""

@@ -109,7 +109,7 @@ class Load:
         self.nats_url, self.prefix, self.figures = nats_url, prefix, figures
         self.rest_every, self.nats_every = rest_every, nats_every
         self.acked: dict[str, str] = {}  # name -> "rest" | "nats"
-        self.last_rest_ack = 0.0
+        self.rest_acks: list[float] = []  # monotonic times of REST acknowledgements
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._threads = [
@@ -127,11 +127,16 @@ class Load:
             if t.is_alive():
                 t.join(30)
 
+    def first_rest_ack_after(self, moment: float) -> float | None:
+        """Seconds from `moment` to the first REST acknowledgement after it, if any yet."""
+        later = [t for t in list(self.rest_acks) if t > moment]
+        return min(later) - moment if later else None
+
     def _ack(self, name: str, via: str) -> None:
         with self._lock:
             self.acked[name] = via
             if via == "rest":
-                self.last_rest_ack = time.monotonic()
+                self.rest_acks.append(time.monotonic())
 
     def _rest(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
