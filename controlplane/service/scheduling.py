@@ -104,10 +104,6 @@ def run_cycle(
         check_decision(snapshot, decision)
     admitted = 0
     with uow_factory() as uow:
-        # The epoch check and every write of this decision share one transaction: a deposed
-        # leader's decision can never land.
-        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
-            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
         evicted = 0
         for eviction in decision.evictions:
             # The run may have finished since the snapshot; then there is nothing to evict.
@@ -160,5 +156,11 @@ def run_cycle(
             admitted += 1
             emit(uow, prefix, queue, "admitted", admission.workload_id, now, epoch=epoch)
         written = uow.workloads.record_pending(decision.pending)
+        # The epoch check and every write of this decision share one transaction: a deposed
+        # leader's decision can never land. Checked last, so the lease row is locked only for
+        # the commit, never while the decision is written (the background renewal and a standby
+        # would otherwise wait behind a long write and find the lease expired).
+        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
+            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
         uow.commit()
     return CycleResult(epoch, len(decision.pending), admitted, written, evicted)

@@ -108,6 +108,10 @@ def _sql(url: str, query: str) -> list[tuple[object, ...]]:
         engine.dispose()
 
 
+def _count(url: str, query: str) -> int:
+    return int(str(_sql(url, query)[0][0]))
+
+
 def _lease(url: str, name: str) -> tuple[str, int]:
     [(holder, epoch)] = _sql(url, f"SELECT holder, epoch FROM leader_leases WHERE name = '{name}'")
     return str(holder), int(epoch)  # type: ignore[call-overload]
@@ -156,14 +160,14 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         load = Load(lambda: base, token, "train", own_nats.url, "faults", figures)
         load.start()
         probe.start()
-        eventually(lambda: _sql(db, "SELECT count(*) FROM runs WHERE state = 'succeeded'")[0][0] >= 3, 60, "warm-up")
+        eventually(lambda: _count(db, "SELECT count(*) FROM runs WHERE state = 'succeeded'") >= 3, 60, "warm-up")
 
         # 1. The scheduler leader: the standby takes over once the lease runs out.
         holder, epoch = _lease(db, "scheduler")
         killed_at = time.monotonic()
         node, since = plane.kill_and_restart(holder)
         figures.recovery["scheduler leader (kill to first admission by the standby)"] = eventually(
-            lambda: _sql(db, f"SELECT count(*) FROM runs WHERE epoch > {epoch}")[0][0] > 0, 30, "standby admits"
+            lambda: _count(db, f"SELECT count(*) FROM runs WHERE epoch > {epoch}") > 0, 30, "standby admits"
         )
         figures.readyz["scheduler leader kill"] = probe.between(killed_at, time.monotonic())
         assert _lease(db, "scheduler")[1] == epoch + 1
@@ -171,14 +175,14 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
 
         # 2. The dispatcher leader, mid-dispatch (while runs wait to be applied, when there are).
         eventually(
-            lambda: _sql(db, "SELECT count(*) FROM runs WHERE dispatch_state = 'pending'")[0][0] > 0, 10, "pending run"
+            lambda: _count(db, "SELECT count(*) FROM runs WHERE dispatch_state = 'pending'") > 0, 10, "pending run"
         )
         holder, dispatcher_epoch = _lease(db, "dispatcher")
         killed_wall = datetime.now(UTC).isoformat()
         killed_at = time.monotonic()
         node, since = plane.kill_and_restart(holder)
         figures.recovery["dispatcher (kill to first dispatch by the standby)"] = eventually(
-            lambda: _sql(db, f"SELECT count(*) FROM runs WHERE dispatched_at > '{killed_wall}'")[0][0] > 0,
+            lambda: _count(db, f"SELECT count(*) FROM runs WHERE dispatched_at > '{killed_wall}'") > 0,
             30,
             "standby dispatches",
         )
@@ -197,7 +201,7 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         restarted_wall = datetime.now(UTC).isoformat()
         assert set(during) == {"503"}, during
         figures.recovery["nats-server (restart to first gang started from a pod report)"] = eventually(
-            lambda: _sql(db, f"SELECT count(*) FROM runs WHERE started_at > '{restarted_wall}'")[0][0] > 0,
+            lambda: _count(db, f"SELECT count(*) FROM runs WHERE started_at > '{restarted_wall}'") > 0,
             60,
             "pod reports flow again",
         )
@@ -214,7 +218,7 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         eventually(lambda: load is not None and load.first_rest_ack_after(restarted_at) is not None, 60, "REST again")
         figures.recovery["postgresql (restart to first REST 201)"] = load.first_rest_ack_after(restarted_at) or 0.0
         eventually(
-            lambda: _sql(db, f"SELECT count(*) FROM runs WHERE created_at > '{restarted_wall}'")[0][0] > 0,
+            lambda: _count(db, f"SELECT count(*) FROM runs WHERE created_at > '{restarted_wall}'") > 0,
             60,
             "admissions again",
         )
@@ -223,9 +227,7 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         load.stop()
         acked = dict(load.acked)
         eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished")
-        eventually(
-            lambda: _sql(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL")[0][0] == 0, 30, "relay idle"
-        )
+        eventually(lambda: _count(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0, 30, "relay idle")
         events = asyncio.run(read_events(own_nats.url, "faults"))
         verify_after_drain(db, state / "sim", events, acked)
         assert len(acked) >= 20

@@ -20,7 +20,13 @@ from controlplane.cli.server_commands import _port_free
 from controlplane.core.snapshot import Policy
 from controlplane.service.dispatch import dispatch_once
 from controlplane.service.ingest import InboundMessage, Outcome, handle
-from controlplane.service.scheduling import acquire_leadership, lease_gap, release_leadership, run_cycle
+from controlplane.service.scheduling import (
+    acquire_leadership,
+    lease_gap,
+    release_leadership,
+    renew_leadership,
+    run_cycle,
+)
 from controlplane.workers.loops import LeaseTerm
 from tests.integration.fleet import Tenant, gang
 
@@ -50,7 +56,9 @@ async def test_success_seen_before_running_emits_running_first_and_sets_started_
     clock[0] = 1_005.0  # the first report after the apply already says Succeeded (e.g. NATS was down)
     await sim.tick()
     _, report, msg_id = recorder.sent[-1]
-    assert {p["phase"] for p in report["pods"]} == {"Succeeded"}  # type: ignore[union-attr]
+    pods = report["pods"]
+    assert isinstance(pods, list)
+    assert {p["phase"] for p in pods} == {"Succeeded"}
     message = InboundMessage(f"{prefix}.cluster.sim-h100.pods", json.dumps(report).encode(), {}, msg_id)
     assert handle(wiring.uow(), message, prefix, utc_now()).outcome is Outcome.APPLIED
     view = client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()
@@ -127,3 +135,13 @@ def _time_wait_on(port: int) -> bool:
         if int(fields[1].split(":")[1], 16) == port and fields[3] == "06":  # 06: TIME_WAIT
             return True
     return False
+
+
+def test_a_late_renewal_never_moves_the_expiry_back(wiring: Wiring) -> None:
+    """A cycle renews with the time its decision was taken, older than the background renewal."""
+    now = utc_now()
+    epoch = acquire_leadership(wiring.uow, "s", now, 10)
+    assert epoch is not None
+    assert renew_leadership(wiring.uow, "s", epoch, now - timedelta(seconds=5), 1)
+    assert lease_gap(wiring.uow, "scheduler", now + timedelta(seconds=9)) is None
+    assert not renew_leadership(wiring.uow, "s", epoch + 1, now, 10)
