@@ -247,21 +247,15 @@ async def relay_loop(
     interval: float,
     lease_ttl: float = 15.0,
 ) -> None:
-    """One relay publishes at a time (a lease keeps events in commit order); others stand by."""
-    holder = holder_id("relay")
+    """One relay publishes at a time (a lease, renewed while it works, keeps events in commit
+    order even when publishing stalls on a NATS outage); others stand by."""
+    term = LeaseTerm(uow_factory, RELAY_LEASE, holder_id("relay"), clock, lease_ttl)
     loop = asyncio.get_running_loop()
     next_housekeeping = loop.time()
-    renew_at = loop.time()
-    epoch: int | None = None
     while not stop.is_set():
         sent = 0
         try:
-            if epoch is None or loop.time() >= renew_at:
-                epoch = await asyncio.to_thread(
-                    acquire_leadership, uow_factory, holder, clock(), lease_ttl, RELAY_LEASE
-                )
-                renew_at = loop.time() + lease_ttl / 3
-            if epoch is not None:
+            if await term.ensure() is not None:
                 sent = await relay_once(uow_factory, publisher, clock)
                 if loop.time() >= next_housekeeping:
                     pruned = await asyncio.to_thread(housekeeping, uow_factory, clock())
@@ -271,8 +265,7 @@ async def relay_loop(
             log.exception("relay pass failed; retrying")
         if not sent:
             await sleep_or_stop(stop, interval)
-    if epoch is not None:
-        await asyncio.to_thread(release_leadership, uow_factory, holder, epoch, RELAY_LEASE)
+    await term.release()
 
 
 class InboundDelivery(Protocol):
