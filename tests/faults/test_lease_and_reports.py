@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from controlplane.cli.server_commands import _port_free
 from controlplane.core.snapshot import Policy
 from controlplane.service.dispatch import dispatch_once
 from controlplane.service.ingest import InboundMessage, Outcome, handle
+from controlplane.service.ports import ClusterDriver, RunOrder
 from controlplane.service.scheduling import (
     acquire_leadership,
     lease_gap,
@@ -27,7 +29,7 @@ from controlplane.service.scheduling import (
     renew_leadership,
     run_cycle,
 )
-from controlplane.workers.loops import LeaseTerm
+from controlplane.workers.loops import LeaseTerm, dispatcher_loop
 from tests.integration.fleet import Tenant, gang
 
 
@@ -145,3 +147,57 @@ def test_a_late_renewal_never_moves_the_expiry_back(wiring: Wiring) -> None:
     assert renew_leadership(wiring.uow, "s", epoch, now - timedelta(seconds=5), 1)
     assert lease_gap(wiring.uow, "scheduler", now + timedelta(seconds=9)) is None
     assert not renew_leadership(wiring.uow, "s", epoch + 1, now, 10)
+
+
+class _CountingCluster:
+    """A cluster that records which dispatcher applied what (as a real API server would see it)."""
+
+    def __init__(self, applied: list[str]) -> None:
+        self.applied = applied
+
+    async def apply(self, order: RunOrder) -> bool:
+        self.applied.append(order.run_id)
+        return True
+
+    async def delete(self, run_id: str) -> bool:
+        return True
+
+    async def list_owned(self) -> set[str]:
+        return set()
+
+
+async def test_two_dispatchers_one_works_the_other_stands_by(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    for i in range(2):
+        body = gang(f"d{i}", tenant.queue, replicas=1)
+        assert client.post("/v1/workloads", json=body, headers=tenant.headers).status_code == 201
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), 15)
+    assert epoch is not None
+    run_cycle(wiring.uow, "s", epoch, Policy(), prefix, utc_now(), 15, True)
+    applied: dict[str, list[str]] = {"a": [], "b": []}
+    leading: dict[str, list[bool]] = {"a": [], "b": []}
+    clusters: dict[str, Mapping[str, ClusterDriver]] = {
+        name: {"sim-h100": _CountingCluster(applied[name])} for name in applied
+    }
+    stop = asyncio.Event()
+
+    def drivers_of(name: str) -> Callable[[], Mapping[str, ClusterDriver]]:
+        return lambda: clusters[name]
+
+    tasks = [
+        asyncio.create_task(
+            dispatcher_loop(wiring.uow, drivers_of(n), prefix, utc_now, stop, 0.05, 60.0, 5.0, leading[n].append)
+        )
+        for n in applied
+    ]
+    for _ in range(100):
+        if sum(len(v) for v in applied.values()) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the standby keeps trying meanwhile
+    stop.set()
+    await asyncio.gather(*tasks)
+    assert sorted(len(v) for v in applied.values()) == [0, 2]
+    assert sorted(leading.values()) == [[], [True]]
