@@ -43,11 +43,16 @@ def _start(state: Path, port: int, nats_port: int, log: Path) -> subprocess.Pope
     )
 
 
-def _nats_pids(nats_port: int) -> list[int]:
-    found = subprocess.run(
-        ["pgrep", "-f", f"nats-server -a 127.0.0.1 -p {nats_port} "], capture_output=True, text=True, check=False
-    )
+def _nats_pids(up: subprocess.Popen[bytes]) -> list[int]:
+    """The nats-server children of this `gpufleet up` (however it is configured)."""
+    command = ["pgrep", "-P", str(up.pid), "-f", "nats-server"]
+    found = subprocess.run(command, capture_output=True, text=True, check=False)
     return [int(p) for p in found.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def _count(db: str, query: str) -> int:
@@ -88,10 +93,10 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
         eventually(lambda: _count(db, "SELECT count(*) FROM runs WHERE state = 'succeeded'") >= 3, 60, "warm-up")
 
         # 1. The embedded nats-server: `up` starts it again on its store; everyone reconnects.
-        [nats_pid] = _nats_pids(nats_port)
+        [nats_pid] = _nats_pids(up)
         killed_at, killed_wall = time.monotonic(), datetime.now(UTC)
         os.kill(nats_pid, signal.SIGKILL)
-        eventually(lambda: bool(_nats_pids(nats_port)), 30, "nats-server started again by up")
+        eventually(lambda: bool(set(_nats_pids(up)) - {nats_pid}), 30, "nats-server started again by up")
         figures.recovery["embedded nats-server (kill to first gang started from a pod report)"] = eventually(
             lambda: _count(db, f"SELECT count(*) FROM runs WHERE started_at > '{_since(killed_wall)}'") > 0,
             60,
@@ -101,10 +106,11 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
         assert "503" in figures.readyz["embedded nats-server kill"]
 
         # 2. The whole of `gpufleet up`, started again at once on the same ports.
+        children = _nats_pids(up)
         up.send_signal(signal.SIGKILL)
         up.wait(10)
         killed_at = time.monotonic()
-        eventually(lambda: not _nats_pids(nats_port), 10, "nats-server died with up")
+        eventually(lambda: not any(_alive(p) for p in children), 10, "nats-server died with up")
         up = _start(state, port, nats_port, log)
         figures.recovery["gpufleet up (kill to /readyz 200 after an immediate restart)"] = eventually(
             lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, 150, "up ready again"
@@ -120,6 +126,7 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
         )
         figures.readyz["gpufleet up kill"] = probe.between(killed_at, time.monotonic())
 
+        eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
         load.stop()
         acked = dict(load.acked)
         eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished")

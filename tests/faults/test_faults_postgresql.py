@@ -228,6 +228,7 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         )
         figures.recovery["postgresql (restart to first admission)"] = time.monotonic() - restarted_at
 
+        eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
         load.stop()
         acked = dict(load.acked)
         eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished")
