@@ -54,6 +54,7 @@ from controlplane.service.gang_timeout import requeue_stalled_gangs, requeue_und
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
+from controlplane.service.scheduling import lease_gap
 from controlplane.workers import loops
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,15 @@ class SimFleet:
         self.start_delay = start_delay
         self.telemetry_interval = telemetry_interval
         self.clusters: dict[str, SimCluster] = {}
+        self.active = False
+
+    def set_active(self, active: bool) -> None:
+        """Only the dispatcher holding the lease drives the simulated clusters; on taking over it
+        reloads them from their state files, which the previous holder kept."""
+        self.active = active
+        self.clusters = {}
+        if active:
+            self.refresh()
 
     def refresh(self) -> None:
         for view in admin.list_clusters(self.wiring.uow()):
@@ -164,6 +174,9 @@ class SimFleet:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
+                if not self.active:
+                    await loops.sleep_or_stop(stop, 0.2)
+                    continue
                 await asyncio.to_thread(self.refresh)
                 for cluster in list(self.clusters.values()):
                     await cluster.tick()
@@ -415,6 +428,10 @@ async def run_components(
             readiness={
                 "database": wiring.database_ready,
                 "nats": lambda: None if nc.is_connected else "not connected to NATS",
+                # A dead scheduler or dispatcher means submits are taken but nothing is admitted
+                # or dispatched: not ready until some process holds each lease again.
+                "scheduler": lambda: lease_gap(wiring.uow, "scheduler", utc_now()),
+                "dispatcher": lambda: lease_gap(wiring.uow, loops.DISPATCHER_LEASE, utc_now()),
             },
         )
         app = create_app(ctx)
@@ -456,7 +473,6 @@ async def run_components(
         )
     if "dispatcher" in components:
         fleet = SimFleet(wiring, publisher, prefix, settings.sim_start_delay, settings.telemetry_interval)
-        await asyncio.to_thread(fleet.refresh)
         tasks.append(asyncio.create_task(fleet.run(stop), name="sim-fleet"))
         real = RealFleet(wiring, publisher, prefix, providers)
         tasks.append(asyncio.create_task(real.run(stop), name="real-fleet"))
@@ -481,6 +497,8 @@ async def run_components(
                     stop,
                     settings.dispatcher_interval,
                     settings.orphan_gc_interval,
+                    settings.lease_ttl,
+                    fleet.set_active,
                 ),
                 name="dispatcher",
             )

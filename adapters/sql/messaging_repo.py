@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import case, delete, func, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -96,10 +96,14 @@ class SqlLeases:
         return row.epoch
 
     def renew(self, name: str, holder: str, epoch: int, now: datetime, ttl_seconds: float) -> bool:
+        # Never moves the expiry back: a cycle renews with the time its decision was taken, which
+        # can be older than the background renewal that ran while the cycle worked.
+        expires = now + timedelta(seconds=ttl_seconds)
+        later = literal(expires, type_=LeaderLeaseRow.__table__.c.expires_at.type)
         result = self.s.execute(
             update(LeaderLeaseRow)
             .where(LeaderLeaseRow.name == name, LeaderLeaseRow.holder == holder, LeaderLeaseRow.epoch == epoch)
-            .values(expires_at=now + timedelta(seconds=ttl_seconds))
+            .values(expires_at=case((LeaderLeaseRow.expires_at < expires, later), else_=LeaderLeaseRow.expires_at))
             .execution_options(synchronize_session=False)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
@@ -112,6 +116,19 @@ class SqlLeases:
             .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
             .execution_options(synchronize_session=False)
         )
+
+    def expire_all(self) -> int:
+        """End every term at once (epochs are kept, so they keep rising); returns how many."""
+        result = self.s.execute(
+            update(LeaderLeaseRow)
+            .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
+            .execution_options(synchronize_session=False)
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    def expires_at(self, name: str) -> datetime | None:
+        """When the named lease runs out (None: never taken); readiness reads it."""
+        return self.s.scalar(select(LeaderLeaseRow.expires_at).where(LeaderLeaseRow.name == name))
 
 
 class SqlTokens:

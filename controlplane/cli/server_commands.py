@@ -21,6 +21,7 @@ from controlplane.cli import demo, seed
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
+from controlplane.service.scheduling import expire_leases_of_dead_holders
 
 log = logging.getLogger("gpufleet")
 
@@ -37,12 +38,29 @@ def _logging(verbose: bool) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port`. SO_REUSEADDR, as uvicorn and nats-server bind
+    with: connections left in TIME-WAIT by a crashed run do not make the port "in use", so a
+    restart right after a crash is not refused; a listening socket still does."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
+
+
+async def _supervise_nats(nats: bootstrap.NatsServerProcess, stop: asyncio.Event) -> None:
+    """Start the embedded nats-server again if it dies (its store survives; clients reconnect)."""
+    while not stop.is_set():
+        await bootstrap.loops.sleep_or_stop(stop, 0.5)
+        if stop.is_set() or nats.process is None or nats.process.poll() is None:
+            continue
+        log.warning("embedded nats-server exited with %s; starting it again", nats.process.returncode)
+        try:
+            await asyncio.to_thread(nats.start)
+        except Exception:
+            log.exception("could not start nats-server again; retrying")
 
 
 def _run_until_signal(main: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
@@ -74,6 +92,19 @@ def _component_command(name: str) -> click.Command:
         _run_until_signal(bootstrap.run_components(settings, (name,), stop), stop)
 
     return command
+
+
+@click.command(name="run")
+@config_option
+@click.argument("components", nargs=-1, required=True, type=click.Choice(bootstrap.COMPONENTS))
+@click.option("-v", "--verbose", is_flag=True)
+def run_many(config: Path | None, components: tuple[str, ...], verbose: bool) -> None:
+    """Run several components in one process, e.g. `gpufleet run api ingest relay` (fewer processes
+    than one per component; the scheduler and dispatcher still elect one leader each by lease)."""
+    _logging(verbose)
+    settings = _settings(config)
+    stop = asyncio.Event()
+    _run_until_signal(bootstrap.run_components(settings, tuple(dict.fromkeys(components)), stop), stop)
 
 
 @click.command()
@@ -196,6 +227,9 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
     try:
         bootstrap.migrate(settings)
         wiring = bootstrap.Wiring(settings)
+        # The lock proves no other process of this installation runs: leases left by a crashed
+        # run have no live holder, so the restart takes over at once instead of after their TTL.
+        expire_leases_of_dead_holders(wiring.uow)
         admin_token = seed.ensure_admin_token_file(wiring, state / "admin.token")
         (state / "nats.url").write_text(settings.nats_url + "\n")
         seed.seed_defaults(wiring)
@@ -203,6 +237,7 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         extra: list[Coroutine[Any, Any, None]] = []
         stop = asyncio.Event()
         extra.append(demo.report_progress(wiring, stop))
+        extra.append(_supervise_nats(nats, stop))
         if demo_flag:
             # Short telemetry windows and idle stages, so the hoarder story plays in minutes.
             settings = demo.demo_settings(settings)
@@ -231,5 +266,6 @@ def register(group: click.Group) -> None:
     group.add_command(init)
     group.add_command(create_admin_token)
     group.add_command(nats_topology)
+    group.add_command(run_many)
     for name in ("scheduler", "dispatcher", "ingest", "relay"):
         group.add_command(_component_command(name))

@@ -74,13 +74,12 @@ def apply_pod_report(uow: UnitOfWork, cluster: str, report: PodReport, prefix: s
         return "no change"
     state, message = verdict
     if state == "running":
-        if not uow.runs.set_state(run.run_id, ("admitted", "dispatching"), "running", message, now):
-            return "no change"
-        uow.workloads.set_state(
-            run.workload_id, (WorkloadState.ADMITTED, WorkloadState.DISPATCHING), WorkloadState.RUNNING, message, now
-        )
-        emit(uow, prefix, run.queue, "running", run.workload_id, now, run_id=run.run_id, cluster=cluster)
-        return "running"
+        started = _start(uow, run.run_id, run.workload_id, run.queue, cluster, message, prefix, now)
+        return "running" if started else "no change"
+    if state == "succeeded":
+        # Pods that ran and finished between two reports (or around a fault) are first seen
+        # succeeded: the run did run, so it passes through `running` (event and started_at) first.
+        _start(uow, run.run_id, run.workload_id, run.queue, cluster, "pods seen succeeded", prefix, now)
     if not uow.runs.set_state(run.run_id, ("admitted", "dispatching", "running"), state, message, now):
         return "no change"
     target = WorkloadState.SUCCEEDED if state == "succeeded" else WorkloadState.FAILED
@@ -93,3 +92,16 @@ def apply_pod_report(uow: UnitOfWork, cluster: str, report: PodReport, prefix: s
     )
     emit(uow, prefix, run.queue, str(target), run.workload_id, now, run_id=run.run_id, cluster=cluster, message=message)
     return str(target)
+
+
+def _start(
+    uow: UnitOfWork, run_id: str, workload_id: str, queue: str, cluster: str, message: str, prefix: str, now: datetime
+) -> bool:
+    """Move a dispatched run and its workload to running and announce it; False if it was not pending."""
+    if not uow.runs.set_state(run_id, ("admitted", "dispatching"), "running", message, now):
+        return False
+    uow.workloads.set_state(
+        workload_id, (WorkloadState.ADMITTED, WorkloadState.DISPATCHING), WorkloadState.RUNNING, message, now
+    )
+    emit(uow, prefix, queue, "running", workload_id, now, run_id=run_id, cluster=cluster)
+    return True

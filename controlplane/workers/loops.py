@@ -22,7 +22,13 @@ from controlplane.service.ingest import InboundMessage, Outcome
 from controlplane.service.ports import ClusterDriver, EventPublisher, UnitOfWorkFactory
 from controlplane.service.relay import housekeeping, relay_once
 from controlplane.service.reports import publish_hourly_report
-from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
+from controlplane.service.scheduling import (
+    LEASE_NAME,
+    acquire_leadership,
+    release_leadership,
+    renew_leadership,
+    run_cycle,
+)
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -37,6 +43,63 @@ def holder_id(component: str) -> str:
     return f"{component}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+class LeaseTerm:
+    """This process's term under a named lease. Once acquired, a background task renews it every
+    third of its TTL for as long as the term lasts, so a cycle (or dispatch pass) longer than the
+    TTL keeps its lease and a standby never takes a lease that is being worked. The term ends when a
+    renewal finds another holder's epoch (deposed) or when `lose`/`release` is called. Renewal only
+    narrows overlap: every scheduling write still checks the epoch in its own transaction."""
+
+    def __init__(self, uow_factory: UnitOfWorkFactory, lease: str, holder: str, clock: Clock, ttl: float) -> None:
+        self.uow_factory, self.lease, self.holder, self.clock, self.ttl = uow_factory, lease, holder, clock, ttl
+        self.epoch: int | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._standing_by = False
+
+    async def ensure(self) -> int | None:
+        """The current epoch, acquiring the lease if it is free; None while another holder has it."""
+        if self.epoch is not None and self._renewer is not None and self._renewer.done():
+            self.epoch = None  # the renewer found us deposed
+        if self.epoch is None:
+            self.epoch = await asyncio.to_thread(
+                acquire_leadership, self.uow_factory, self.holder, self.clock(), self.ttl, self.lease
+            )
+            if self.epoch is not None:
+                log.info("%s leads %s with epoch %d", self.holder, self.lease, self.epoch)
+                self._renewer = asyncio.create_task(self._renew(self.epoch), name=f"{self.lease}-lease")
+                self._standing_by = False
+            elif not self._standing_by:
+                log.info("%s stands by: another holder has the %s lease", self.holder, self.lease)
+                self._standing_by = True
+        return self.epoch
+
+    async def _renew(self, epoch: int) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                renewed = await asyncio.to_thread(
+                    renew_leadership, self.uow_factory, self.holder, epoch, self.clock(), self.ttl, self.lease
+                )
+            except Exception as exc:  # database unreachable: keep trying; the epoch check fences writes
+                log.warning("%s could not renew its %s lease: %s", self.holder, self.lease, exc)
+                continue
+            if not renewed:
+                log.warning("%s lost its %s lease (epoch %d)", self.holder, self.lease, epoch)
+                return
+
+    def lose(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+        self._renewer, self.epoch = None, None
+
+    async def release(self) -> None:
+        epoch = self.epoch
+        self.lose()
+        if epoch is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(release_leadership, self.uow_factory, self.holder, epoch, self.lease)
+
+
 async def scheduler_loop(
     uow_factory: UnitOfWorkFactory,
     policy: Policy,
@@ -47,28 +110,23 @@ async def scheduler_loop(
     lease_ttl: float,
     check_invariants: bool = False,
 ) -> None:
-    holder = holder_id("scheduler")
-    epoch: int | None = None
+    term = LeaseTerm(uow_factory, LEASE_NAME, holder_id("scheduler"), clock, lease_ttl)
     while not stop.is_set():
         try:
-            if epoch is None:
-                epoch = await asyncio.to_thread(acquire_leadership, uow_factory, holder, clock(), lease_ttl)
-                if epoch is not None:
-                    log.info("scheduler %s leads with epoch %d", holder, epoch)
+            epoch = await term.ensure()
             if epoch is not None:
                 result = await asyncio.to_thread(
-                    run_cycle, uow_factory, holder, epoch, policy, prefix, clock(), lease_ttl, check_invariants
+                    run_cycle, uow_factory, term.holder, epoch, policy, prefix, clock(), lease_ttl, check_invariants
                 )
                 if result.admitted:
                     log.info("cycle: admitted %d, %d pending", result.admitted, result.pending)
         except LostLeadership as exc:
             log.warning("%s", exc)
-            epoch = None
+            term.lose()
         except Exception:
             log.exception("scheduler cycle failed; retrying")
         await sleep_or_stop(stop, interval)
-    if epoch is not None:
-        await asyncio.to_thread(release_leadership, uow_factory, holder, epoch)
+    await term.release()
 
 
 IDLE_LEASE = "idle"
@@ -125,6 +183,9 @@ async def report_loop(
         await sleep_or_stop(stop, interval)
 
 
+DISPATCHER_LEASE = "dispatcher"
+
+
 async def dispatcher_loop(
     uow_factory: UnitOfWorkFactory,
     drivers: Callable[[], Mapping[str, ClusterDriver]],
@@ -133,20 +194,35 @@ async def dispatcher_loop(
     stop: asyncio.Event,
     interval: float,
     orphan_interval: float,
+    lease_ttl: float = 15.0,
+    on_lead: Callable[[bool], None] | None = None,
 ) -> None:
+    """One dispatcher works at a time (a lease, renewed while it works); others stand by and take
+    over when its lease runs out. `on_lead(True/False)` is told when this process starts or stops
+    dispatching (the simulated clusters live with the dispatcher that holds the lease). A deposed
+    dispatcher that is mid-pass can only repeat applies, which are idempotent (objects are named
+    after the run: AlreadyExists is success)."""
+    term = LeaseTerm(uow_factory, DISPATCHER_LEASE, holder_id("dispatcher"), clock, lease_ttl)
     loop = asyncio.get_running_loop()
     next_gc = loop.time() + min(orphan_interval, 5.0)
+    leading = False
     while not stop.is_set():
         try:
-            stats = await dispatch_once(uow_factory, drivers(), prefix, clock)
-            if stats.applied or stats.torn_down:
-                log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
-            if loop.time() >= next_gc:
-                await collect_orphans(uow_factory, drivers())
-                next_gc = loop.time() + orphan_interval
+            now_leading = await term.ensure() is not None
+            if now_leading != leading and on_lead is not None:
+                on_lead(now_leading)
+            leading = now_leading
+            if leading:
+                stats = await dispatch_once(uow_factory, drivers(), prefix, clock)
+                if stats.applied or stats.torn_down:
+                    log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
+                if loop.time() >= next_gc:
+                    await collect_orphans(uow_factory, drivers())
+                    next_gc = loop.time() + orphan_interval
         except Exception:
             log.exception("dispatcher pass failed; retrying")
         await sleep_or_stop(stop, interval)
+    await term.release()
 
 
 async def periodic_loop(name: str, step: Callable[[], Awaitable[object]], stop: asyncio.Event, interval: float) -> None:
@@ -171,21 +247,15 @@ async def relay_loop(
     interval: float,
     lease_ttl: float = 15.0,
 ) -> None:
-    """One relay publishes at a time (a lease keeps events in commit order); others stand by."""
-    holder = holder_id("relay")
+    """One relay publishes at a time (a lease, renewed while it works, keeps events in commit
+    order even when publishing stalls on a NATS outage); others stand by."""
+    term = LeaseTerm(uow_factory, RELAY_LEASE, holder_id("relay"), clock, lease_ttl)
     loop = asyncio.get_running_loop()
     next_housekeeping = loop.time()
-    renew_at = loop.time()
-    epoch: int | None = None
     while not stop.is_set():
         sent = 0
         try:
-            if epoch is None or loop.time() >= renew_at:
-                epoch = await asyncio.to_thread(
-                    acquire_leadership, uow_factory, holder, clock(), lease_ttl, RELAY_LEASE
-                )
-                renew_at = loop.time() + lease_ttl / 3
-            if epoch is not None:
+            if await term.ensure() is not None:
                 sent = await relay_once(uow_factory, publisher, clock)
                 if loop.time() >= next_housekeeping:
                     pruned = await asyncio.to_thread(housekeeping, uow_factory, clock())
@@ -195,8 +265,7 @@ async def relay_loop(
             log.exception("relay pass failed; retrying")
         if not sent:
             await sleep_or_stop(stop, interval)
-    if epoch is not None:
-        await asyncio.to_thread(release_leadership, uow_factory, holder, epoch, RELAY_LEASE)
+    await term.release()
 
 
 class InboundDelivery(Protocol):
