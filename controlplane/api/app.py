@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from controlplane.api import routes_admin, routes_reports, routes_workloads
 from controlplane.api.context import ApiContext
+from controlplane.api.responses import Readiness, describe_own_validation_errors
 from controlplane.service.errors import Conflict, Invalid, NotFound
 
 MAX_BODY_BYTES = 1 << 20
@@ -72,7 +73,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], response_model=Readiness, responses={503: {"model": Readiness}})
     def readyz() -> JSONResponse:
         failures = {}
         for name, check in ctx.readiness.items():
@@ -89,4 +90,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_workloads.router)
     app.include_router(routes_reports.router)
+    describe_own_validation_errors(app)
     return app
