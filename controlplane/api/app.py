@@ -9,9 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from controlplane.api import routes_admin, routes_reports, routes_workloads
+from controlplane.api import responses, routes_admin, routes_reports, routes_workloads
 from controlplane.api.context import ApiContext
-from controlplane.api.responses import Readiness, describe_own_validation_errors
 from controlplane.service.errors import Conflict, Invalid, NotFound
 
 MAX_BODY_BYTES = 1 << 20
@@ -73,7 +72,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"], response_model=Readiness, responses={503: {"model": Readiness}})
+    @app.get(
+        "/readyz", tags=["health"], response_model=responses.Readiness, responses={503: {"model": responses.Readiness}}
+    )
     def readyz() -> JSONResponse:
         failures = {}
         for name, check in ctx.readiness.items():
@@ -90,5 +91,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_workloads.router)
     app.include_router(routes_reports.router)
-    describe_own_validation_errors(app)
+    responses.install(app)
     return app

@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 
 
 class FieldError(BaseModel):
@@ -45,6 +48,7 @@ _WWW_AUTHENTICATE = {
 }
 
 _ERRORS: dict[int, tuple[str, dict[str, Any] | None]] = {
+    400: ("the request body is not JSON text in UTF-8", None),
     401: ("missing, unknown or revoked API token", _WWW_AUTHENTICATE),
     403: ("the token is not allowed this operation (it needs an admin token)", None),
     404: ("no such object, or the caller's team may not see it", None),
@@ -71,6 +75,29 @@ AUTHENTICATED = declare(401, 503)
 
 
 _DEFAULT_422_SCHEMAS = ("HTTPValidationError", "ValidationError")
+
+
+def install(app: FastAPI) -> None:
+    """Make the answers that FastAPI and Starlette produce by themselves match the declarations."""
+    describe_own_validation_errors(app)
+    app.add_exception_handler(405, _method_not_allowed)
+
+
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route serves on the request's path. Starlette's own 405 lists only the
+    methods of the first route whose path matched, though each method of a path is its own route."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)  # Starlette routes status handlers only HTTP exceptions
+    allowed = allowed_methods(request.app, request)
+    body = ErrorBody(detail=f"{request.method} is not allowed here; use {', '.join(allowed)}")
+    return JSONResponse(body.model_dump(), status_code=405, headers={"Allow": ", ".join(allowed)})
 
 
 def describe_own_validation_errors(app: FastAPI) -> None:

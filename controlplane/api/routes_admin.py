@@ -34,7 +34,7 @@ def _kubeconfigs(request: Request) -> KubeconfigStore | None:
 
 
 @router.post(
-    "/clusters", status_code=201, response_model=ClusterView, tags=["fleet"], responses=declare(403, 409, 413, 422)
+    "/clusters", status_code=201, response_model=ClusterView, tags=["fleet"], responses=declare(400, 403, 409, 413, 422)
 )
 def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request) -> ClusterView:
     return svc.create_cluster(ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request))
@@ -50,7 +50,9 @@ def get_cluster(ref: str, who: Caller, ctx: Ctx) -> ClusterView:
     return svc.get_cluster(ctx.uow_factory(), ref)
 
 
-@router.patch("/clusters/{ref}", response_model=ClusterView, tags=["fleet"], responses=declare(403, 404, 409, 413, 422))
+@router.patch(
+    "/clusters/{ref}", response_model=ClusterView, tags=["fleet"], responses=declare(400, 403, 404, 409, 413, 422)
+)
 def update_cluster(ref: str, update: ClusterUpdate, who: Admin, ctx: Ctx) -> ClusterView:
     return svc.update_cluster(ctx.uow_factory(), ref, update, who.token_id, ctx.clock())
 
@@ -84,7 +86,7 @@ def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec 
         response_model=TreeNodeView,
         tags=tag,
         name=f"create_{level}",
-        responses=declare(403, 409, 413, 422),
+        responses=declare(400, 403, 409, 413, 422),
     )
     router.add_api_route(
         f"/{plural}/{{ref}}",
@@ -93,7 +95,7 @@ def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec 
         response_model=TreeNodeView,
         tags=tag,
         name=f"update_{level}",
-        responses=declare(403, 404, 413, 422),
+        responses=declare(400, 403, 404, 413, 422),
     )
     router.add_api_route(
         f"/{plural}/{{ref}}",
@@ -145,7 +147,7 @@ def get_queue(ref: str, who: Caller, ctx: Ctx) -> TreeNodeView:
     status_code=201,
     response_model=PriorityClassView,
     tags=["priority classes"],
-    responses=declare(403, 413, 422),
+    responses=declare(400, 403, 413, 422),
 )
 def put_priority_class(spec: PriorityClassSpec, who: Admin, ctx: Ctx) -> PriorityClassView:
     """Create or replace a priority class."""
@@ -173,7 +175,9 @@ class IssuedToken:
     team_id: str | None
 
 
-@router.post("/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"], responses=declare(403, 413, 422))
+@router.post(
+    "/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"], responses=declare(400, 403, 413, 422)
+)
 def issue_token(spec: TokenSpec, who: Admin, ctx: Ctx) -> IssuedToken:
     view, raw = auth.issue_token(ctx.uow_factory(), spec, who.token_id, ctx.clock())
     return IssuedToken(raw, view.id, view.name, view.role, view.team_id)

@@ -15,6 +15,8 @@ from controlplane.service.commands import Strict, SubmitWorkload
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import WorkloadView
 
+# Deeper pages are no use to anyone, and SQL integers end at 2**63 (above it the database driver fails).
+MAX_OFFSET = 1_000_000
 router = APIRouter(prefix="/v1", tags=["workloads"], responses=AUTHENTICATED)
 
 
@@ -28,7 +30,7 @@ class CancelRequest(Strict):
     response_model=WorkloadView,
     responses={
         200: {"model": WorkloadView, "description": "an idempotent retry: the workload created the first time"},
-        **declare(409, 413, 422),
+        **declare(400, 409, 413, 422),
     },
 )
 def submit(
@@ -54,7 +56,7 @@ def list_workloads(
     state: Annotated[list[WorkloadState] | None, Query()] = None,
     name: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[WorkloadView]:
     flt = WorkloadFilter(None, queue, tuple(str(s) for s in state or ()), name, limit, offset)
     return svc.list_workloads(ctx.uow_factory(), who, flt)
@@ -65,7 +67,7 @@ def get_workload(workload_id: str, who: Caller, ctx: Ctx) -> WorkloadView:
     return svc.get(ctx.uow_factory(), who, workload_id)
 
 
-@router.post("/workloads/{workload_id}/cancel", response_model=WorkloadView, responses=declare(404, 409, 413, 422))
+@router.post("/workloads/{workload_id}/cancel", response_model=WorkloadView, responses=declare(400, 404, 409, 413, 422))
 def cancel_workload(workload_id: str, who: Caller, ctx: Ctx, body: CancelRequest | None = None) -> WorkloadView:
     reason = body.reason if body else "cancelled by user"
     return svc.cancel(ctx.uow_factory(), who, workload_id, reason, ctx.subject_prefix, ctx.clock())

@@ -18,7 +18,10 @@ QuotaMap = dict[Annotated[str, Field(min_length=1, max_length=40)], Annotated[fl
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    """Inputs are taken as their schema says, never coerced: `true` is no number, `"5"` no integer,
+    `" a"` no name (the published OpenAPI must describe exactly what is accepted)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TaintSpec(Strict):
@@ -73,6 +76,20 @@ class PoolSpec(Strict):
         return self
 
 
+# Nodes of one cluster, all pools together: one pool may already have this many, and each node is a row
+# written on registration and read with the cluster (100 pools at the pool bound would be 2 million).
+MAX_CLUSTER_NODES = 20_000
+
+
+def _pools_fit_one_cluster(pools: list[PoolSpec]) -> list[PoolSpec]:
+    names = [p.name for p in pools]
+    if len(names) != len(set(names)):
+        raise ValueError("pool names must be unique within a cluster")
+    if sum(p.node_count for p in pools) > MAX_CLUSTER_NODES:
+        raise ValueError(f"a cluster has at most {MAX_CLUSTER_NODES} nodes over all its pools")
+    return pools
+
+
 CLOUD_PROVIDERS = ("eks", "aks", "gke", "oke")
 Provider = Literal["sim", "kubernetes", "eks", "aks", "gke", "oke"]
 
@@ -114,11 +131,8 @@ class ClusterSpec(Strict):
 
     @field_validator("pools")
     @classmethod
-    def _unique_pool_names(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
-        names = [p.name for p in pools]
-        if len(names) != len(set(names)):
-            raise ValueError("pool names must be unique within a cluster")
-        return pools
+    def _pools_fit(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
+        return _pools_fit_one_cluster(pools)
 
     @model_validator(mode="after")
     def _fields_fit_the_provider(self) -> ClusterSpec:
@@ -150,6 +164,11 @@ class ClusterSpec(Strict):
 class ClusterUpdate(Strict):
     region: str | None = Field(default=None, max_length=63)
     pools: list[PoolSpec] | None = Field(default=None, min_length=1, max_length=100)
+
+    @field_validator("pools")
+    @classmethod
+    def _pools_fit(cls, pools: list[PoolSpec] | None) -> list[PoolSpec] | None:
+        return None if pools is None else _pools_fit_one_cluster(pools)
 
 
 class TreeNodeSpec(Strict):
@@ -242,7 +261,7 @@ class SubmitWorkload(Strict):
     name: Name
     queue: Name
     priority_class: Name | None = None
-    kind: WorkloadKind = WorkloadKind.TRAINING
+    kind: WorkloadKind = Field(default=WorkloadKind.TRAINING, strict=False)  # strict takes only enum members
     pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=16)
     min_available: int | None = Field(default=None, ge=1, description="gang threshold; default all pods")
     requires_isolation: bool | None = Field(
