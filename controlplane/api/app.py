@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from controlplane.api import responses, routes_admin, routes_reports, routes_workloads
 from controlplane.api.context import ApiContext
+from controlplane.api.text import refuse_nul
 from controlplane.service.errors import Conflict, Invalid, NotFound
 
 MAX_BODY_BYTES = 1 << 20
@@ -43,6 +44,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         title="gpufleet",
         version="1",
         summary="Control plane for shared GPU fleets: quotas, gangs, placement across clusters.",
+        dependencies=[Depends(refuse_nul)],
     )
     app.state.ctx = ctx
     app.add_middleware(BodyLimit)

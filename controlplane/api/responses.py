@@ -7,6 +7,7 @@ schema, which describes a body this API never sends."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
-from starlette.routing import Match, Route
 
 
 class FieldError(BaseModel):
@@ -83,19 +83,21 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(405, _method_not_allowed)
 
 
-def allowed_methods(app: FastAPI, request: Request) -> list[str]:
-    """Every method some route serves on the request's path. Starlette's own 405 lists only the
-    methods of the first route whose path matched, though each method of a path is its own route."""
+def allowed_methods(app: FastAPI, path: str) -> set[str]:
+    """Every method the published API serves on `path`. Starlette's own 405 lists only the methods
+    of the first route whose path matched, though each method of a path is a route of its own."""
     methods: set[str] = set()
-    for route in app.router.routes:
-        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
-            methods |= route.methods
-    return sorted(methods)
+    for template, operations in app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods |= {method.upper() for method in operations}
+    return methods
 
 
 async def _method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)  # Starlette routes status handlers only HTTP exceptions
-    allowed = allowed_methods(request.app, request)
+    starlette_allow = (exc.headers or {}).get("Allow", "")
+    allowed = sorted(allowed_methods(request.app, request.url.path) | {m.strip() for m in starlette_allow.split(",")})
+    allowed = [method for method in allowed if method]
     body = ErrorBody(detail=f"{request.method} is not allowed here; use {', '.join(allowed)}")
     return JSONResponse(body.model_dump(), status_code=405, headers={"Allow": ", ".join(allowed)})
 
