@@ -3,7 +3,8 @@
 Every refusal carries the same body: `detail`, one sentence for a person, and on request
 validation errors `errors`, one entry per offending field. Routes declare the statuses they can
 answer with `declare(...)`; declaring 422 also replaces FastAPI's default `HTTPValidationError`
-schema, which describes a body this API never sends."""
+schema, which describes a body this API never sends. `install` makes the answers FastAPI and
+Starlette give on their own (a 422 on a route with no declaration, a 405) match too."""
 
 from __future__ import annotations
 
@@ -88,9 +89,15 @@ def allowed_methods(app: FastAPI, path: str) -> set[str]:
     of the first route whose path matched, though each method of a path is a route of its own."""
     methods: set[str] = set()
     for template, operations in app.openapi()["paths"].items():
-        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+        if _path_pattern(template).fullmatch(path):
             methods |= {method.upper() for method in operations}
     return methods
+
+
+def _path_pattern(template: str) -> re.Pattern[str]:
+    """`/v1/queues/{ref}` matches `/v1/queues/` and any one segment."""
+    segments = template.split("/")
+    return re.compile("/".join("[^/]+" if s.startswith("{") and s.endswith("}") else re.escape(s) for s in segments))
 
 
 async def _method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
