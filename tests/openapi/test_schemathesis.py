@@ -172,7 +172,7 @@ def _schemathesis(api: Api, workdir: Path, max_examples: int) -> dict[str, objec
         "--workers",
         "1",
         "--request-timeout",
-        "30",
+        "60",  # registering a cluster of 20,000 simulated nodes (the bound) takes 10-20 s on a busy machine
         "--no-color",
         "--report",
         "json",
