@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from controlplane.api import routes_admin, routes_reports, routes_workloads
+from controlplane.api import responses, routes_admin, routes_reports, routes_workloads
 from controlplane.api.context import ApiContext
+from controlplane.api.text import refuse_nul
 from controlplane.domain.limits import MAX_MESSAGE_BYTES
 from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable
 from controlplane.service.safejson import UnsafeJson, decode
@@ -137,6 +138,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         title="gpufleet",
         version="1",
         summary="Control plane for shared GPU fleets: quotas, gangs, placement across clusters.",
+        dependencies=[Depends(refuse_nul)],
     )
     app.state.ctx = ctx
     app.add_middleware(BodyGuard)
@@ -176,7 +178,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get(
+        "/readyz", tags=["health"], response_model=responses.Readiness, responses={503: {"model": responses.Readiness}}
+    )
     def readyz() -> JSONResponse:
         failures = {}
         for name, check in ctx.readiness.items():
@@ -193,4 +197,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_workloads.router)
     app.include_router(routes_reports.router)
+    responses.install(app)
     return app

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field
 
+from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Caller, Ctx
 from controlplane.domain.limits import MAX_OFFSET, MAX_PAGE
 from controlplane.domain.model import WorkloadState
@@ -15,7 +16,9 @@ from controlplane.service.commands import Strict, SubmitWorkload
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import WorkloadView
 
-router = APIRouter(prefix="/v1", tags=["workloads"])
+# Deeper pages are no use to anyone, and SQL integers end at 2**63 (above it the database driver fails).
+MAX_OFFSET = 1_000_000
+router = APIRouter(prefix="/v1", tags=["workloads"], responses=AUTHENTICATED)
 
 
 class CancelRequest(Strict):
@@ -26,7 +29,10 @@ class CancelRequest(Strict):
     "/workloads",
     status_code=201,
     response_model=WorkloadView,
-    responses={200: {"description": "an idempotent retry: the workload created the first time"}},
+    responses={
+        200: {"model": WorkloadView, "description": "an idempotent retry: the workload created the first time"},
+        **declare(400, 409, 413, 422),
+    },
 )
 def submit(
     request: SubmitWorkload,
@@ -43,7 +49,7 @@ def submit(
     return view
 
 
-@router.get("/workloads", response_model=list[WorkloadView])
+@router.get("/workloads", response_model=list[WorkloadView], responses=declare(422))
 def list_workloads(
     who: Caller,
     ctx: Ctx,
@@ -57,12 +63,12 @@ def list_workloads(
     return svc.list_workloads(ctx.uow_factory(), who, flt)
 
 
-@router.get("/workloads/{workload_id}", response_model=WorkloadView)
+@router.get("/workloads/{workload_id}", response_model=WorkloadView, responses=declare(404))
 def get_workload(workload_id: str, who: Caller, ctx: Ctx) -> WorkloadView:
     return svc.get(ctx.uow_factory(), who, workload_id)
 
 
-@router.post("/workloads/{workload_id}/cancel", response_model=WorkloadView)
+@router.post("/workloads/{workload_id}/cancel", response_model=WorkloadView, responses=declare(400, 404, 409, 413, 422))
 def cancel_workload(workload_id: str, who: Caller, ctx: Ctx, body: CancelRequest | None = None) -> WorkloadView:
     reason = body.reason if body else "cancelled by user"
     return svc.cancel(ctx.uow_factory(), who, workload_id, reason, ctx.subject_prefix, ctx.clock())

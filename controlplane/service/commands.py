@@ -41,9 +41,12 @@ Price = Annotated[float, Field(ge=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=Fa
 
 
 class Strict(BaseModel):
-    # No NaN or infinities in any float field of any request (REST or NATS): they break quota
-    # arithmetic and JSON columns, and no quantity gpufleet takes can be infinite.
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
+    """Inputs are taken as their schema says, never coerced: `true` is no number, `"5"` no integer,
+    `" a"` no name (the published OpenAPI must describe exactly what is accepted). No NaN or
+    infinities in any float field of any request (REST or NATS): they break quota arithmetic and
+    JSON columns, and no quantity gpufleet takes can be infinite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 def _refuse(errors: list[str], what: str) -> None:
@@ -134,6 +137,20 @@ class PoolSpec(Strict):
         return self
 
 
+# Nodes of one cluster, all pools together: one pool may already have this many, and each node is a row
+# written on registration and read with the cluster (100 pools at the pool bound would be 2 million).
+MAX_CLUSTER_NODES = 20_000
+
+
+def _pools_fit_one_cluster(pools: list[PoolSpec]) -> list[PoolSpec]:
+    names = [p.name for p in pools]
+    if len(names) != len(set(names)):
+        raise ValueError("pool names must be unique within a cluster")
+    if sum(p.node_count for p in pools) > MAX_CLUSTER_NODES:
+        raise ValueError(f"a cluster has at most {MAX_CLUSTER_NODES} nodes over all its pools")
+    return pools
+
+
 CLOUD_PROVIDERS = ("eks", "aks", "gke", "oke")
 Provider = Literal["sim", "kubernetes", "eks", "aks", "gke", "oke"]
 
@@ -215,11 +232,8 @@ class ClusterSpec(Strict):
 
     @field_validator("pools")
     @classmethod
-    def _unique_pool_names(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
-        names = [p.name for p in pools]
-        if len(names) != len(set(names)):
-            raise ValueError("pool names must be unique within a cluster")
-        return pools
+    def _pools_fit(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
+        return _pools_fit_one_cluster(pools)
 
     @model_validator(mode="after")
     def _fields_fit_the_provider(self) -> ClusterSpec:
@@ -257,6 +271,11 @@ class ClusterUpdate(Strict):
     pools: list[PoolSpec] | None = Field(default=None, min_length=1, max_length=100)
     # Real clusters: the fields given replace the stored ones; the others stay as they are.
     kubernetes: KubernetesSettingsSpec | None = None
+
+    @field_validator("pools")
+    @classmethod
+    def _pools_fit(cls, pools: list[PoolSpec] | None) -> list[PoolSpec] | None:
+        return None if pools is None else _pools_fit_one_cluster(pools)
 
 
 class TreeNodeSpec(Strict):
@@ -349,7 +368,7 @@ class SubmitWorkload(Strict):
     name: Name
     queue: Name
     priority_class: Name | None = None
-    kind: WorkloadKind = WorkloadKind.TRAINING
+    kind: WorkloadKind = Field(default=WorkloadKind.TRAINING, strict=False)  # strict takes only enum members
     pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=MAX_POD_SETS)
     min_available: int | None = Field(default=None, ge=1, description="gang threshold; default all pods")
     requires_isolation: bool | None = Field(
