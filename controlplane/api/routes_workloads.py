@@ -16,8 +16,6 @@ from controlplane.service.commands import Strict, SubmitWorkload
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import WorkloadView
 
-# Deeper pages are no use to anyone, and SQL integers end at 2**63 (above it the database driver fails).
-MAX_OFFSET = 1_000_000
 router = APIRouter(prefix="/v1", tags=["workloads"], responses=AUTHENTICATED)
 
 
