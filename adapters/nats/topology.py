@@ -43,7 +43,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
         StreamConfig(
             name=INBOUND_STREAM,
             description="Commands and reports into gpufleet: submit, cancel, cluster pods and inventory",
-            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel", f"{prefix}.cluster.>"],
+            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel.>", f"{prefix}.cluster.>"],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=7 * DAY,
@@ -51,7 +51,10 @@ def topology(prefix: str = "gpufleet") -> Topology:
             # Publishers see back-pressure instead of silently losing unconsumed commands.
             discard=DiscardPolicy.NEW,
             max_bytes=4 << 30,
-            duplicate_window=120.0,
+            # The server's minimum (it cannot be off): a Nats-Msg-Id is de-duplicated across every
+            # sender of the stream, so one team could have another's message dropped. Senders put
+            # their id in Gpufleet-Msg-Id, which the ingest inbox de-duplicates per sender.
+            duplicate_window=0.1,
             num_replicas=1,
         ),
         StreamConfig(

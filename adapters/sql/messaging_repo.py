@@ -191,12 +191,19 @@ class SqlClusterCredentials:
         self.s = session
 
     def add(self, credential_id: str, cluster_id: str, secret_hash: str, now: datetime) -> None:
-        self.s.add(ClusterCredentialRow(id=credential_id, cluster_id=cluster_id, secret_hash=secret_hash, created_at=now))
+        self.s.add(
+            ClusterCredentialRow(id=credential_id, cluster_id=cluster_id, secret_hash=secret_hash, created_at=now)
+        )
         self.s.flush()
 
     def by_hash(self, secret_hash: str) -> ClusterCredential | None:
         row = self.s.execute(
-            select(ClusterCredentialRow.id, ClusterRow.name, ClusterCredentialRow.created_at, ClusterCredentialRow.revoked_at)
+            select(
+                ClusterCredentialRow.id,
+                ClusterRow.name,
+                ClusterCredentialRow.created_at,
+                ClusterCredentialRow.revoked_at,
+            )
             .join(ClusterRow, ClusterRow.id == ClusterCredentialRow.cluster_id)
             .where(ClusterCredentialRow.secret_hash == secret_hash)
         ).first()
@@ -204,7 +211,12 @@ class SqlClusterCredentials:
 
     def for_cluster(self, cluster_id: str) -> list[ClusterCredential]:
         rows = self.s.execute(
-            select(ClusterCredentialRow.id, ClusterRow.name, ClusterCredentialRow.created_at, ClusterCredentialRow.revoked_at)
+            select(
+                ClusterCredentialRow.id,
+                ClusterRow.name,
+                ClusterCredentialRow.created_at,
+                ClusterCredentialRow.revoked_at,
+            )
             .join(ClusterRow, ClusterRow.id == ClusterCredentialRow.cluster_id)
             .where(ClusterCredentialRow.cluster_id == cluster_id)
             .order_by(ClusterCredentialRow.created_at)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -88,11 +88,34 @@ class SqlRunRepository:
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
+    def clusters_of(self, run_ids: Collection[str]) -> dict[str, str]:
+        wanted = list(run_ids)
+        out: dict[str, str] = {}
+        for i in range(0, len(wanted), 500):
+            rows = self.s.execute(
+                select(RunRow.id, ClusterRow.name)
+                .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+                .where(RunRow.id.in_(wanted[i : i + 500]))
+            )
+            out.update({str(run_id): str(name) for run_id, name in rows.tuples()})
+        return out
+
     def status(self, run_id: str) -> RunStatus | None:
         row = self.s.execute(
-            select(RunRow.id, RunRow.workload_id, QueueRow.name, RunRow.state, WorkloadRow.min_available)
+            select(
+                RunRow.id,
+                RunRow.workload_id,
+                QueueRow.name,
+                RunRow.state,
+                WorkloadRow.min_available,
+                ClusterRow.name,
+                RunRow.epoch,
+                TeamRow.name,
+            )
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .join(TeamRow, TeamRow.id == QueueRow.team_id)
             .where(RunRow.id == run_id)
         ).first()
         return RunStatus(*row) if row else None

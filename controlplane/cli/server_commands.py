@@ -186,7 +186,12 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
             raise click.ClickException(
                 f"{what} port {number} on 127.0.0.1 is in use; pick another with --port/--nats-port"
             )
-    nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log")
+    # NATS with authentication: the control plane's own secrets (0600, created once, never in SQL,
+    # logs or streams); every other client connects with a gpufleet credential through auth callout.
+    secrets_file = state / "nats-secrets.json"
+    nats_auth = bootstrap.nats_secrets.load_or_create(secrets_file).server_auth()
+    settings = settings.model_copy(update={"nats_secrets_file": secrets_file})
+    nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log", auth=nats_auth)
     nats.start()
     try:
         bootstrap.migrate(settings)
@@ -206,7 +211,7 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
             extra.append(demo.generate(settings, team_token, stop, waiting_token))
         wiring.close()
         click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
-        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'})")
+        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
         click.echo(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
         click.echo(f"  database    {settings.effective_database_url}")
         if added:

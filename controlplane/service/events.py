@@ -31,5 +31,6 @@ def envelope(event_type: str, data: dict[str, Any], now: datetime, event_id: str
     return event_id, json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
-def workload_subject(prefix: str, queue: str, event: str) -> str:
-    return f"{prefix}.events.workload.{queue}.{event}"
+def workload_subject(prefix: str, team: str, queue: str, event: str) -> str:
+    """Carries the team, so NATS can let a team's credential read its own workloads' events only."""
+    return f"{prefix}.events.workload.{team}.{queue}.{event}"

@@ -75,7 +75,9 @@ def team_grant(prefix: str, team: str, credential_id: str) -> NatsGrant:
 
 
 def admin_grant(prefix: str, token_id: str) -> NatsGrant:
-    return NatsGrant("admin", token_id, token_id, publish=(), subscribe=(f"{prefix}.events.>", f"_INBOX.admin-{token_id}.>"))
+    return NatsGrant(
+        "admin", token_id, token_id, publish=(), subscribe=(f"{prefix}.events.>", f"_INBOX.admin-{token_id}.>")
+    )
 
 
 def grant_for(uow: UnitOfWork, secret: str, prefix: str) -> NatsGrant | None:
@@ -117,7 +119,12 @@ def rotate_cluster_credential(
         credential = ClusterCredential(new_id("ccr"), cluster.name, now, None)
         uow.cluster_credentials.add(credential.id, cluster.id, _hash(raw), now)
         uow.audit.record(
-            actor, "cluster.credential.issue", "cluster", cluster.id, {"credential": credential.id, "revoked": revoked}, now
+            actor,
+            "cluster.credential.issue",
+            "cluster",
+            cluster.id,
+            {"credential": credential.id, "revoked": revoked},
+            now,
         )
         uow.commit()
     return credential, raw

@@ -5,7 +5,7 @@ Adapters implement them; only the composition root (`controlplane.bootstrap`) pi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -93,6 +93,9 @@ class RunStatus:
     queue: str
     state: str
     min_available: int
+    cluster: str = ""  # the cluster the run was placed on
+    epoch: int = 0  # the scheduler epoch that placed it; reports must carry it
+    team: str = ""
 
 
 class AdminRepository(Protocol):
@@ -153,6 +156,10 @@ class WorkloadRepository(Protocol):
 
 
 class RunRepository(Protocol):
+    def clusters_of(self, run_ids: Collection[str]) -> dict[str, str]:
+        """run id -> the name of the cluster it was placed on (unknown ids are left out)."""
+        ...
+
     def to_dispatch(self, limit: int) -> list[RunOrder]: ...
     def to_teardown(self, limit: int) -> list[Teardown]: ...
     def set_dispatch_state(self, run_id: str, from_state: str, to_state: str, now: datetime) -> bool: ...

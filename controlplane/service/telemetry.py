@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from controlplane.service.ingest import inbox_key
 from controlplane.service.ports import UnitOfWork
 
 CONSUMER = "telemetry"
@@ -679,23 +680,34 @@ def handle_batch(
     if not decoded:
         return BatchResult(tuple(outcomes), 0, 0)
     folder = Folder(window_seconds)
+    # Inbox keys are per sending cluster: one cluster cannot claim another's message ids.
+    keys = {i: inbox_key(f"cluster:{cluster}", messages[i].msg_id) for i, (cluster, _) in decoded.items()}
     with uow:
-        fresh = uow.telemetry.claim_batches(CONSUMER, [messages[i].msg_id for i in decoded], now)
+        fresh = uow.telemetry.claim_batches(CONSUMER, list(keys.values()), now)
+        placed = uow.runs.clusters_of({item[4] for _, items in decoded.values() for item in items if item[4]})
         taken: set[str] = set()
         for i, (cluster, items) in decoded.items():
-            msg_id = messages[i].msg_id
+            msg_id = keys[i]
             # A message id seen before, or twice in this fetch, is a redelivery: fold it once.
             if msg_id not in fresh or msg_id in taken:
                 outcomes[i] = (Outcome.DUPLICATE, "already processed")
                 continue
             taken.add(msg_id)
-            folder.add(cluster, items)
+            folder.add(cluster, _own_runs_only(cluster, items, placed))
             outcomes[i] = (Outcome.APPLIED, f"{len(items)} samples")
         folded = folder.windows()
         if folded:
             uow.telemetry.merge_windows(folded, now)
         uow.commit()
     return BatchResult(tuple(outcomes), folder.samples, len(folded))
+
+
+def _own_runs_only(cluster: str, items: list[Item], placed: dict[str, str]) -> list[Item]:
+    """A cluster's samples credit only runs placed on that cluster; others count as unattributed
+    GPU time there (so a cluster cannot make another's run look idle, or busy)."""
+    if all(not item[4] or placed.get(item[4]) == cluster for item in items):
+        return items
+    return [item if not item[4] or placed.get(item[4]) == cluster else [*item[:4], None, *item[5:]] for item in items]
 
 
 # Windows are the evidence for idle decisions and reports; two weeks covers both. Inbox rows of

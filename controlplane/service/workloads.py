@@ -30,7 +30,8 @@ def emit(
     data = uow.workloads.event_data(workload_id)
     data.update(extra)
     event_id, payload = envelope(f"workload.{event}", data, now)
-    uow.outbox.add(workload_subject(prefix, queue, event), event_id, payload, now)
+    subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
+    uow.outbox.add(subject, event_id, payload, now)
 
 
 def submit(

@@ -236,7 +236,7 @@ async def handle_delivery(
     """Apply one message; ack only after the commit; never let one message stop the consumer."""
     try:
         result = await asyncio.to_thread(ingest.handle, uow_factory(), delivery.message, prefix, clock())
-        if result.outcome is Outcome.MALFORMED:
+        if result.outcome in (Outcome.MALFORMED, Outcome.REFUSED):
             await source.dead_letter(delivery.message, result.detail)
             log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
         await delivery.ack()
