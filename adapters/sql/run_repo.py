@@ -97,7 +97,7 @@ class SqlRunRepository:
                 .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
                 .where(RunRow.id.in_(wanted[i : i + 500]))
             )
-            out.update({str(run_id): str(name) for run_id, name in rows.tuples()})
+            out.update({str(run_id): str(name) for run_id, name in rows})
         return out
 
     def status(self, run_id: str) -> RunStatus | None:
