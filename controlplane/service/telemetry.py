@@ -703,11 +703,16 @@ def handle_batch(
 
 
 def _own_runs_only(cluster: str, items: list[Item], placed: dict[str, str]) -> list[Item]:
-    """A cluster's samples credit only runs placed on that cluster; others count as unattributed
-    GPU time there (so a cluster cannot make another's run look idle, or busy)."""
-    if all(not item[4] or placed.get(item[4]) == cluster for item in items):
+    """A cluster's samples credit only runs placed on that cluster: a sample naming a run of another
+    cluster counts as unattributed GPU time here (a cluster cannot make another's run look idle, or
+    busy). Run ids no run has are left to the windows' own handling."""
+
+    def foreign(item: Item) -> bool:
+        return bool(item[4]) and placed.get(item[4], cluster) != cluster
+
+    if not any(foreign(item) for item in items):
         return items
-    return [item if not item[4] or placed.get(item[4]) == cluster else [*item[:4], None, *item[5:]] for item in items]
+    return [[*item[:4], None, *item[5:]] if foreign(item) else item for item in items]
 
 
 # Windows are the evidence for idle decisions and reports; two weeks covers both. Inbox rows of

@@ -28,7 +28,8 @@ from adapters.nats.topology import DLQ_STREAM, EVENTS_STREAM, INBOUND_STREAM
 from adapters.sql.tables import RunRow, WorkloadRow
 from controlplane.bootstrap import Wiring, run_components, utc_now
 from controlplane.config import Settings
-from controlplane.service import auth, nats_identity
+from controlplane.service import auth, nats_identity, telemetry
+from controlplane.service.telemetry import GpuSample, WindowQuery, encode_batch, telemetry_subject
 from tests.integration.fleet import Tenant, add_tenant, gang, h100_cluster
 
 pytestmark = pytest.mark.timeout(90)
@@ -370,7 +371,8 @@ async def test_revoked_credentials_are_refused_and_their_connections_closed(plan
     cluster = await _as(plane.settings, plane.clusters["c1"], "_INBOX.cluster-c1", cluster_watch)
     team = await _as(plane.settings, plane.llm.token, "_INBOX.team-llm", team_watch)
     try:
-        assert cluster.is_connected and team.is_connected
+        assert cluster.is_connected
+        assert team.is_connected
         nats_identity.revoke_cluster_credentials(wiring.uow(), "c1", "test", utc_now())
         token_id = auth.authenticate(wiring.uow(), plane.llm.token).token_id  # type: ignore[union-attr]
         auth.revoke_token(wiring.uow(), token_id, "test", utc_now())
@@ -390,3 +392,53 @@ async def test_revoked_credentials_are_refused_and_their_connections_closed(plan
     finally:
         await cluster.close()
         await team.close()
+
+
+async def test_telemetry_credits_only_runs_on_the_sending_cluster(
+    plane: Plane, client: TestClient, wiring: Wiring
+) -> None:
+    """Zero-activity samples naming another cluster's run do not make that run look idle."""
+    p = plane.prefix
+    r = client.post("/v1/workloads", json=gang("busy", "llm-train", replicas=2), headers=plane.llm.headers)
+    assert r.status_code == 201, r.text
+    workload_id = r.json()["id"]
+
+    def placed() -> tuple[str, str] | None:
+        with wiring.uow() as uow:
+            row = uow.session.execute(  # type: ignore[attr-defined]
+                select(RunRow.id).where(RunRow.workload_id == workload_id)
+            ).first()
+            if row is None:
+                return None
+            status = uow.runs.status(str(row[0]))
+            return (status.run_id, status.cluster) if status else None
+
+    async def admitted() -> bool:
+        return placed() is not None
+
+    await _until(admitted)
+    run_id, own = placed()  # type: ignore[misc]
+    other = "c2" if own == "c1" else "c1"
+    now = utc_now().timestamp()
+
+    async def send(cluster: str, activity: float, msg_id: str) -> None:
+        samples = [GpuSample(cluster, "n1", "GPU-0", 0, now, {"sm_active": activity}, run_id=run_id)]
+        nc = await _as(plane.settings, plane.clusters[cluster], f"_INBOX.cluster-{cluster}")
+        try:
+            await nc.jetstream(timeout=2.0).publish(
+                telemetry_subject(p, cluster), encode_batch(cluster, samples), headers={"Gpufleet-Msg-Id": msg_id}
+            )
+        finally:
+            await nc.close()
+
+    await send(other, 0.0, "same-id")  # the forger
+    await send(own, 0.9, "same-id")  # the run's cluster, even with the same message id
+
+    async def both_folded() -> bool:
+        return len(telemetry.windows(wiring.uow(), WindowQuery())) == 2
+
+    await _until(both_folded)
+    by_cluster = {w.cluster: w for w in telemetry.windows(wiring.uow(), WindowQuery())}
+    assert by_cluster[other].run_id is None
+    assert by_cluster[own].run_id == run_id
+    assert [w.cluster for w in telemetry.windows(wiring.uow(), WindowQuery(run_id=run_id))] == [own]
