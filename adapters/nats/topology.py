@@ -92,7 +92,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             max_msg_size=1 << 20,
             discard=DiscardPolicy.OLD,
             max_bytes=8 << 30,
-            duplicate_window=120.0,
+            duplicate_window=0.1,  # as GPUFLEET_IN: the server's minimum; the inbox de-duplicates per cluster
             num_replicas=1,
         ),
     )
