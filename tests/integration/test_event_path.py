@@ -14,6 +14,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from adapters.nats import secrets as nats_secrets
 from adapters.nats.connection import JetStreamPublisher
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
@@ -28,8 +29,10 @@ from tests.integration.fleet import Tenant, gang
 
 
 @pytest.fixture
-async def js(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[JetStreamContext]:
-    nc: Client = await nats.connect(running_nats.url)
+async def js(secure_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[JetStreamContext]:
+    """The control plane's own connection to a nats-server with authentication."""
+    secrets = nats_secrets.load(secure_nats.secrets_file)  # type: ignore[attr-defined]
+    nc: Client = await nats.connect(secure_nats.url, user=secrets.control_user, password=secrets.control_password)
     context = nc.jetstream()
     # Streams are named per installation; each test gets its own subject prefix, so recreate them.
     for name in ("GPUFLEET_IN", "GPUFLEET_EVENTS", "GPUFLEET_DLQ"):
