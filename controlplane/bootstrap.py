@@ -154,7 +154,9 @@ class SimFleet:
         if self.wiring.settings.nats_secrets_file is None:
             return self.publisher
         path = self.wiring.settings.state_dir / "sim" / f"{cluster}.nats-credential"
-        if not path.exists():
+        # Issued on first use, and again for a cluster that has none (deleted and registered anew);
+        # a revoked one is left revoked: the simulated agent then stays out, like a real one.
+        if not path.exists() or not nats_identity.list_cluster_credentials(self.wiring.uow(), cluster):
             _, raw = nats_identity.rotate_cluster_credential(self.wiring.uow(), cluster, "sim-fleet", utc_now())
             write_secret(path, raw)
         connection = ClusterConnection(self.wiring.settings.nats_url, cluster, path.read_text().strip())
@@ -181,12 +183,16 @@ class SimFleet:
         while not stop.is_set():
             try:
                 await asyncio.to_thread(self.refresh)
-                for cluster in list(self.clusters.values()):
+            except Exception:
+                log.exception("simulated fleet refresh failed")
+            for cluster in list(self.clusters.values()):
+                # One cluster whose reports fail (its credential revoked, say) stops no other.
+                try:
                     await cluster.tick()
                     await cluster.emit_telemetry()
                     await cluster.emit_inventory()
-            except Exception:
-                log.exception("simulated fleet tick failed")
+                except Exception:
+                    log.exception("simulated cluster %s tick failed", cluster.name)
             await loops.sleep_or_stop(stop, 0.2)
         for connection in self.own_connections:
             await connection.close()
@@ -202,6 +208,8 @@ class ClusterConnection:
         self._js: Any = None
 
     async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        if self._nc is not None and self._nc.is_closed:  # refused for good (revoked): try afresh next time
+            self._nc = self._js = None
         if self._js is None:
             self._nc = await connect(
                 self.url,
