@@ -50,8 +50,10 @@ class IssuedClusterCredential:
 
 @router.post("/clusters", status_code=201, response_model=RegisteredCluster, tags=["fleet"])
 def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request, response: Response) -> RegisteredCluster:
-    view = svc.create_cluster(ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request))
-    _, raw = nats_identity.rotate_cluster_credential(ctx.uow_factory(), view.id, who.token_id, ctx.clock())
+    raw, secret_hash = nats_identity.new_cluster_secret()
+    view = svc.create_cluster(
+        ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request), nats_credential_hash=secret_hash
+    )
     response.headers["Cache-Control"] = "no-store"
     return RegisteredCluster(**{f.name: getattr(view, f.name) for f in fields(view)}, nats_credential=raw)
 

@@ -106,18 +106,24 @@ def still_valid(uow: UnitOfWork, credential_ids: Sequence[str]) -> set[str]:
         return uow.cluster_credentials.still_valid(credential_ids)
 
 
+def new_cluster_secret() -> tuple[str, str]:
+    """(raw secret, its hash): the raw one is shown once, the hash is what SQL keeps."""
+    raw = CLUSTER_CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+    return raw, _hash(raw)
+
+
 def rotate_cluster_credential(
     uow: UnitOfWork, cluster_ref: str, actor: str, now: datetime
 ) -> tuple[ClusterCredential, str]:
     """Revoke the cluster's credentials and issue a new one. Returns it with the raw secret, shown once."""
-    raw = CLUSTER_CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+    raw, secret_hash = new_cluster_secret()
     with uow:
         cluster = uow.admin.get_cluster(cluster_ref)
         if cluster is None:
             raise NotFound(f"no cluster {cluster_ref}")
         revoked = uow.cluster_credentials.revoke_all(cluster.id, now)
         credential = ClusterCredential(new_id("ccr"), cluster.name, now, None)
-        uow.cluster_credentials.add(credential.id, cluster.id, _hash(raw), now)
+        uow.cluster_credentials.add(credential.id, cluster.id, secret_hash, now)
         uow.audit.record(
             actor,
             "cluster.credential.issue",
