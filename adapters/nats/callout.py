@@ -27,7 +27,8 @@ from controlplane.service.nats_identity import NatsGrant
 
 log = logging.getLogger(__name__)
 AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
-MAX_TRACKED = 100_000
+MAX_TRACKED = 100_000  # credentials
+MAX_PER_CREDENTIAL = 256  # connections remembered per credential (agents reconnect as JWTs expire)
 
 
 def user_claims(grant: NatsGrant, user_nkey: str, ttl: float) -> dict[str, Any]:
@@ -62,8 +63,9 @@ class AuthCallout:
         self.authorize = authorize
         self.still_valid = still_valid
         self.ttl = ttl
-        # credential id -> connections it opened (server id, client id), for kicking on revocation
-        self.connections: dict[str, set[tuple[str, int]]] = {}
+        # credential id -> the latest connections it opened (server id, client id), oldest first, for
+        # kicking on revocation; closed ones linger harmlessly (a kick of a gone client is a no-op)
+        self.connections: dict[str, dict[tuple[str, int], None]] = {}
         self.refused = 0
 
     async def serve(self, nc: Client) -> None:
@@ -100,7 +102,10 @@ class AuthCallout:
             return
         user_jwt = encode_jwt(user_claims(grant, user_nkey, self.ttl), self.issuer)
         if isinstance(client.get("id"), int) and len(self.connections) < MAX_TRACKED:
-            self.connections.setdefault(grant.credential_id, set()).add((server_id, client["id"]))
+            opened = self.connections.setdefault(grant.credential_id, {})
+            opened[(server_id, client["id"])] = None
+            while len(opened) > MAX_PER_CREDENTIAL:
+                del opened[next(iter(opened))]
         await msg.respond(self._respond_claims(user_nkey, server_id, user_jwt, ""))
 
     async def sweep(self, system: Client) -> int:
