@@ -61,14 +61,14 @@ class NatsServerAuth:
     callout_user: str = "gpufleet-auth"
     system_user: str = "gpufleet-sys"
 
-    def config(self, port: int, store_dir: Path) -> str:
+    def config(self, port: int, store_dir: Path, host: str = "127.0.0.1") -> str:
         def user(name: str, password: str) -> str:
             return f"users: [{{user: {json.dumps(name)}, password: {json.dumps(password)}}}]"
 
         fixed = ", ".join(json.dumps(u) for u in (self.control_user, self.callout_user, self.system_user))
         return "\n".join(
             [
-                f"listen: 127.0.0.1:{port}",
+                f"listen: {json.dumps(f'{host}:{port}')}",
                 f"jetstream {{ store_dir: {json.dumps(str(store_dir))} }}",
                 "accounts {",
                 f"  {APP_ACCOUNT} {{ jetstream: enabled, {user(self.control_user, self.control_password)} }}",

@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import nats
 import nats.errors
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from nats.aio.client import Client
 from sqlalchemy import select
 
 from adapters.nats import secrets as nats_secrets
+from adapters.nats.server import find_binary, free_port
 from adapters.nats.topology import DLQ_STREAM, EVENTS_STREAM, INBOUND_STREAM
 from adapters.sql.tables import RunRow, WorkloadRow
 from controlplane.bootstrap import Wiring, run_components, utc_now
+from controlplane.cli.main import main
 from controlplane.config import Settings
 from controlplane.service import auth, nats_identity, telemetry
 from controlplane.service.telemetry import GpuSample, WindowQuery, encode_batch, telemetry_subject
@@ -442,3 +447,35 @@ async def test_telemetry_credits_only_runs_on_the_sending_cluster(
     assert by_cluster[other].run_id is None
     assert by_cluster[own].run_id == run_id
     assert [w.cluster for w in telemetry.windows(wiring.uow(), WindowQuery(run_id=run_id))] == [own]
+
+
+async def test_nats_auth_config_secures_an_external_server(tmp_path: Path) -> None:
+    """`gpufleet nats-auth-config` writes what an operator gives their own nats-server."""
+    port = free_port()
+    secrets_file, config = tmp_path / "secrets.json", tmp_path / "nats.conf"
+    args = ["nats-auth-config", "--secrets-file", str(secrets_file), "--out", str(config)]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--store-dir", str(tmp_path / "js")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert secrets_file.stat().st_mode & 0o777 == 0o600
+    assert config.stat().st_mode & 0o777 == 0o600
+    server = subprocess.Popen([find_binary(), "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        secrets = nats_secrets.load(secrets_file)
+        control: Client | None = None
+        for _ in range(100):
+            try:
+                control = await nats.connect(
+                    f"nats://127.0.0.1:{port}", user=secrets.control_user, password=secrets.control_password
+                )
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        assert control is not None
+        assert (await control.jetstream().account_info()).limits is not None  # JetStream for gpufleet's account
+        await control.close()
+        settings = Settings(nats_url=f"nats://127.0.0.1:{port}")
+        assert "authorization violation" in (await _refused(settings)).lower()
+    finally:
+        server.terminate()
+        server.wait(10)
