@@ -117,10 +117,10 @@ class AuthCallout:
         for credential_id in [c for c in self.connections if c not in valid]:
             for server_id, cid in self.connections.pop(credential_id):
                 try:
-                    await system.request(
+                    answer = await system.request(
                         f"$SYS.REQ.SERVER.{server_id}.KICK", json.dumps({"cid": cid}).encode(), timeout=2.0
                     )
-                    kicked += 1
+                    kicked += b'"error"' not in answer.data  # a client that is gone already is not counted
                 except Exception as exc:  # gone already, or a server that does not answer: nothing to do
                     log.info("kick of client %s on %s: %s", cid, server_id, exc)
         return kicked
