@@ -4,8 +4,9 @@ Every client that is not one of the control plane's fixed users connects with a 
 as its token (or password). The server sends an authorization request (a JWT it signed) to
 `$SYS.REQ.USER.AUTH`; we check the credential in SQL (`authorize`, by its SHA-256 hash) and answer
 with an authorization response carrying a user JWT, signed by our account key, whose permissions
-are exactly the grant's. A user JWT expires after `ttl` seconds; the server then disconnects the
-client, which reconnects and is asked about again. `sweep` disconnects (kicks) clients whose
+are exactly the grant's. With `ttl` > 0 a user JWT expires after that many seconds and the server
+disconnects the client (nats-py then closes the connection for good: its owner must reconnect), so
+the default is no expiry. `sweep` disconnects (kicks) clients whose
 credential has been revoked since they connected, through the system account.
 """
 
@@ -34,11 +35,12 @@ MAX_PER_CREDENTIAL = 256  # connections remembered per credential (agents reconn
 def user_claims(grant: NatsGrant, user_nkey: str, ttl: float) -> dict[str, Any]:
     # An empty allow list would mean "everything": an identity that may publish nothing is denied ">".
     publish: dict[str, list[str]] = {"allow": list(grant.publish)} if grant.publish else {"deny": [">"]}
-    return {
+    claims: dict[str, Any] = {
         "sub": user_nkey,
         "aud": APP_ACCOUNT,
-        "name": f"{grant.kind}:{grant.name}",
-        "exp": int(time.time() + ttl),
+        # The server shows this as the connection's user (connz), which lets a later sweep, even
+        # after a control-plane restart, tell which credential each connection authenticated with.
+        "name": f"{grant.kind}:{grant.name}/{grant.credential_id}",
         "nats": {
             "pub": publish,
             "sub": {"allow": list(grant.subscribe)},
@@ -49,6 +51,9 @@ def user_claims(grant: NatsGrant, user_nkey: str, ttl: float) -> dict[str, Any]:
             "version": 2,
         },
     }
+    if ttl > 0:
+        claims["exp"] = int(time.time() + ttl)
+    return claims
 
 
 class AuthCallout:
@@ -57,7 +62,7 @@ class AuthCallout:
         issuer: KeyPair,
         authorize: Callable[[str], NatsGrant | None],
         still_valid: Callable[[Sequence[str]], set[str]],
-        ttl: float = 3600.0,
+        ttl: float = 0.0,
     ) -> None:
         self.issuer = issuer
         self.authorize = authorize
@@ -108,8 +113,30 @@ class AuthCallout:
                 del opened[next(iter(opened))]
         await msg.respond(self._respond_claims(user_nkey, server_id, user_jwt, ""))
 
+    async def adopt(self, system: Client) -> None:
+        """Learn the connections the server has now (those authorized before a restart, or by another
+        replica): their user name, which we set, ends with the credential id."""
+        try:
+            answer = await system.request(
+                "$SYS.REQ.SERVER.PING.CONNZ",
+                json.dumps({"account": APP_ACCOUNT, "auth": True, "limit": 100_000}).encode(),
+                timeout=2.0,
+            )
+            data = json.loads(answer.data)["data"]
+            server_id, connections = str(data["server_id"]), data.get("connections") or []
+        except Exception as exc:  # no answer: keep what we know
+            log.info("connection listing failed: %s", exc)
+            return
+        for connection in connections:
+            user = str(connection.get("authorized_user") or "")
+            if ":" in user and "/" in user and isinstance(connection.get("cid"), int):
+                credential_id = user.rsplit("/", 1)[1]
+                if credential_id in self.connections or len(self.connections) < MAX_TRACKED:
+                    self.connections.setdefault(credential_id, {})[(server_id, connection["cid"])] = None
+
     async def sweep(self, system: Client) -> int:
         """Disconnect the connections of credentials revoked since they connected; returns how many."""
+        await self.adopt(system)
         if not self.connections:
             return 0
         valid = await asyncio.to_thread(self.still_valid, list(self.connections))

@@ -479,3 +479,42 @@ async def test_nats_auth_config_secures_an_external_server(tmp_path: Path) -> No
     finally:
         server.terminate()
         server.wait(10)
+
+
+async def test_revocation_closes_connections_made_before_a_control_plane_restart(
+    secure_settings: Settings, client: TestClient, admin: dict[str, str], wiring: Wiring
+) -> None:
+    """The sweep learns the server's connections from the system account, so a connection
+    authorized by an earlier control plane process is closed too when its credential is revoked."""
+    credential = _register(client, admin, "c1")
+
+    async def plane() -> tuple[asyncio.Event, asyncio.Task[None]]:
+        stop = asyncio.Event()
+        return stop, asyncio.create_task(run_components(secure_settings, ("ingest",), stop))
+
+    stop, task = await plane()
+    nc: Client | None = None
+    try:
+        for _ in range(100):
+            try:
+                nc = await _as(secure_settings, credential, "_INBOX.cluster-c1")
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        assert nc is not None
+        stop.set()
+        await asyncio.wait_for(task, 30)  # the control plane that authorized it is gone
+        stop, task = await plane()
+        await asyncio.sleep(1.0)
+        assert nc.is_connected
+        nats_identity.revoke_cluster_credentials(wiring.uow(), "c1", "test", utc_now())
+
+        async def closed() -> bool:
+            return not nc.is_connected  # type: ignore[union-attr]
+
+        await _until(closed, 10)
+    finally:
+        if nc is not None:
+            await nc.close()
+        stop.set()
+        await asyncio.wait_for(task, 30)
