@@ -92,7 +92,7 @@ class AuthCallout:
             user_nkey, server_id = str(request["user_nkey"]), str(request["server_id"]["id"])
             options = request.get("connect_opts") or {}
             client = request.get("client_info") or {}
-        except (NkeyError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        except (NkeyError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
             log.warning("ignoring an authorization request we cannot read: %s", exc)
             return  # the server times out and refuses the client
         secret = str(options.get("auth_token") or options.get("pass") or "")
