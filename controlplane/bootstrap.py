@@ -30,7 +30,9 @@ from adapters.kubernetes import (
 )
 from adapters.kubernetes.nodes import observe_node
 from adapters.kubernetes.status import list_node_objects
-from adapters.nats.connection import JetStreamPublisher, connect
+from adapters.nats import secrets as nats_secrets
+from adapters.nats.callout import AuthCallout
+from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import as_json as topology_json
@@ -43,7 +45,7 @@ from adapters.sql.uow import SqlUnitOfWork
 from controlplane.api.app import create_app
 from controlplane.api.context import ApiContext
 from controlplane.config import Settings
-from controlplane.service import admin
+from controlplane.service import admin, nats_identity
 from controlplane.service.autoscale import autoscale_once
 from controlplane.service.cloud_ports import CloudProvider, ClusterLocator, UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.cloud_state import CloudClusterRecord
@@ -61,12 +63,14 @@ log = logging.getLogger(__name__)
 COMPONENTS = ("api", "scheduler", "dispatcher", "ingest", "relay")
 
 __all__ = [
+    "INBOUND_ID_HEADER",
     "NatsServerProcess",
     "Settings",
     "Wiring",
     "connect",
     "loops",
     "migrate",
+    "nats_secrets",
     "run_components",
     "topology_json",
     "utc_now",
@@ -154,13 +158,29 @@ class SimFleet:
         self.clusters = {}
         if active:
             self.refresh()
+        self.own_connections: list[ClusterConnection] = []
+
+    def _publisher_for(self, cluster: str) -> EventPublisher:
+        """With NATS authentication on, a simulated cluster is a cluster agent like any other: its own
+        connection with its own credential (kept in a 0600 file of the state dir, issued on first use)."""
+        if self.wiring.settings.nats_secrets_file is None:
+            return self.publisher
+        path = self.wiring.settings.state_dir / "sim" / f"{cluster}.nats-credential"
+        # Issued on first use, and again for a cluster that has none (deleted and registered anew);
+        # a revoked one is left revoked: the simulated agent then stays out, like a real one.
+        if not path.exists() or not nats_identity.list_cluster_credentials(self.wiring.uow(), cluster):
+            _, raw = nats_identity.rotate_cluster_credential(self.wiring.uow(), cluster, "sim-fleet", utc_now())
+            write_secret(path, raw)
+        connection = ClusterConnection(self.wiring.settings.nats_url, cluster, path.read_text().strip())
+        self.own_connections.append(connection)
+        return connection
 
     def refresh(self) -> None:
         for view in admin.list_clusters(self.wiring.uow()):
             if view.provider == "sim" and view.name not in self.clusters:
                 self.clusters[view.name] = SimCluster(
                     name=view.name,
-                    publish=self.publisher.publish,
+                    publish=self._publisher_for(view.name).publish,
                     prefix=self.prefix,
                     state_file=self.wiring.settings.state_dir / "sim" / f"{view.name}.json",
                     start_delay=self.start_delay,
@@ -178,13 +198,46 @@ class SimFleet:
                     await loops.sleep_or_stop(stop, 0.2)
                     continue
                 await asyncio.to_thread(self.refresh)
-                for cluster in list(self.clusters.values()):
+            except Exception:
+                log.exception("simulated fleet refresh failed")
+            for cluster in list(self.clusters.values()):
+                # One cluster whose reports fail (its credential revoked, say) stops no other.
+                try:
                     await cluster.tick()
                     await cluster.emit_telemetry()
                     await cluster.emit_inventory()
-            except Exception:
-                log.exception("simulated fleet tick failed")
+                except Exception:
+                    log.exception("simulated cluster %s tick failed", cluster.name)
             await loops.sleep_or_stop(stop, 0.2)
+        for connection in self.own_connections:
+            await connection.close()
+
+
+class ClusterConnection:
+    """`EventPublisher` for one cluster agent: its own NATS connection, authenticated by its cluster
+    credential, opened on first use. Messages carry their id in `Gpufleet-Msg-Id` (see topology)."""
+
+    def __init__(self, url: str, cluster: str, credential: str) -> None:
+        self.url, self.cluster, self.credential = url, cluster, credential
+        self._nc: Any = None
+        self._js: Any = None
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        if self._nc is not None and self._nc.is_closed:  # refused for good (revoked): try afresh next time
+            self._nc = self._js = None
+        if self._js is None:
+            self._nc = await connect(
+                self.url,
+                f"gpufleet-sim-{self.cluster}",
+                token=self.credential,
+                inbox_prefix=nats_identity.cluster_grant("", self.cluster, "").inbox_prefix,
+            )
+            self._js = self._nc.jetstream()
+        await self._js.publish(subject, payload, timeout=5.0, headers={INBOUND_ID_HEADER: msg_id})
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            await self._nc.close()
 
 
 class _CloudCredentials:
@@ -413,10 +466,21 @@ async def run_components(
     adapters `build_provider` would make (tests, embedding)."""
     wiring = Wiring(settings)
     prefix = settings.subject_prefix
-    nc = await connect(settings.nats_url, f"gpufleet-{'+'.join(components)}")
+    secrets = nats_secrets.load(settings.nats_secrets_file) if settings.nats_secrets_file else None
+    name = f"gpufleet-{'+'.join(components)}"
+    if secrets is not None and "ingest" in components:
+        # Before anything else connects: without the callout answering, no agent or client can.
+        extra = [*(extra or []), *(await _serve_auth_callout(settings, secrets, wiring, stop))]
+    nc = await connect(
+        settings.nats_url,
+        name,
+        user=secrets.control_user if secrets else None,
+        password=secrets.control_password if secrets else None,
+    )
     js = nc.jetstream()
     await ensure_topology(js, prefix)
     publisher = JetStreamPublisher(js)
+    inbound_publisher = JetStreamPublisher(js, id_header=INBOUND_ID_HEADER)  # reports as a cluster would send them
     tasks: list[asyncio.Task[None]] = []
     policy = settings.scheduling_policy()
     clock = utc_now
@@ -472,9 +536,9 @@ async def run_components(
             )
         )
     if "dispatcher" in components:
-        fleet = SimFleet(wiring, publisher, prefix, settings.sim_start_delay, settings.telemetry_interval)
+        fleet = SimFleet(wiring, inbound_publisher, prefix, settings.sim_start_delay, settings.telemetry_interval)
         tasks.append(asyncio.create_task(fleet.run(stop), name="sim-fleet"))
-        real = RealFleet(wiring, publisher, prefix, providers)
+        real = RealFleet(wiring, inbound_publisher, prefix, providers)
         tasks.append(asyncio.create_task(real.run(stop), name="real-fleet"))
         tasks.extend(_real_cluster_tasks(wiring, real, settings, prefix, stop))
 
@@ -543,6 +607,36 @@ async def run_components(
         # to flush, and draining a pull subscription waits out its drain timeout.
         await nc.close()
         wiring.close()
+
+
+async def _serve_auth_callout(
+    settings: Settings, secrets: nats_secrets.NatsSecrets, wiring: Wiring, stop: asyncio.Event
+) -> list[Awaitable[None]]:
+    """Answer the server's authorization requests, and kick connections of revoked credentials."""
+    prefix = settings.subject_prefix
+    callout = AuthCallout(
+        secrets.issuer,
+        authorize=lambda secret: nats_identity.grant_for(wiring.uow(), secret, prefix),
+        still_valid=lambda ids: nats_identity.still_valid(wiring.uow(), ids),
+        ttl=settings.nats_user_ttl,
+    )
+    auth_nc = await connect(settings.nats_url, "gpufleet-auth-callout", secrets.callout_user, secrets.callout_password)
+    system_nc = await connect(settings.nats_url, "gpufleet-revocation", secrets.system_user, secrets.system_password)
+    await callout.serve(auth_nc)
+
+    async def sweep() -> None:
+        kicked = await callout.sweep(system_nc)
+        if kicked:
+            log.info("disconnected %d connections of revoked NATS credentials", kicked)
+
+    async def run() -> None:
+        try:
+            await loops.periodic_loop("nats revocation", sweep, stop, settings.nats_revocation_sweep)
+        finally:
+            await auth_nc.close()
+            await system_nc.close()
+
+    return [run()]
 
 
 def _real_cluster_tasks(

@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from adapters.nats.connection import INBOUND_ID_HEADER
 from adapters.nats.inbound import publish_dead_letter
 from adapters.nats.topology import TELEMETRY_CONSUMER, TELEMETRY_STREAM
 from controlplane.service.telemetry import BatchMessage
@@ -44,7 +45,12 @@ class JetStreamTelemetrySource:
         out: list[TelemetryDelivery] = []
         for msg in msgs:
             meta = msg.metadata
-            msg_id = (msg.headers or {}).get("Nats-Msg-Id") or f"{TELEMETRY_STREAM}:{meta.sequence.stream}"
+            headers = msg.headers or {}
+            msg_id = (
+                headers.get(INBOUND_ID_HEADER)
+                or headers.get("Nats-Msg-Id")
+                or f"{TELEMETRY_STREAM}:{meta.sequence.stream}"
+            )
             stamp = meta.timestamp.timestamp() if meta.timestamp is not None else None
             attempt = int(meta.num_delivered or 1)
             out.append(TelemetryDelivery(BatchMessage(msg.subject, msg.data, msg_id), stamp, msg, attempt))

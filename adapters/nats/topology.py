@@ -45,7 +45,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
         StreamConfig(
             name=INBOUND_STREAM,
             description="Commands and reports into gpufleet: submit, cancel, cluster pods and inventory",
-            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel", f"{prefix}.cluster.>"],
+            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel.>", f"{prefix}.cluster.>"],
             # Interest: a message is removed once the ingest consumer acked it (after its SQL
             # commit, or its dead-lettering), so applied commands never pile up towards max_bytes
             # and discard=new below only bites when ingest is down for long. Not WorkQueue:
@@ -59,7 +59,10 @@ def topology(prefix: str = "gpufleet") -> Topology:
             # Publishers see back-pressure instead of silently losing unconsumed commands.
             discard=DiscardPolicy.NEW,
             max_bytes=4 << 30,
-            duplicate_window=120.0,
+            # The server's minimum (it cannot be off): a Nats-Msg-Id is de-duplicated across every
+            # sender of the stream, so one team could have another's message dropped. Senders put
+            # their id in Gpufleet-Msg-Id, which the ingest inbox de-duplicates per sender.
+            duplicate_window=0.1,
             num_replicas=1,
         ),
         StreamConfig(
@@ -100,7 +103,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             max_msg_size=1 << 20,
             discard=DiscardPolicy.OLD,
             max_bytes=8 << 30,
-            duplicate_window=120.0,
+            duplicate_window=0.1,  # as GPUFLEET_IN: the server's minimum; the inbox de-duplicates per cluster
             num_replicas=1,
         ),
     )

@@ -107,9 +107,20 @@ class SqlRunRepository:
 
     def status(self, run_id: str) -> RunStatus | None:
         row = self.s.execute(
-            select(RunRow.id, RunRow.workload_id, QueueRow.name, RunRow.state, WorkloadRow.min_available)
+            select(
+                RunRow.id,
+                RunRow.workload_id,
+                QueueRow.name,
+                RunRow.state,
+                WorkloadRow.min_available,
+                ClusterRow.name,
+                RunRow.epoch,
+                TeamRow.name,
+            )
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .join(TeamRow, TeamRow.id == QueueRow.team_id)
             .where(RunRow.id == run_id)
         ).first()
         return RunStatus(*row) if row else None

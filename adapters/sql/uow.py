@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.cloud_repo import SqlCloudRepository
 from adapters.sql.idle_repo import SqlIdleRepository
-from adapters.sql.messaging_repo import SqlAudit, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
+from adapters.sql.messaging_repo import SqlAudit, SqlClusterCredentials, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
 from adapters.sql.report_repo import SqlReportRepository
 from adapters.sql.run_repo import SqlRunRepository
 from adapters.sql.snapshot_repo import SqlSnapshotReader
@@ -48,6 +48,7 @@ class SqlUnitOfWork:
             self.inbox = SqlInbox(s)
             self.leases = SqlLeases(s)
             self.tokens = SqlTokens(s)
+            self.cluster_credentials = SqlClusterCredentials(s)
             self.audit = SqlAudit(s)
             self.snapshots = SqlSnapshotReader(s)
             self.telemetry = SqlTelemetryRepository(s)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from datetime import datetime
 from enum import Enum
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
@@ -10,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Request, Response, status
 from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Admin, Caller, Ctx
 from controlplane.service import admin as svc
-from controlplane.service import auth
+from controlplane.service import auth, nats_identity
 from controlplane.service.commands import (
     ClusterSpec,
     ClusterUpdate,
@@ -22,7 +23,7 @@ from controlplane.service.commands import (
     TokenSpec,
 )
 from controlplane.service.kubeconfigs import KubeconfigStore
-from controlplane.service.views import ClusterView, PriorityClassView, TokenView, TreeNodeView
+from controlplane.service.views import ClusterCredential, ClusterView, PriorityClassView, TokenView, TreeNodeView
 
 router = APIRouter(prefix="/v1", responses=AUTHENTICATED)
 
@@ -33,11 +34,67 @@ def _kubeconfigs(request: Request) -> KubeconfigStore | None:
     return store
 
 
+@dataclass(frozen=True)
+class RegisteredCluster(ClusterView):
+    nats_credential: str = ""
+    """The cluster agent's NATS credential (connect with it as the token). Shown once, stored as a hash."""
+
+
+@dataclass(frozen=True)
+class IssuedClusterCredential:
+    credential: str
+    """The secret. It is shown once and stored only as a hash."""
+    id: str
+    cluster: str
+    created_at: datetime
+
+
 @router.post(
-    "/clusters", status_code=201, response_model=ClusterView, tags=["fleet"], responses=declare(400, 403, 409, 413, 422)
+    "/clusters",
+    status_code=201,
+    response_model=RegisteredCluster,
+    tags=["fleet"],
+    responses=declare(400, 403, 409, 413, 422),
 )
-def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request) -> ClusterView:
-    return svc.create_cluster(ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request))
+def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request, response: Response) -> RegisteredCluster:
+    raw, secret_hash = nats_identity.new_cluster_secret()
+    view = svc.create_cluster(
+        ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request), nats_credential_hash=secret_hash
+    )
+    response.headers["Cache-Control"] = "no-store"
+    return RegisteredCluster(**{f.name: getattr(view, f.name) for f in fields(view)}, nats_credential=raw)
+
+
+@router.post(
+    "/clusters/{ref}/credentials/rotate",
+    status_code=201,
+    response_model=IssuedClusterCredential,
+    tags=["fleet"],
+    responses=declare(403, 404, 422),
+)
+def rotate_cluster_credential(ref: str, who: Admin, ctx: Ctx, response: Response) -> IssuedClusterCredential:
+    """Revoke the cluster's NATS credentials and issue a new one (its agent must be given it)."""
+    view, raw = nats_identity.rotate_cluster_credential(ctx.uow_factory(), ref, who.token_id, ctx.clock())
+    response.headers["Cache-Control"] = "no-store"
+    return IssuedClusterCredential(raw, view.id, view.cluster, view.created_at)
+
+
+@router.get(
+    "/clusters/{ref}/credentials",
+    response_model=list[ClusterCredential],
+    tags=["fleet"],
+    responses=declare(403, 404, 422),
+)
+def list_cluster_credentials(ref: str, who: Admin, ctx: Ctx) -> list[ClusterCredential]:
+    return nats_identity.list_cluster_credentials(ctx.uow_factory(), ref)
+
+
+@router.delete("/clusters/{ref}/credentials", status_code=204, tags=["fleet"], responses=declare(403, 404, 422))
+def revoke_cluster_credentials(ref: str, who: Admin, ctx: Ctx) -> Response:
+    """Revoke every NATS credential of the cluster: new connections are refused at once, open ones
+    are disconnected by the control plane within `nats_revocation_sweep` seconds."""
+    nats_identity.revoke_cluster_credentials(ctx.uow_factory(), ref, who.token_id, ctx.clock())
+    return Response(status_code=204)
 
 
 @router.get("/clusters", response_model=list[ClusterView], tags=["fleet"])

@@ -184,6 +184,30 @@ def nats_topology(prefix: str, out: Path | None) -> None:
     (out / "jetstream.json").write_text(text)
 
 
+@click.command(name="nats-auth-config")
+@click.option(
+    "--secrets-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="the control plane's NATS secrets (created, mode 0600, if missing); give it to every part as "
+    "GPUFLEET_NATS_SECRETS_FILE",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="nats-server config to write"
+)
+@click.option("--host", default="0.0.0.0", show_default=True, help="address nats-server listens on")  # noqa: S104
+@click.option("--port", type=int, default=4222, show_default=True)
+@click.option("--store-dir", type=click.Path(path_type=Path), default=Path("/data"), show_default=True)
+def nats_auth_config(secrets_file: Path, out: Path, host: str, port: int, store_dir: Path) -> None:
+    """Write a nats-server config with gpufleet's users and auth callout, for an external server."""
+    auth = bootstrap.nats_secrets.load_or_create(secrets_file).server_auth()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch(mode=0o600, exist_ok=True)
+    out.chmod(0o600)  # it holds the fixed users' passwords
+    out.write_text(auth.config(port, store_dir, host))
+    click.echo(f"wrote {out} (auth callout issuer {auth.issuer}); secrets in {secrets_file}")
+
+
 @click.command()
 @click.option(
     "--state-dir",
@@ -222,7 +246,12 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
             raise click.ClickException(
                 f"{what} port {number} on 127.0.0.1 is in use; pick another with --port/--nats-port"
             )
-    nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log")
+    # NATS with authentication: the control plane's own secrets (0600, created once, never in SQL,
+    # logs or streams); every other client connects with a gpufleet credential through auth callout.
+    secrets_file = state / "nats-secrets.json"
+    nats_auth = bootstrap.nats_secrets.load_or_create(secrets_file).server_auth()
+    settings = settings.model_copy(update={"nats_secrets_file": secrets_file})
+    nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log", auth=nats_auth)
     nats.start()
     try:
         bootstrap.migrate(settings)
@@ -246,7 +275,7 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
             extra.append(demo.generate(settings, team_token, stop, waiting_token))
         wiring.close()
         click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
-        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'})")
+        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
         click.echo(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
         click.echo(f"  database    {settings.effective_database_url}")
         if added:
@@ -267,5 +296,6 @@ def register(group: click.Group) -> None:
     group.add_command(create_admin_token)
     group.add_command(nats_topology)
     group.add_command(run_many)
+    group.add_command(nats_auth_config)
     for name in ("scheduler", "dispatcher", "ingest", "relay"):
         group.add_command(_component_command(name))

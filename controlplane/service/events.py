@@ -50,8 +50,9 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def workload_subject(prefix: str, queue: str, event: str) -> str:
-    return f"{prefix}.events.workload.{queue}.{event}"
+def workload_subject(prefix: str, team: str, queue: str, event: str) -> str:
+    """Carries the team, so NATS can let a team's credential read its own workloads' events only."""
+    return f"{prefix}.events.workload.{team}.{queue}.{event}"
 
 
 def emit(
@@ -61,4 +62,5 @@ def emit(
     data = uow.workloads.event_data(workload_id)
     data.update(extra)
     event_id, payload = envelope(f"workload.{event}", data, now)
-    uow.outbox.add(workload_subject(prefix, queue, event), event_id, payload, now)
+    subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
+    uow.outbox.add(subject, event_id, payload, now)

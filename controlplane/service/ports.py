@@ -15,6 +15,7 @@ from controlplane.core.snapshot import Admission, PendingReason, Snapshot
 from controlplane.domain.model import Cluster, Node, Workload
 from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.views import (
+    ClusterCredential,
     ClusterView,
     PriorityClassView,
     TokenView,
@@ -98,6 +99,9 @@ class RunStatus:
     queue: str
     state: str
     min_available: int
+    cluster: str = ""  # the cluster the run was placed on
+    epoch: int = 0  # the scheduler epoch that placed it; reports must carry it
+    team: str = ""
 
 
 class AdminRepository(Protocol):
@@ -208,6 +212,14 @@ class TokenRepository(Protocol):
     def count_admin(self) -> int: ...
 
 
+class ClusterCredentialRepository(Protocol):
+    def add(self, credential_id: str, cluster_id: str, secret_hash: str, now: datetime) -> None: ...
+    def by_hash(self, secret_hash: str) -> ClusterCredential | None: ...
+    def for_cluster(self, cluster_id: str) -> list[ClusterCredential]: ...
+    def revoke_all(self, cluster_id: str, now: datetime) -> list[str]: ...
+    def still_valid(self, credential_ids: Sequence[str]) -> set[str]: ...
+
+
 class AuditLog(Protocol):
     def record(
         self, actor: str, action: str, object_type: str, object_id: str, detail: Mapping[str, Any], now: datetime
@@ -263,6 +275,9 @@ class UnitOfWork(Protocol):
 
     @property
     def tokens(self) -> TokenRepository: ...
+
+    @property
+    def cluster_credentials(self) -> ClusterCredentialRepository: ...
 
     @property
     def audit(self) -> AuditLog: ...

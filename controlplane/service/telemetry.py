@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from controlplane.service.ingest import inbox_key
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.safejson import UnsafeJson, decode
 
@@ -692,14 +693,16 @@ def handle_batch(
     if not decoded:
         return BatchResult(tuple(outcomes), 0, 0)
     folder = Folder(window_seconds)
+    # Inbox keys are per sending cluster: one cluster cannot claim another's message ids.
+    keys = {i: inbox_key(f"cluster:{cluster}", messages[i].msg_id) for i, (cluster, _) in decoded.items()}
     with uow:
         _refuse_unknown(uow, decoded, outcomes)
         if not decoded:
             return BatchResult(tuple(outcomes), 0, 0)
-        fresh = uow.telemetry.claim_batches(CONSUMER, [messages[i].msg_id for i in decoded], now)
+        fresh = uow.telemetry.claim_batches(CONSUMER, [keys[i] for i in decoded], now)
         taken: set[str] = set()
         for i, (cluster, items) in decoded.items():
-            msg_id = messages[i].msg_id
+            msg_id = keys[i]
             # A message id seen before, or twice in this fetch, is a redelivery: fold it once.
             if msg_id not in fresh or msg_id in taken:
                 outcomes[i] = (Outcome.DUPLICATE, "already processed")

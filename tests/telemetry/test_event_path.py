@@ -1,4 +1,5 @@
-"""Telemetry through the real session nats-server into the database, on PostgreSQL and SQLite."""
+"""Telemetry through a real nats-server with authentication (connected as the control plane) into
+the database, on PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from nats.aio.client import Client
 
 from adapters.dcgm.consumer import JetStreamTelemetrySource
+from adapters.nats import secrets as nats_secrets
 from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import DLQ_STREAM, TELEMETRY_CONSUMER, TELEMETRY_STREAM, ensure_topology
 from controlplane.bootstrap import Wiring, utc_now
@@ -31,8 +33,9 @@ def _known_clusters_and_runs(wiring: Wiring) -> None:
 
 
 @pytest.fixture
-async def nc(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[Client]:
-    client = await nats.connect(running_nats.url)
+async def nc(secure_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[Client]:
+    secrets = nats_secrets.load(secure_nats.secrets_file)  # type: ignore[attr-defined]
+    client = await nats.connect(secure_nats.url, user=secrets.control_user, password=secrets.control_password)
     js = client.jetstream()
     # Streams are named per installation; each test gets its own subject prefix, so recreate them.
     for name in ("GPUFLEET_IN", "GPUFLEET_EVENTS", DLQ_STREAM, TELEMETRY_STREAM):
@@ -84,11 +87,11 @@ async def test_published_batches_become_windows_and_are_all_acked(wiring: Wiring
     js = nc.jetstream()
     now = datetime.now(UTC).timestamp()
     subject = telemetry.telemetry_subject(prefix, "east")
-    await js.publish(subject, encode_batch("east", _samples("run-1", now - 20, 0.25)), headers={"Nats-Msg-Id": "a"})
-    await js.publish(subject, encode_batch("east", _samples("run-1", now - 10, 0.75)), headers={"Nats-Msg-Id": "b"})
-    # A duplicate publish inside the dedup window is dropped by the stream itself.
-    await js.publish(subject, encode_batch("east", _samples("run-1", now - 10, 0.75)), headers={"Nats-Msg-Id": "b"})
-    results = await _run_until(wiring, nc, 2)
+    ids = ("a", "b", "b")  # the second "b" is a retry: the inbox (per cluster) applies it once
+    for msg_id, (ago, busy) in zip(ids, ((20, 0.25), (10, 0.75), (10, 0.75)), strict=True):
+        body = encode_batch("east", _samples("run-1", now - ago, busy))
+        await js.publish(subject, body, headers={"Gpufleet-Msg-Id": msg_id})
+    results = await _run_until(wiring, nc, 3)
     assert sum(r.samples for r in results) == 4
     windows = _stored(wiring)
     assert {w.gpu_key for w in windows} == {"east/node-1/GPU-0", "east/node-1/GPU-1"}
