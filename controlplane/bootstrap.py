@@ -150,6 +150,7 @@ class SimFleet:
         self.telemetry_interval = telemetry_interval
         self.clusters: dict[str, SimCluster] = {}
         self.active = False
+        self.own_connections: list[ClusterConnection] = []
 
     def set_active(self, active: bool) -> None:
         """Only the dispatcher holding the lease drives the simulated clusters; on taking over it
@@ -158,7 +159,6 @@ class SimFleet:
         self.clusters = {}
         if active:
             self.refresh()
-        self.own_connections: list[ClusterConnection] = []
 
     def _publisher_for(self, cluster: str) -> EventPublisher:
         """With NATS authentication on, a simulated cluster is a cluster agent like any other: its own

@@ -1,7 +1,7 @@
 """The fault suite's clients and its proofs.
 
 `Load` keeps a steady stream of small gangs arriving by REST and by NATS, the way a careful client
-would send them: every logical submit carries one idempotency key (REST) / `Nats-Msg-Id` (NATS)
+would send them: every logical submit carries one idempotency key (REST) / `Gpufleet-Msg-Id` (NATS)
 and is retried with the same key until it is acknowledged (201/200, or a JetStream PubAck). What
 each attempt met is counted (`Figures`). `ReadyzProbe` samples `/readyz`. `verify_after_drain`
 proves, from SQL, the simulated clusters' state files and the events stream, that no acknowledged
@@ -37,17 +37,27 @@ SUBMIT_TIMEOUT = 2.0
 # --- how the tests talk to NATS (one place) ---------------------------------------------------
 
 
-async def nats_connect(url: str) -> Client:
-    return await nats.connect(url, name="faults-client", max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+async def nats_connect(url: str, **credentials: str) -> Client:
+    """`token` (a team's, with `inbox_prefix` `_INBOX.team-<team>`) or the control plane's `user`
+    and `password`; a server without authentication ignores them."""
+    return await nats.connect(
+        url, name="faults-client", max_reconnect_attempts=-1, reconnect_time_wait=0.2, **credentials
+    )
 
 
-def nats_submit_headers(token: str, msg_id: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Nats-Msg-Id": msg_id}
+def nats_submit_headers(msg_id: str) -> dict[str, str]:
+    # Identity is the NATS credential, not a header; the id is per sender.
+    return {"Gpufleet-Msg-Id": msg_id}
 
 
-async def read_events(url: str, prefix: str) -> list[dict[str, Any]]:
-    """Every workload event envelope in the events stream, in stream order."""
-    nc = await nats_connect(url)
+async def read_events(url: str, prefix: str, secrets_file: Path | None = None) -> list[dict[str, Any]]:
+    """Every workload event envelope in the events stream, in stream order. Reading a stream is the
+    control plane's right only: on an authenticated server, connect as its user."""
+    credentials: dict[str, str] = {}
+    if secrets_file is not None:
+        secrets = json.loads(secrets_file.read_text())
+        credentials = {"user": secrets.get("control_user", "gpufleet"), "password": secrets["control_password"]}
+    nc = await nats_connect(url, **credentials)
     try:
         js = nc.jetstream()
         sub = await js.subscribe(f"{prefix}.events.workload.>", ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
@@ -104,7 +114,9 @@ class Load:
         figures: Figures,
         rest_every: float = 0.4,
         nats_every: float = 0.5,
+        team: str = "llm",
     ) -> None:
+        self.team = team
         self.base, self.token, self.queue = base, token, queue
         self.nats_url, self.prefix, self.figures = nats_url, prefix, figures
         self.rest_every, self.nats_every = rest_every, nats_every
@@ -158,7 +170,7 @@ class Load:
                 time.sleep(self.rest_every)
 
     async def _nats(self) -> None:
-        nc = await nats_connect(self.nats_url)
+        nc = await nats_connect(self.nats_url, token=self.token, inbox_prefix=f"_INBOX.team-{self.team}")
         js = nc.jetstream()
         n = 0
         try:
@@ -166,13 +178,13 @@ class Load:
                 n += 1
                 name = f"nats-{n}"
                 payload = json.dumps(gang_body(name, self.queue)).encode()
-                while not self.stopping.is_set():  # retry with the same Nats-Msg-Id until acked
+                while not self.stopping.is_set():  # retry with the same Gpufleet-Msg-Id until acked
                     try:
                         await js.publish(
-                            f"{self.prefix}.submit.{self.queue}",
+                            f"{self.prefix}.submit.{self.team}.{self.queue}",
                             payload,
                             timeout=SUBMIT_TIMEOUT,
-                            headers=nats_submit_headers(self.token, name),
+                            headers=nats_submit_headers(name),
                         )
                         self.figures.nats["acked"] += 1
                         self._ack(name, "nats")

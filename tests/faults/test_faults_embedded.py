@@ -131,7 +131,7 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
         acked = dict(load.acked)
         eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished")
         eventually(lambda: _count(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0, 30, "relay idle")
-        events = asyncio.run(read_events(nats_url, "gpufleet"))
+        events = asyncio.run(read_events(nats_url, "gpufleet", state / "nats-secrets.json"))
         verify_after_drain(db, state / "sim", events, acked)
         assert len(acked) >= 20
         print(f"\nfault suite on SQLite (gpufleet up): {len(acked)} acknowledged gangs\n" + figures.render())
