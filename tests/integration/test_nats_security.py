@@ -140,6 +140,15 @@ async def plane(
         await control.close()
 
 
+async def _until_true(count: Callable[[], Awaitable[int]], want: int, timeout: float = 15.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if await count() == want:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
 async def _count(plane: Plane, stream: str, subject: str) -> int:
     info = await plane.control.jetstream().stream_info(stream, subjects_filter=subject)
     return sum((info.state.subjects or {}).values())
@@ -159,8 +168,8 @@ async def test_a_team_cannot_read_the_inbound_stream_or_touch_the_jetstream_api(
     nc = await _as(plane.settings, plane.llm.token, "_INBOX.team-llm", watch)
     try:
         js = nc.jetstream(timeout=1.0)
-        await js.publish(f"{p}.submit.llm.llm-train", json.dumps(gang("mine", "llm-train")).encode())
-        assert await _count(plane, INBOUND_STREAM, f"{p}.submit.>") == 1
+        ack = await js.publish(f"{p}.submit.llm.llm-train", json.dumps(gang("mine", "llm-train")).encode())
+        assert ack.stream == INBOUND_STREAM
         for attack in (
             lambda: js.stream_info(INBOUND_STREAM),
             lambda: js.get_msg(INBOUND_STREAM, 1),
@@ -182,8 +191,11 @@ async def test_a_team_cannot_read_the_inbound_stream_or_touch_the_jetstream_api(
         assert await watch.saw(f'permissions violation for subscription to "{p}.dlq.>"')
     finally:
         await nc.close()
-    # everything is still there
-    assert await _count(plane, INBOUND_STREAM, f"{p}.submit.>") == 1
+    # everything is still there: the stream, with the team's message in it (an interest stream drops a
+    # message once ingest acked it, so its last sequence is the proof), and the events stream
+    control = plane.control.jetstream()
+    assert (await control.stream_info(INBOUND_STREAM)).state.last_seq >= ack.seq
+    assert (await control.consumer_info(INBOUND_STREAM, "ingest")).delivered.stream_seq >= ack.seq
     assert (await plane.control.jetstream().stream_info(EVENTS_STREAM)).config.name == EVENTS_STREAM
 
 
@@ -258,7 +270,7 @@ async def test_a_cluster_publishes_only_for_itself(plane: Plane) -> None:
     nc = await _as(plane.settings, plane.clusters["c1"], "_INBOX.cluster-c1", watch)
     try:
         js = nc.jetstream(timeout=2.0)
-        await js.publish(f"{p}.cluster.c1.inventory", b'{"observed_at": "2026-01-01T00:00:00Z", "nodes": []}')
+        own = await js.publish(f"{p}.cluster.c1.inventory", b'{"observed_at": "2026-01-01T00:00:00Z", "nodes": []}')
         await nc.publish(f"{p}.cluster.c2.pods", json.dumps({"run_id": "r", "epoch": 1, "pods": []}).encode())
         await nc.publish(f"{p}.telemetry.c2.dcgm", b"{}")
         await nc.publish(f"{p}.submit.llm.llm-train", json.dumps(gang("from-a-cluster", "llm-train")).encode())
@@ -268,7 +280,10 @@ async def test_a_cluster_publishes_only_for_itself(plane: Plane) -> None:
         assert await watch.saw(f'permissions violation for publish to "{p}.submit.llm.llm-train"')
     finally:
         await nc.close()
-    assert await _count(plane, INBOUND_STREAM, f"{p}.cluster.c1.>") == 1
+    # its own subject was stored (an interest stream drops it again once ingest acked it) ...
+    assert own.stream == INBOUND_STREAM
+    # ... and nothing it tried for another cluster or a team ever reached the stream
+    assert (await plane.control.jetstream().stream_info(INBOUND_STREAM)).state.last_seq == own.seq
     assert await _count(plane, INBOUND_STREAM, f"{p}.cluster.c2.>") == 0
 
 
@@ -439,14 +454,15 @@ async def test_telemetry_credits_only_runs_on_the_sending_cluster(
     await send(other, 0.0, "same-id")  # the forger
     await send(own, 0.9, "same-id")  # the run's cluster, even with the same message id
 
-    async def both_folded() -> bool:
-        return len(telemetry.windows(wiring.uow(), WindowQuery())) == 2
+    async def own_folded() -> bool:
+        return len(telemetry.windows(wiring.uow(), WindowQuery(run_id=run_id))) == 1
 
-    await _until(both_folded)
-    by_cluster = {w.cluster: w for w in telemetry.windows(wiring.uow(), WindowQuery())}
-    assert by_cluster[other].run_id is None
-    assert by_cluster[own].run_id == run_id
-    assert [w.cluster for w in telemetry.windows(wiring.uow(), WindowQuery(run_id=run_id))] == [own]
+    await _until(own_folded)
+    # The forger's batch named only a run that is not one of its cluster's runs: refused whole and
+    # dead-lettered, so nothing of it reached a window; the run's own cluster's batch did.
+    assert await _until_true(lambda: _count(plane, DLQ_STREAM, f"{p}.dlq.telemetry.{other}.>"), 1)
+    windows = telemetry.windows(wiring.uow(), WindowQuery())
+    assert [(w.cluster, w.run_id) for w in windows] == [(own, run_id)]
 
 
 async def test_nats_auth_config_secures_an_external_server(tmp_path: Path) -> None:

@@ -202,7 +202,7 @@ def test_run_on_a_vanished_node_is_ended_and_its_workload_requeued(
     with wiring.uow() as uow:
         events = [(s, json.loads(p)) for _, s, p in uow.outbox.unpublished(1000) if s.endswith(".requeued")]
     ((subject, event),) = events
-    assert subject == f"{wiring.settings.subject_prefix}.events.workload.{tenant.queue}.requeued"
+    assert subject == f"{wiring.settings.subject_prefix}.events.workload.{tenant.team}.{tenant.queue}.requeued"
     assert event["data"]["run_id"] == run_id
     assert event["data"]["reason"].startswith("node-lost:")
     # The vanished node is kept, cordoned, while a run refers to it; the gang fits again on the others.

@@ -101,14 +101,14 @@ async def test_a_poison_burst_is_dead_lettered_and_submits_keep_flowing(
 ) -> None:
     """End-to-end (~15 s): worth it, it is the attack of the issue at its scale."""
     prefix = wiring.settings.subject_prefix
-    subject = f"{prefix}.submit.{tenant.queue}"
+    subject = f"{prefix}.submit.{tenant.team}.{tenant.queue}"
     poison, good = 1200, 40
     for i in range(poison):
-        headers = {**tenant.headers, "Nats-Msg-Id": f"poison-{i}"}
+        headers = {"Gpufleet-Msg-Id": f"poison-{i}"}
         await js.publish(subject, _poison(i % 6, i, tenant.queue), headers=headers)
         if i % 30 == 29:  # the last message of the burst is a good one
             body = json.dumps(gang(f"good-{i // 30}", tenant.queue, replicas=1, gpus=1)).encode()
-            await js.publish(subject, body, headers={**tenant.headers, "Nats-Msg-Id": f"good-{i}"})
+            await js.publish(subject, body, headers={"Gpufleet-Msg-Id": f"good-{i}"})
     elapsed = await _run_until(wiring, js, lambda: _count(wiring, WorkloadRow) >= good, limit=120)
     assert _count(wiring, WorkloadRow) == good, (
         f"only {_count(wiring, WorkloadRow)} of {good} submits after {elapsed:.0f}s"
@@ -157,7 +157,7 @@ class _Failing:
 
         class Inbox:
             def first_time(self, consumer: str, msg_id: str, now: Any) -> bool:
-                if msg_id == "cursed":
+                if msg_id.endswith("/cursed"):  # inbox keys are <sender>/<message id>
                     raise KeyError("a bug this payload reaches")
                 return bool(inbox.first_time(consumer, msg_id, now))
 
@@ -168,11 +168,11 @@ async def test_a_message_that_keeps_failing_is_dead_lettered_after_bounded_deliv
     js: JetStreamContext, wiring: Wiring, tenant: Tenant
 ) -> None:
     prefix = wiring.settings.subject_prefix
-    subject = f"{prefix}.submit.{tenant.queue}"
+    subject = f"{prefix}.submit.{tenant.team}.{tenant.queue}"
     cursed = json.dumps(gang("cursed", tenant.queue, replicas=1, gpus=1)).encode()
-    await js.publish(subject, cursed, headers={**tenant.headers, "Nats-Msg-Id": "cursed"})
+    await js.publish(subject, cursed, headers={"Gpufleet-Msg-Id": "cursed"})
     after = json.dumps(gang("after", tenant.queue, replicas=1, gpus=1)).encode()
-    await js.publish(subject, after, headers={**tenant.headers, "Nats-Msg-Id": "after"})
+    await js.publish(subject, after, headers={"Gpufleet-Msg-Id": "after"})
     # Naks come back after 2 s each: five deliveries take about 8 s.
     dead: list[Any] = []
 
@@ -215,7 +215,7 @@ async def test_a_database_outage_holds_messages_without_spending_deliveries(
 
     prefix = wiring.settings.subject_prefix
     body = json.dumps(gang("through-outage", tenant.queue, replicas=1, gpus=1)).encode()
-    await js.publish(f"{prefix}.submit.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "o-1"})
+    await js.publish(f"{prefix}.submit.{tenant.team}.{tenant.queue}", body, headers={"Gpufleet-Msg-Id": "o-1"})
     await _run_until(wiring, js, lambda: _count(wiring, WorkloadRow) == 1, limit=30, uow_factory=Outage())
     assert _count(wiring, WorkloadRow) == 1
     info = await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
