@@ -20,10 +20,9 @@ MPS, and renamed time-slicing (`nvidia.com/gpu.shared`):
    team's waiting gang, whose pods then run on the freed nodes.
 
 Loops are driven by calling the service functions (sync, inventory, schedule, dispatch, ingest,
-idle pass) rather than by sleeping; telemetry is stamped in the near future so the windows are
-whole. SQLite only (the `database_url` fixture is narrowed below): the PostgreSQL paths of each
-step are covered by the per-step integration tests, and five flavours twice would double the
-runtime of an already end-to-end test.
+idle pass) rather than by sleeping; telemetry is stamped in the near future so its windows are
+whole. Each flavour runs on SQLite and PostgreSQL (`database_url`); about 3 s per case, the EKS
+case more for moto.
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from controlplane.service.telemetry import BatchMessage, handle_batch, run_windows
+from controlplane.service.telemetry import Outcome as BatchOutcome
 from tests.clouds import test_aks, test_eks, test_gke, test_oke
 from tests.clouds.keys import KeyPair
 from tests.integration.cloud_support import (
@@ -70,7 +70,15 @@ from tests.integration.cloud_support import (
 )
 from tests.integration.fleet import Tenant, add_tenant
 from tests.kubernetes import nodes as k8s
-from tests.kubernetes.fake_apiserver import NODES, PODS, FakeApiServer, finish_pods, run_job_controller, run_kubelet
+from tests.kubernetes.fake_apiserver import (
+    NODES,
+    PODS,
+    FakeApiServer,
+    admit_kueue,
+    finish_pods,
+    run_job_controller,
+    run_kubelet,
+)
 from tests.telemetry.test_agent import Exporter
 
 WINDOW = 300  # the telemetry roll-up window the idle policy reads (the default)
@@ -95,16 +103,6 @@ RULES = IdleRules(
 )
 # What dcgm-exporter prints as modelName (NVML's name), by gpufleet model.
 NVML_NAMES = {"H100-80GB": "NVIDIA H100 80GB HBM3", "A10": "NVIDIA A10", "A100-80GB": "NVIDIA A100-SXM4-80GB"}
-
-
-@pytest.fixture(params=["sqlite"])
-def database_url(request: pytest.FixtureRequest) -> str:
-    """SQLite only here (see the module docstring); overrides the two-backend fixture."""
-    from tests.conftest import _empty_all_tables
-
-    url: str = request.getfixturevalue(f"{request.param}_database")
-    _empty_all_tables(url)
-    return url
 
 
 @dataclass(frozen=True)
@@ -134,6 +132,7 @@ FLAVOURS = [
         "nvidia.com/gpu",
         "H100-80GB",
         "exclusive",
+        kubernetes={"namespace": "gpufleet", "gang": "none"},  # one indexed Job per node group
     ),
     Flavour(
         "aks-ml",
@@ -156,6 +155,7 @@ FLAVOURS = [
         "H100-80GB",
         "mig:all-3g.40gb",
         mig_profile="3g.40gb",
+        kubernetes={"namespace": "gpufleet", "gang": "kueue", "use_jobset": True},
     ),
     Flavour(
         "gke-train",
@@ -168,6 +168,7 @@ FLAVOURS = [
         "H100-80GB",
         "mig:all-1g.10gb",
         mig_profile="1g.10gb",
+        kubernetes={"namespace": "gpufleet", "gang": "none", "use_jobset": True},
     ),
     Flavour(
         "oke-gpu",
@@ -183,6 +184,7 @@ FLAVOURS = [
         "H100-80GB",
         "mps:4",
         shared=True,
+        kubernetes={"namespace": "gpufleet", "gang": "volcano"},
     ),
     Flavour(
         "onprem",
@@ -203,7 +205,27 @@ FLAVOURS = [
         "A10",
         "timeslice:4",
         shared=True,
-        kubernetes={"namespace": "ml-jobs", "pool_label_key": POOL_KEY},
+        kubernetes={"namespace": "ml-jobs", "pool_label_key": POOL_KEY, "gang": "coscheduling"},
+    ),
+    Flavour(
+        "onprem-mig",
+        "kubernetes",
+        "batch",
+        "h100-mig",
+        lambda: [
+            k8s.onprem_node(
+                f"dgx-h100-{i:02d}",
+                labels={POOL_KEY: "h100-mig"},
+                gpu=k8s.GpuSetup("H100-80GB", 8, "mig", mig_strategy="single", mig_layout={"3g.40gb": 2}),
+            )
+            for i in range(2)
+        ],
+        {"mig_profile": "3g.40gb"},
+        "nvidia.com/gpu",  # the single strategy advertises MIG instances as whole GPUs
+        "H100-80GB",
+        "mig:all-3g.40gb",
+        mig_profile="3g.40gb",
+        kubernetes={"namespace": "batch", "pool_label_key": POOL_KEY, "gang": "none", "use_jobset": True},
     ),
 ]
 
@@ -248,6 +270,7 @@ def _cloud(
     flavour: Flavour, key: KeyPair, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[dict[str, Any], dict[str, CloudProvider]]]:
     """The registration body and the cloud providers (SDK fakes) for the flavour."""
+    body: dict[str, Any]
     if flavour.provider == "kubernetes":
         body = {"name": flavour.cluster, "provider": "kubernetes", "kubeconfig": _kubeconfig()}
         yield dict(body, kubernetes=flavour.kubernetes), {}
@@ -259,7 +282,7 @@ def _cloud(
         scaling = {"minSize": 0, "maxSize": 4, "desiredSize": 2}
         eks.update_nodegroup_config(clusterName=test_eks.CLUSTER, nodegroupName=flavour.pool, scalingConfig=scaling)
         provider, _ = eks_provider(moto_url)
-        yield dict(EKS_CLUSTER), {"eks": provider}
+        yield dict(EKS_CLUSTER, kubernetes=flavour.kubernetes), {"eks": provider}
         return
     fake: Any
     if flavour.provider == "gke":
@@ -291,7 +314,7 @@ def _cloud(
             "cluster": test_oke.CLUSTER,
         }
     try:
-        yield body, {flavour.provider: provider}
+        yield dict(body, kubernetes=flavour.kubernetes), {flavour.provider: provider}
     finally:
         fake.server.stop()
 
@@ -439,7 +462,7 @@ def feed_telemetry(
         exporter.close()
     messages = [BatchMessage(s, p, m) for s, p, m in published.messages]
     result = handle_batch(plane.wiring.uow(), messages, plane.prefix, start + timedelta(seconds=windows * WINDOW))
-    assert {o for o, _ in result.outcomes} == {Outcome.APPLIED}, result.outcomes
+    assert {o for o, _ in result.outcomes} == {BatchOutcome.APPLIED}, result.outcomes
     return samples, attributed
 
 
@@ -451,13 +474,32 @@ def _pods_of(kube: FakeApiServer, namespace: str, run_id: str) -> list[dict[str,
     return [p for p in kube.objects_of(PODS, namespace) if p["metadata"]["labels"].get("gpufleet.io/run") == run_id]
 
 
+def run_cluster(kube: FakeApiServer, flavour: Flavour) -> None:
+    """The cluster's actors: Kueue admits (if used), the JobSet/Job controllers and the scheduler
+    make and bind the pods, the kubelet starts them."""
+    ns = flavour.namespace
+    if flavour.kubernetes.get("gang") == "kueue":
+        assert admit_kueue(kube, ns, {"gpufleet"})
+    run_job_controller(kube, ns)
+    run_kubelet(kube, ns)
+
+
+def expected_kinds(flavour: Flavour) -> set[str]:
+    """What gpufleet creates for a gang under the cluster's gang settings (plurals)."""
+    kinds = {"priorityclasses", "jobsets" if flavour.kubernetes.get("use_jobset") else "jobs"}
+    gang = flavour.kubernetes.get("gang")
+    if gang in ("volcano", "coscheduling"):
+        kinds.add("podgroups")
+    return kinds
+
+
 def _allocatable_millis(node: dict[str, Any]) -> int:
     cpu = str(node["status"]["allocatable"]["cpu"])
     return int(cpu[:-1]) if cpu.endswith("m") else int(cpu) * 1000
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("flavour", FLAVOURS, ids=[f.provider for f in FLAVOURS])
+@pytest.mark.parametrize("flavour", FLAVOURS, ids=[f.cluster for f in FLAVOURS])
 def test_gang_life_on_a_real_cluster_flavour(
     flavour: Flavour,
     client: TestClient,
@@ -526,8 +568,7 @@ def test_gang_life_on_a_real_cluster_flavour(
             assert schedule(wiring) == 1
             assert plane.dispatch(fleet) == (1, 0)
             assert kube.failed_creates == []
-            run_job_controller(kube, ns)
-            assert sorted(run_kubelet(kube, ns)) == sorted(p["metadata"]["name"] for p in kube.objects_of(PODS, ns))
+            run_cluster(kube, flavour)
             (train_run,) = [run["id"] for run in plane.view(llm, train)["runs"]]
             pods = _pods_of(kube, ns, train_run)
             assert len(pods) == len(nodes)
@@ -561,8 +602,7 @@ def test_gang_life_on_a_real_cluster_flavour(
             assert schedule(wiring) == 1
             assert plane.dispatch(fleet) == (1, 1)  # the finished gang's objects go too
             assert _pods_of(kube, ns, train_run) == []
-            run_job_controller(kube, ns)
-            run_kubelet(kube, ns)
+            run_cluster(kube, flavour)
             (hoarder_run,) = [run["id"] for run in plane.view(llm, hoarder)["runs"]]
             hoarder_pods = _pods_of(kube, ns, hoarder_run)
             assert sorted(p["spec"]["nodeName"] for p in hoarder_pods) == names
@@ -589,15 +629,21 @@ def test_gang_life_on_a_real_cluster_flavour(
             # The reclaimed gang's objects go, the waiting gang's pods run on the freed nodes.
             assert plane.dispatch(fleet) == (1, 1)
             assert _pods_of(kube, ns, hoarder_run) == []
-            run_job_controller(kube, ns)
-            run_kubelet(kube, ns)
+            run_cluster(kube, flavour)
             (waiting_run,) = [run["id"] for run in plane.view(vision, waiting)["runs"]]
             winners = _pods_of(kube, ns, waiting_run)
             assert sorted(p["spec"]["nodeName"] for p in winners) == names
             assert all(p["status"]["phase"] == "Running" for p in winners)
             plane.report_pods(fleet)
             assert plane.view(vision, waiting)["state"] == "running"
+
+            # Everything gpufleet sent passed the server's schemas and admission; nothing was refused.
             assert kube.failed_creates == []
+            assert any(code == 201 for _, _, code in kube.responses)  # answers are recorded
+            refused = [r for r in kube.responses if r[2] in (400, 401, 403, 405, 422)]
+            assert refused == [], refused
+            created = {key[2] for key, _, _ in kube.creations}
+            assert created == expected_kinds(flavour), created
     finally:
         if fleet is not None:
             asyncio.run(fleet.close())
