@@ -85,11 +85,14 @@ WINDOW = 300  # the telemetry roll-up window the idle policy reads (the default)
 SCRAPE_EVERY = 60  # seconds between scrapes: 5 samples per GPU and window
 KUBE_TOKEN = "sa-token-for-gpufleet"
 POOL_KEY = "example.com/gpu-pool"
-TOLERATIONS = [
-    {"key": "nvidia.com/gpu", "operator": "Exists"},  # GKE GPU nodes
-    {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},  # AKS GPU pools
-    {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot", "effect": "NoSchedule"},
-]
+# AKS spot pools are tainted; a gang opts in. GPU taints (`nvidia.com/gpu`, `sku=gpu`) gpufleet
+# tolerates by itself, so no other flavour names any.
+SPOT_TOLERATION = {
+    "key": "kubernetes.azure.com/scalesetpriority",
+    "operator": "Equal",
+    "value": "spot",
+    "effect": "NoSchedule",
+}
 RULES = IdleRules(
     default=IdlePolicy(
         grace_seconds=0,
@@ -119,6 +122,7 @@ class Flavour:
     mig_profile: str | None = None
     shared: bool = False  # time-slicing / MPS: dcgm-exporter runs with --kubernetes-virtual-gpus
     kubernetes: dict[str, Any] = field(default_factory=dict)
+    tolerations: tuple[dict[str, str], ...] = ()
 
 
 FLAVOURS = [
@@ -156,6 +160,7 @@ FLAVOURS = [
         "mig:all-3g.40gb",
         mig_profile="3g.40gb",
         kubernetes={"namespace": "gpufleet", "gang": "kueue", "use_jobset": True},
+        tolerations=(SPOT_TOLERATION,),
     ),
     Flavour(
         "gke-train",
@@ -359,7 +364,7 @@ class Plane:
             "name": name,
             "queue": tenant.queue,
             "pod_sets": [{"name": "workers", "replicas": replicas, "cpu_millis": cpu_millis, **self.flavour.request}],
-            "tolerations": TOLERATIONS,
+            "tolerations": list(self.flavour.tolerations),
             "container": {"image": "registry.example.com/trainer:1"},
             "labels": {"project": name},
             "max_runtime_seconds": 3600,
