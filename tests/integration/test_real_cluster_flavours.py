@@ -479,6 +479,43 @@ def _pods_of(kube: FakeApiServer, namespace: str, run_id: str) -> list[dict[str,
     return [p for p in kube.objects_of(PODS, namespace) if p["metadata"]["labels"].get("gpufleet.io/run") == run_id]
 
 
+def node_agents(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The DaemonSet pods every GPU node runs besides gpufleet's (GPU Operator, gpufleet's agent):
+    they hold some of the node's allocatable and must not confuse the pod watcher."""
+    name = node["metadata"]["name"]
+    suffix = hashlib.sha256(name.encode()).hexdigest()[:5]
+    pods = []
+    for namespace, daemonset, cpu, memory in (
+        ("gpu-operator", "nvidia-device-plugin-daemonset", "50m", "64Mi"),
+        ("gpu-operator", "nvidia-dcgm-exporter", "100m", "256Mi"),
+        ("gpufleet-system", "gpufleet-agent", "50m", "64Mi"),
+    ):
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{daemonset}-{suffix}",
+                    "namespace": namespace,
+                    "labels": {"app": daemonset, "controller-revision-hash": "6d9f7c8b5"},
+                },
+                "spec": {
+                    "nodeName": name,
+                    "containers": [
+                        {
+                            "name": daemonset.rsplit("-", 1)[-1],
+                            "image": f"nvcr.io/nvidia/{daemonset}:v1",
+                            "resources": {"requests": {"cpu": cpu, "memory": memory}},
+                        }
+                    ],
+                    "tolerations": [{"operator": "Exists"}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
+    return pods
+
+
 def run_cluster(kube: FakeApiServer, flavour: Flavour) -> None:
     """The cluster's actors: Kueue admits (if used), the JobSet/Job controllers and the scheduler
     make and bind the pods, the kubelet starts them."""
@@ -531,6 +568,8 @@ def test_gang_life_on_a_real_cluster_flavour(
             nodes = flavour.nodes()
             for node in nodes:
                 kube.put(NODES, node)
+                for pod in node_agents(node):
+                    kube.put(PODS, pod)
             names = sorted(n["metadata"]["name"] for n in nodes)
             wiring.settings.kube_api_override = kube.url  # the cluster's address, tunnelled to the test server
             fleet = RealFleet(wiring, Published(), prefix, providers)
