@@ -53,7 +53,7 @@ from controlplane.service.dispatch import dispatch_once
 from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.kubeconfigs import FileKubeconfigStore
-from controlplane.service.telemetry import BatchMessage, handle_batch, run_windows
+from controlplane.service.telemetry import ActivitySource, BatchMessage, handle_batch, run_windows
 from controlplane.service.telemetry import Outcome as BatchOutcome
 from tests.clouds import test_aks, test_eks, test_gke, test_oke
 from tests.clouds.keys import KeyPair
@@ -123,6 +123,8 @@ class Flavour:
     shared: bool = False  # time-slicing / MPS: dcgm-exporter runs with --kubernetes-virtual-gpus
     kubernetes: dict[str, Any] = field(default_factory=dict)
     tolerations: tuple[dict[str, str], ...] = ()
+    # dcgm-exporter's pod labels: all of them, or only gpufleet's run label (the recommended allowlist)
+    all_pod_labels: bool = False
 
 
 FLAVOURS = [
@@ -174,6 +176,7 @@ FLAVOURS = [
         "mig:all-1g.10gb",
         mig_profile="1g.10gb",
         kubernetes={"namespace": "gpufleet", "gang": "none", "use_jobset": True},
+        all_pod_labels=True,
     ),
     Flavour(
         "oke-gpu",
@@ -231,6 +234,7 @@ FLAVOURS = [
         "mig:all-3g.40gb",
         mig_profile="3g.40gb",
         kubernetes={"namespace": "batch", "pool_label_key": POOL_KEY, "gang": "none", "use_jobset": True},
+        all_pod_labels=True,
     ),
 ]
 
@@ -390,23 +394,34 @@ def _gpu_uuid(node: str, gpu: int) -> str:
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
+# The fields of deploy/dcgm-exporter/gpufleet-counters.csv, as the exporter prints them: name,
+# HELP text, and the value for a pod whose GPU is `activity` busy. MIG instances have no
+# GPU_UTIL or power of their own (device-level fields), so their series carry only the rest.
+COUNTERS: list[tuple[str, str, Callable[[float], str], bool]] = [
+    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", lambda a: f"{a:.6f}", True),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", lambda a: f"{a:.6f}", True),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        lambda a: f"{a / 2:.6f}",
+        True,
+    ),
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda a: f"{round(a * 100)}", False),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda a: "30123", True),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda a: "9837", True),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda a: f"{70 + 600 * a:.3f}", False),
+]
+
+
 def exposition(flavour: Flavour, pods: list[dict[str, Any]], activity: float) -> str:
     """What dcgm-exporter on these pods' nodes prints: one GPU (or MIG instance) per pod, each
-    series with the GPU's labels, `Hostname` (the node), then the pod's labels (sanitised, sorted;
-    `--kubernetes-enable-pod-labels`) and `container, namespace, pod`. With
-    `--kubernetes-virtual-gpus` (shared GPUs) a `vgpu` label instead of the pod labels."""
-    lines = {
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": [
-            "# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active.",
-            "# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge",
-        ],
-        "DCGM_FI_DEV_FB_USED": [
-            "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).",
-            "# TYPE DCGM_FI_DEV_FB_USED gauge",
-        ],
-    }
+    series with the GPU's labels, `Hostname` (the node), the CSV's label fields, then the pod's
+    labels (sanitised, sorted; `--kubernetes-enable-pod-labels`, all of them or only
+    `gpufleet.io/run` under the allowlist deploy/dcgm-exporter recommends) and `container,
+    namespace, pod`. With `--kubernetes-virtual-gpus` (shared GPUs) no pod labels but `vgpu`."""
+    series: list[tuple[str, str]] = []  # (labels, pod) per GPU, in the exporter's order
     per_node: dict[str, int] = {}
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+    for pod in sorted(pods, key=lambda p: (p["spec"]["nodeName"], p["metadata"]["name"])):
         node = pod["spec"]["nodeName"]
         slot = per_node.get(node, 0)
         per_node[node] = slot + 1
@@ -423,15 +438,20 @@ def exposition(flavour: Flavour, pods: list[dict[str, Any]], activity: float) ->
         labels += [f'Hostname="{node}"', 'DCGM_FI_DRIVER_VERSION="570.133.20"']
         meta = pod["metadata"]
         if not flavour.shared:
-            labels += [f'{_sanitise(k)}="{v}"' for k, v in sorted(meta["labels"].items())]
+            shown = meta["labels"] if flavour.all_pod_labels else {"gpufleet.io/run": meta["labels"]["gpufleet.io/run"]}
+            labels += [f'{_sanitise(k)}="{v}"' for k, v in sorted(shown.items())]
         container = pod["spec"]["containers"][0]["name"]
         labels += [f'container="{container}"', f'namespace="{meta["namespace"]}"', f'pod="{meta["name"]}"']
         if flavour.shared:
             labels.append(f'vgpu="{slot}"')
-        body = ",".join(labels)
-        lines["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].append(f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{body}}} {activity:.6f}")
-        lines["DCGM_FI_DEV_FB_USED"].append(f"DCGM_FI_DEV_FB_USED{{{body}}} 30123")
-    return "\n".join(line for block in lines.values() for line in block) + "\n"
+        series.append((",".join(labels), meta["name"]))
+    lines = []
+    for name, help_text, value, per_instance in COUNTERS:
+        if flavour.mig_profile and not per_instance:
+            continue
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        lines += [f"{name}{{{labels}}} {value(activity)}" for labels, _ in series]
+    return "\n".join(lines) + "\n"
 
 
 def feed_telemetry(
@@ -634,6 +654,10 @@ def test_gang_life_on_a_real_cluster_flavour(
             assert {w.node for w in windows} == set(names)
             assert all(w.cluster == flavour.cluster and w.activity_samples == WINDOW // SCRAPE_EVERY for w in windows)
             assert all(w.activity_mean == pytest.approx(0.87) for w in windows)
+            assert {w.activity_source for w in windows} == {ActivitySource.SM_ACTIVE}
+            assert all(w.tensor_mean == pytest.approx(0.435) and w.fb_used_mean_mib == 30123 for w in windows)
+            if flavour.mig_profile:  # each window is one MIG instance of the pool's profile
+                assert {(w.mig_profile, w.mig_instance) for w in windows} == {(flavour.mig_profile, 1)}
 
             finish_pods(kube, ns)
             run_job_controller(kube, ns)
