@@ -723,6 +723,7 @@ def test_gang_life_on_a_real_cluster_flavour(
     reason="product gap: pools are planned with the nodes' allocatable, not allocatable minus what "
     "DaemonSet pods already request, so a gang asking a whole node's CPU is admitted but stays Pending",
 )
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # a capacity question, not a storage one
 def test_gang_asking_a_whole_nodes_allocatable_cpu_is_scheduled_by_the_cluster(
     client: TestClient,
     admin: dict[str, str],
