@@ -105,7 +105,7 @@ RULES = IdleRules(
     working_hours=None,
 )
 # What dcgm-exporter prints as modelName (NVML's name), by gpufleet model.
-NVML_NAMES = {"H100-80GB": "NVIDIA H100 80GB HBM3", "A10": "NVIDIA A10", "A100-80GB": "NVIDIA A100-SXM4-80GB"}
+NVML_NAMES = {"H100-80GB": "NVIDIA H100 80GB HBM3", "A10": "NVIDIA A10", "L4": "NVIDIA L4"}
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,27 @@ FLAVOURS = [
         "H100-80GB",
         "exclusive",
         kubernetes={"namespace": "gpufleet", "gang": "none"},  # one indexed Job per node group
+    ),
+    Flavour(  # Karpenter: a pool the cloud API does not list, found from the nodes alone
+        "eks-train",
+        "eks",
+        "inference",
+        "l4-ts",
+        lambda: [
+            k8s.eks_karpenter_node(
+                i,
+                nodepool="l4-ts",
+                instance_type="g6.xlarge",
+                gpu=k8s.GpuSetup("L4", 1, "time-slicing", replicas=4),
+            )
+            for i in range(2)
+        ],
+        {"gpu_fraction": 0.25},
+        "nvidia.com/gpu",  # time-slicing without renameByDefault
+        "L4",
+        "timeslice:4",
+        shared=True,
+        kubernetes={"namespace": "inference", "gang": "volcano"},
     ),
     Flavour(
         "aks-ml",
@@ -261,6 +282,16 @@ def moto_url() -> Iterator[str]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def eks_cloud(moto_url: str) -> str:
+    """moto with the EKS cluster and its node groups, seeded once (moto is slow to create node
+    groups); `p5-reserved` runs the two nodes its flavour puts on the API server."""
+    eks = seed_eks(moto_url)
+    scaling = {"minSize": 0, "maxSize": 4, "desiredSize": 2}
+    eks.update_nodegroup_config(clusterName=test_eks.CLUSTER, nodegroupName="p5-reserved", scalingConfig=scaling)
+    return moto_url
+
+
 def _kubeconfig() -> str:
     return yaml.safe_dump(
         {
@@ -285,11 +316,7 @@ def _cloud(
         yield dict(body, kubernetes=flavour.kubernetes), {}
         return
     if flavour.provider == "eks":
-        moto_url: str = request.getfixturevalue("moto_url")
-        eks = seed_eks(moto_url)
-        # The node group runs the two nodes the API server holds (the cloud's count is the pool's size).
-        scaling = {"minSize": 0, "maxSize": 4, "desiredSize": 2}
-        eks.update_nodegroup_config(clusterName=test_eks.CLUSTER, nodegroupName=flavour.pool, scalingConfig=scaling)
+        moto_url: str = request.getfixturevalue("eks_cloud")
         provider, _ = eks_provider(moto_url)
         yield dict(EKS_CLUSTER, kubernetes=flavour.kubernetes), {"eks": provider}
         return
@@ -561,7 +588,7 @@ def _allocatable_millis(node: dict[str, Any]) -> int:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("flavour", FLAVOURS, ids=[f.cluster for f in FLAVOURS])
+@pytest.mark.parametrize("flavour", FLAVOURS, ids=[f"{f.cluster}-{f.pool}" for f in FLAVOURS])
 def test_gang_life_on_a_real_cluster_flavour(
     flavour: Flavour,
     client: TestClient,
