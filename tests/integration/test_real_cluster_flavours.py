@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -714,7 +715,12 @@ def test_gang_life_on_a_real_cluster_flavour(
             idle_pass(wiring.uow, RULES, prefix, now)
             with wiring.uow() as uow:
                 finding = uow.idle.findings()[hoarder_run]
+                announced = [
+                    json.loads(p) for _, subject, p in uow.outbox.unpublished(10_000) if ".events.idle." in subject
+                ]
             assert (finding.status, finding.stage) == ("idle", "reclaim"), finding
+            assert finding.cluster == flavour.cluster
+            assert [e["data"]["run_id"] for e in announced if e["type"] == "idle.reclaim"] == [hoarder_run]
             assert schedule(wiring, now) == 1
             view = plane.view(llm, hoarder)
             assert view["state"] == "queued"
