@@ -20,6 +20,7 @@ from sqlalchemy import Engine, text
 
 from adapters.clouds import build_provider
 from adapters.dcgm.consumer import JetStreamTelemetrySource
+from adapters.files import private_dir, private_sqlite, write_private
 from adapters.kubernetes import (
     KubernetesCluster,
     KubeSettings,
@@ -29,7 +30,9 @@ from adapters.kubernetes import (
 )
 from adapters.kubernetes.nodes import observe_node
 from adapters.kubernetes.status import list_node_objects
-from adapters.nats.connection import JetStreamPublisher, connect
+from adapters.nats import secrets as nats_secrets
+from adapters.nats.callout import AuthCallout
+from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import as_json as topology_json
@@ -42,29 +45,32 @@ from adapters.sql.uow import SqlUnitOfWork
 from controlplane.api.app import create_app
 from controlplane.api.context import ApiContext
 from controlplane.config import Settings
-from controlplane.service import admin
+from controlplane.service import admin, nats_identity
 from controlplane.service.autoscale import autoscale_once
 from controlplane.service.cloud_ports import CloudProvider, ClusterLocator, UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.cloud_state import CloudClusterRecord
 from controlplane.service.cluster_status import PodReport
 from controlplane.service.commands import ClusterSpec
 from controlplane.service.fleet_sync import locator_of, sync_due
-from controlplane.service.gang_timeout import requeue_stalled_gangs
+from controlplane.service.gang_timeout import requeue_stalled_gangs, requeue_undispatched
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
+from controlplane.service.scheduling import lease_gap
 from controlplane.workers import loops
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("api", "scheduler", "dispatcher", "ingest", "relay")
 
 __all__ = [
+    "INBOUND_ID_HEADER",
     "NatsServerProcess",
     "Settings",
     "Wiring",
     "connect",
     "loops",
     "migrate",
+    "nats_secrets",
     "run_components",
     "topology_json",
     "utc_now",
@@ -83,7 +89,8 @@ class Wiring:
     def __post_init__(self) -> None:
         url = self.settings.effective_database_url
         if url.startswith("sqlite"):
-            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.settings.state_dir)
+            private_sqlite(url)
         self.engine = make_engine(url)
         self._sessions = make_session_factory(self.engine)
 
@@ -101,7 +108,8 @@ class Wiring:
 
 def migrate(settings: Settings) -> None:
     if settings.effective_database_url.startswith("sqlite"):
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
+        private_sqlite(settings.effective_database_url)
     upgrade_to_head(settings.effective_database_url)
 
 
@@ -141,13 +149,38 @@ class SimFleet:
         self.start_delay = start_delay
         self.telemetry_interval = telemetry_interval
         self.clusters: dict[str, SimCluster] = {}
+        self.active = False
+        self.own_connections: list[ClusterConnection] = []
+
+    def set_active(self, active: bool) -> None:
+        """Only the dispatcher holding the lease drives the simulated clusters; on taking over it
+        reloads them from their state files, which the previous holder kept."""
+        self.active = active
+        self.clusters = {}
+        if active:
+            self.refresh()
+
+    def _publisher_for(self, cluster: str) -> EventPublisher:
+        """With NATS authentication on, a simulated cluster is a cluster agent like any other: its own
+        connection with its own credential (kept in a 0600 file of the state dir, issued on first use)."""
+        if self.wiring.settings.nats_secrets_file is None:
+            return self.publisher
+        path = self.wiring.settings.state_dir / "sim" / f"{cluster}.nats-credential"
+        # Issued on first use, and again for a cluster that has none (deleted and registered anew);
+        # a revoked one is left revoked: the simulated agent then stays out, like a real one.
+        if not path.exists() or not nats_identity.list_cluster_credentials(self.wiring.uow(), cluster):
+            _, raw = nats_identity.rotate_cluster_credential(self.wiring.uow(), cluster, "sim-fleet", utc_now())
+            write_secret(path, raw)
+        connection = ClusterConnection(self.wiring.settings.nats_url, cluster, path.read_text().strip())
+        self.own_connections.append(connection)
+        return connection
 
     def refresh(self) -> None:
         for view in admin.list_clusters(self.wiring.uow()):
             if view.provider == "sim" and view.name not in self.clusters:
                 self.clusters[view.name] = SimCluster(
                     name=view.name,
-                    publish=self.publisher.publish,
+                    publish=self._publisher_for(view.name).publish,
                     prefix=self.prefix,
                     state_file=self.wiring.settings.state_dir / "sim" / f"{view.name}.json",
                     start_delay=self.start_delay,
@@ -161,14 +194,50 @@ class SimFleet:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
+                if not self.active:
+                    await loops.sleep_or_stop(stop, 0.2)
+                    continue
                 await asyncio.to_thread(self.refresh)
-                for cluster in list(self.clusters.values()):
+            except Exception:
+                log.exception("simulated fleet refresh failed")
+            for cluster in list(self.clusters.values()):
+                # One cluster whose reports fail (its credential revoked, say) stops no other.
+                try:
                     await cluster.tick()
                     await cluster.emit_telemetry()
                     await cluster.emit_inventory()
-            except Exception:
-                log.exception("simulated fleet tick failed")
+                except Exception:
+                    log.exception("simulated cluster %s tick failed", cluster.name)
             await loops.sleep_or_stop(stop, 0.2)
+        for connection in self.own_connections:
+            await connection.close()
+
+
+class ClusterConnection:
+    """`EventPublisher` for one cluster agent: its own NATS connection, authenticated by its cluster
+    credential, opened on first use. Messages carry their id in `Gpufleet-Msg-Id` (see topology)."""
+
+    def __init__(self, url: str, cluster: str, credential: str) -> None:
+        self.url, self.cluster, self.credential = url, cluster, credential
+        self._nc: Any = None
+        self._js: Any = None
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        if self._nc is not None and self._nc.is_closed:  # refused for good (revoked): try afresh next time
+            self._nc = self._js = None
+        if self._js is None:
+            self._nc = await connect(
+                self.url,
+                f"gpufleet-sim-{self.cluster}",
+                token=self.credential,
+                inbox_prefix=nats_identity.cluster_grant("", self.cluster, "").inbox_prefix,
+            )
+            self._js = self._nc.jetstream()
+        await self._js.publish(subject, payload, timeout=5.0, headers={INBOUND_ID_HEADER: msg_id})
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            await self._nc.close()
 
 
 class _CloudCredentials:
@@ -314,7 +383,7 @@ class RealFleet:
         subject = f"{self.prefix}.cluster.{cluster}.pods"
 
         async def publish(report: PodReport) -> None:
-            payload = report.model_dump_json().encode()
+            payload = report.encode()  # trimmed to fit one NATS message, however large the gang
             digest = hashlib.sha256(payload).hexdigest()[:16]
             await self.publisher.publish(subject, payload, f"{cluster}:{report.run_id}:{digest}")
 
@@ -410,10 +479,21 @@ async def run_components(
     adapters `build_provider` would make (tests, embedding)."""
     wiring = Wiring(settings)
     prefix = settings.subject_prefix
-    nc = await connect(settings.nats_url, f"gpufleet-{'+'.join(components)}")
+    secrets = nats_secrets.load(settings.nats_secrets_file) if settings.nats_secrets_file else None
+    name = f"gpufleet-{'+'.join(components)}"
+    if secrets is not None and "ingest" in components:
+        # Before anything else connects: without the callout answering, no agent or client can.
+        extra = [*(extra or []), *(await _serve_auth_callout(settings, secrets, wiring, stop))]
+    nc = await connect(
+        settings.nats_url,
+        name,
+        user=secrets.control_user if secrets else None,
+        password=secrets.control_password if secrets else None,
+    )
     js = nc.jetstream()
     await ensure_topology(js, prefix)
     publisher = JetStreamPublisher(js)
+    inbound_publisher = JetStreamPublisher(js, id_header=INBOUND_ID_HEADER)  # reports as a cluster would send them
     tasks: list[asyncio.Task[None]] = []
     policy = settings.scheduling_policy()
     clock = utc_now
@@ -425,6 +505,10 @@ async def run_components(
             readiness={
                 "database": wiring.database_ready,
                 "nats": lambda: None if nc.is_connected else "not connected to NATS",
+                # A dead scheduler or dispatcher means submits are taken but nothing is admitted
+                # or dispatched: not ready until some process holds each lease again.
+                "scheduler": lambda: lease_gap(wiring.uow, "scheduler", utc_now()),
+                "dispatcher": lambda: lease_gap(wiring.uow, loops.DISPATCHER_LEASE, utc_now()),
             },
         )
         app = create_app(ctx)
@@ -465,12 +549,21 @@ async def run_components(
             )
         )
     if "dispatcher" in components:
-        fleet = SimFleet(wiring, publisher, prefix, settings.sim_start_delay, settings.telemetry_interval)
-        await asyncio.to_thread(fleet.refresh)
+        fleet = SimFleet(wiring, inbound_publisher, prefix, settings.sim_start_delay, settings.telemetry_interval)
         tasks.append(asyncio.create_task(fleet.run(stop), name="sim-fleet"))
-        real = RealFleet(wiring, publisher, prefix, providers)
+        real = RealFleet(wiring, inbound_publisher, prefix, providers)
         tasks.append(asyncio.create_task(real.run(stop), name="real-fleet"))
         tasks.extend(_real_cluster_tasks(wiring, real, settings, prefix, stop))
+
+        async def dispatch_timeout() -> None:
+            await asyncio.to_thread(requeue_undispatched, wiring.uow, prefix, utc_now, settings.dispatch_timeout)
+
+        tasks.append(
+            asyncio.create_task(
+                loops.periodic_loop("dispatch timeout", dispatch_timeout, stop, settings.gang_timeout_interval),
+                name="dispatch-timeout",
+            )
+        )
         tasks.append(
             asyncio.create_task(
                 loops.dispatcher_loop(
@@ -481,6 +574,8 @@ async def run_components(
                     stop,
                     settings.dispatcher_interval,
                     settings.orphan_gc_interval,
+                    settings.lease_ttl,
+                    fleet.set_active,
                 ),
                 name="dispatcher",
             )
@@ -527,6 +622,36 @@ async def run_components(
         wiring.close()
 
 
+async def _serve_auth_callout(
+    settings: Settings, secrets: nats_secrets.NatsSecrets, wiring: Wiring, stop: asyncio.Event
+) -> list[Awaitable[None]]:
+    """Answer the server's authorization requests, and kick connections of revoked credentials."""
+    prefix = settings.subject_prefix
+    callout = AuthCallout(
+        secrets.issuer,
+        authorize=lambda secret: nats_identity.grant_for(wiring.uow(), secret, prefix),
+        still_valid=lambda ids: nats_identity.still_valid(wiring.uow(), ids),
+        ttl=settings.nats_user_ttl,
+    )
+    auth_nc = await connect(settings.nats_url, "gpufleet-auth-callout", secrets.callout_user, secrets.callout_password)
+    system_nc = await connect(settings.nats_url, "gpufleet-revocation", secrets.system_user, secrets.system_password)
+    await callout.serve(auth_nc)
+
+    async def sweep() -> None:
+        kicked = await callout.sweep(system_nc)
+        if kicked:
+            log.info("disconnected %d connections of revoked NATS credentials", kicked)
+
+    async def run() -> None:
+        try:
+            await loops.periodic_loop("nats revocation", sweep, stop, settings.nats_revocation_sweep)
+        finally:
+            await auth_nc.close()
+            await system_nc.close()
+
+    return [run()]
+
+
 def _real_cluster_tasks(
     wiring: Wiring, real: RealFleet, settings: Settings, prefix: str, stop: asyncio.Event
 ) -> list[asyncio.Task[None]]:
@@ -568,6 +693,5 @@ def _real_cluster_tasks(
 
 
 def write_secret(path: Path, value: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_text(value + "\n")
+    """A token file: 0600 in a 0700 directory, also when an older one was readable by others."""
+    write_private(path, value + "\n")

@@ -28,6 +28,16 @@ class Settings(BaseSettings):
         default="", description="postgresql://... or sqlite:///path; default: SQLite in the state dir"
     )
     nats_url: str = "nats://127.0.0.1:4222"
+    # The control plane's own NATS secrets (fixed users' passwords, the callout signing key), a
+    # 0600 JSON file; `up` creates it in the state dir. Unset: connect without credentials (a NATS
+    # that is secured some other way, or a test's open server).
+    nats_secrets_file: Path | None = None
+    # Lifetime of the user JWTs auth callout issues (0: no expiry). At expiry the server disconnects
+    # the client; nats-py does not reconnect after that, so it is off by default: revocation closes
+    # connections by itself (`nats_revocation_sweep`).
+    nats_user_ttl: float = Field(default=0.0, ge=0)
+    # How often revoked credentials' connections are looked for and disconnected.
+    nats_revocation_sweep: float = Field(default=5.0, gt=0)
     subject_prefix: str = Field(default="gpufleet", pattern=r"^[A-Za-z0-9_-]+$")
     state_dir: Path = Field(default_factory=default_state_dir)
     api_host: str = "127.0.0.1"
@@ -49,6 +59,8 @@ class Settings(BaseSettings):
     credential_refresh_margin: float = Field(default=300.0, ge=0)
     gang_start_timeout: float = Field(default=600.0, gt=0)
     gang_timeout_interval: float = Field(default=5.0, gt=0)
+    # An admitted run not applied to its cluster within this many seconds is requeued with a reason.
+    dispatch_timeout: float = Field(default=300.0, gt=0)
     autoscale: bool = True
     autoscale_interval: float = Field(default=30.0, gt=0)
     autoscale_cooldown: float = Field(default=600.0, ge=0)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from adapters.nats import secrets as nats_secrets
 from adapters.nats.server import NatsServerProcess, free_port
 from adapters.sql.migrate import upgrade_to_head
 from adapters.sql.tables import Base
@@ -98,3 +99,28 @@ def wiring(settings: Settings) -> Iterator[Wiring]:
     w = Wiring(settings)
     yield w
     w.close()
+
+
+@pytest.fixture
+def secure_nats(tmp_path: Path) -> Iterator[NatsServerProcess]:
+    """A nats-server as `gpufleet up` runs it: fixed control-plane users, everyone else through auth
+    callout (answered by the control plane's ingest component). Its secrets file is `secure_nats.secrets`."""
+    secrets_file = tmp_path / "nats-secrets.json"
+    auth = nats_secrets.load_or_create(secrets_file).server_auth()
+    server = NatsServerProcess(free_port(), tmp_path / "nats-secure", tmp_path / "nats-secure.log", auth=auth)
+    server.secrets_file = secrets_file  # type: ignore[attr-defined]
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def secure_settings(settings: Settings, secure_nats: NatsServerProcess) -> Settings:
+    """`settings` pointed at `secure_nats`, with the control plane's NATS secrets."""
+    return settings.model_copy(
+        update={
+            "nats_url": secure_nats.url,
+            "nats_secrets_file": secure_nats.secrets_file,
+            "nats_revocation_sweep": 0.5,
+        }  # type: ignore[attr-defined]
+    )

@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from adapters.nats.connection import INBOUND_ID_HEADER
 from adapters.nats.inbound import publish_dead_letter
 from adapters.nats.topology import TELEMETRY_CONSUMER, TELEMETRY_STREAM
 from controlplane.service.telemetry import BatchMessage
@@ -24,6 +25,7 @@ class TelemetryDelivery:
     message: BatchMessage
     published_at: float | None  # unix seconds at which JetStream stored it
     msg: Msg
+    attempt: int = 1  # deliveries so far, this one included
 
 
 class JetStreamTelemetrySource:
@@ -43,9 +45,15 @@ class JetStreamTelemetrySource:
         out: list[TelemetryDelivery] = []
         for msg in msgs:
             meta = msg.metadata
-            msg_id = (msg.headers or {}).get("Nats-Msg-Id") or f"{TELEMETRY_STREAM}:{meta.sequence.stream}"
+            headers = msg.headers or {}
+            msg_id = (
+                headers.get(INBOUND_ID_HEADER)
+                or headers.get("Nats-Msg-Id")
+                or f"{TELEMETRY_STREAM}:{meta.sequence.stream}"
+            )
             stamp = meta.timestamp.timestamp() if meta.timestamp is not None else None
-            out.append(TelemetryDelivery(BatchMessage(msg.subject, msg.data, msg_id), stamp, msg))
+            attempt = int(meta.num_delivered or 1)
+            out.append(TelemetryDelivery(BatchMessage(msg.subject, msg.data, msg_id), stamp, msg, attempt))
         return out
 
     async def ack(self, deliveries: Sequence[TelemetryDelivery]) -> None:
@@ -59,6 +67,11 @@ class JetStreamTelemetrySource:
         for delivery in deliveries:
             with contextlib.suppress(nats.errors.Error):
                 await delivery.msg.nak(delay=delay)
+
+    async def hold(self, deliveries: Sequence[TelemetryDelivery]) -> None:
+        for delivery in deliveries:
+            await delivery.msg.in_progress()
+        await self.nc.flush(timeout=10)
 
     async def dead_letter(self, message: BatchMessage, reason: str) -> None:
         await publish_dead_letter(self.js, self.prefix, message.subject, message.data, message.msg_id, reason)

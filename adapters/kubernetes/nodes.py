@@ -460,5 +460,8 @@ def _pool_taints(raw: list[Any]) -> list[TaintSpec]:
         effect = t.get("effect") or "NoSchedule"
         if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
             continue
-        taints.append(TaintSpec(key=key[:253], value=str(t.get("value") or "")[:63], effect=effect))
+        try:
+            taints.append(TaintSpec.model_validate({"key": key, "value": str(t.get("value") or ""), "effect": effect}))
+        except ValueError:  # a taint the API server would not have accepted: not one to plan with
+            continue
     return taints[:32]

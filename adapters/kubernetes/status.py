@@ -334,7 +334,13 @@ class PodStatusWatcher:
         for run in sorted(runs):
             pods = self._current(run)
             if pods and (force or self._sent.get(run) != pods):
-                report = PodReport(run_id=run[0], epoch=run[1], pods=list(pods))
+                try:
+                    report = PodReport(run_id=run[0], epoch=run[1], pods=list(pods))
+                except ValueError as exc:  # e.g. a gang larger than reports carry: never stop the watcher
+                    log.error("pod report for run %s cannot be built: %s", run[0], exc)
+                    self._sent[run] = pods
+                    self._dirty.discard(run)
+                    continue
                 try:
                     await self.sink(report)
                 except Exception as exc:  # the transport is down: stays dirty, sent again after retry_seconds

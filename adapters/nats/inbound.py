@@ -9,6 +9,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from adapters.nats.connection import INBOUND_ID_HEADER
 from adapters.nats.topology import INBOUND_STREAM, INGEST_CONSUMER
 from controlplane.service.ingest import InboundMessage
 
@@ -38,6 +39,13 @@ class Delivery:
     message: InboundMessage
     _msg: Msg
 
+    @property
+    def attempt(self) -> int:
+        return int(self._msg.metadata.num_delivered or 1)
+
+    async def hold(self) -> None:
+        await self._msg.in_progress()
+
     async def ack(self) -> None:
         # Double ack: the server confirms it, so a lost ack shows up here rather than as a
         # silent redelivery (which the inbox would absorb anyway).
@@ -62,8 +70,13 @@ class JetStreamInbound:
             return []
         deliveries = []
         for msg in msgs:
-            headers = dict(msg.headers or {})
-            msg_id = headers.get("Nats-Msg-Id") or f"{INBOUND_STREAM}:{msg.metadata.sequence.stream}"
+            # A bearer token a client still sends is dropped here: identity comes from the subject.
+            headers = {k: v for k, v in (msg.headers or {}).items() if k.lower() != "authorization"}
+            msg_id = (
+                headers.get(INBOUND_ID_HEADER)
+                or headers.get("Nats-Msg-Id")
+                or f"{INBOUND_STREAM}:{msg.metadata.sequence.stream}"
+            )
             deliveries.append(Delivery(InboundMessage(msg.subject, msg.data, headers, msg_id), msg))
         return deliveries
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -11,7 +12,10 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from adapters.files import PRIVATE_UMASK, private_dir
 
 
 def find_binary() -> str:
@@ -36,11 +40,60 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+APP_ACCOUNT = "GPUFLEET"
+AUTH_ACCOUNT = "AUTH"
+SYSTEM_ACCOUNT = "SYS"
+
+
+@dataclass(frozen=True)
+class NatsServerAuth:
+    """Authentication for an embedded nats-server: three fixed users and auth callout for the rest.
+
+    `control` (account GPUFLEET, which holds the streams) is the control plane itself; `callout`
+    (account AUTH) answers the server's `$SYS.REQ.USER.AUTH` requests; `system` (account SYS) may
+    disconnect clients whose credential was revoked. Every other client is sent to the callout,
+    which places it in GPUFLEET with the permissions its credential allows.
+    """
+
+    control_password: str
+    callout_password: str
+    system_password: str
+    issuer: str  # public account nkey whose signature the server accepts on callout answers
+    control_user: str = "gpufleet"
+    callout_user: str = "gpufleet-auth"
+    system_user: str = "gpufleet-sys"
+
+    def config(self, port: int, store_dir: Path, host: str = "127.0.0.1") -> str:
+        def user(name: str, password: str) -> str:
+            return f"users: [{{user: {json.dumps(name)}, password: {json.dumps(password)}}}]"
+
+        fixed = ", ".join(json.dumps(u) for u in (self.control_user, self.callout_user, self.system_user))
+        return "\n".join(
+            [
+                f"listen: {json.dumps(f'{host}:{port}')}",
+                f"jetstream {{ store_dir: {json.dumps(str(store_dir))} }}",
+                "accounts {",
+                f"  {APP_ACCOUNT} {{ jetstream: enabled, {user(self.control_user, self.control_password)} }}",
+                f"  {AUTH_ACCOUNT} {{ {user(self.callout_user, self.callout_password)} }}",
+                f"  {SYSTEM_ACCOUNT} {{ {user(self.system_user, self.system_password)} }}",
+                "}",
+                f"system_account: {SYSTEM_ACCOUNT}",
+                "authorization {",
+                f"  auth_callout {{ issuer: {self.issuer}, account: {AUTH_ACCOUNT}, auth_users: [{fixed}] }}",
+                "}",
+                "",
+            ]
+        )
+
+
 class NatsServerProcess:
-    def __init__(self, port: int, store_dir: Path, log_file: Path | None = None) -> None:
+    def __init__(
+        self, port: int, store_dir: Path, log_file: Path | None = None, auth: NatsServerAuth | None = None
+    ) -> None:
         self.port = port
         self.store_dir = store_dir
         self.log_file = log_file
+        self.auth = auth
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -48,8 +101,15 @@ class NatsServerProcess:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> None:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.store_dir)
         args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        if self.auth is not None:
+            # The config holds passwords: private to this user, like the store.
+            config = self.store_dir / "gpufleet-nats.conf"
+            config.touch(mode=0o600, exist_ok=True)
+            config.chmod(0o600)
+            config.write_text(self.auth.config(self.port, self.store_dir))
+            args = [find_binary(), "-c", str(config)]
         if self.log_file is not None:
             args += ["-l", str(self.log_file)]
         # Own session: a terminal's Ctrl-C reaches only gpufleet, which drains its clients first.
@@ -58,6 +118,7 @@ class NatsServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            umask=PRIVATE_UMASK,  # its store and log are private to the user running gpufleet
             preexec_fn=_die_with_parent if os.name == "posix" else None,  # noqa: PLW1509
         )
         deadline = time.monotonic() + timeout

@@ -21,6 +21,8 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
+from controlplane.service import ingest, telemetry
+
 log = logging.getLogger(__name__)
 DAY = 86400.0
 
@@ -43,15 +45,24 @@ def topology(prefix: str = "gpufleet") -> Topology:
         StreamConfig(
             name=INBOUND_STREAM,
             description="Commands and reports into gpufleet: submit, cancel, cluster pods and inventory",
-            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel", f"{prefix}.cluster.>"],
-            retention=RetentionPolicy.LIMITS,
+            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel.>", f"{prefix}.cluster.>"],
+            # Interest: a message is removed once the ingest consumer acked it (after its SQL
+            # commit, or its dead-lettering), so applied commands never pile up towards max_bytes
+            # and discard=new below only bites when ingest is down for long. Not WorkQueue:
+            # nats-server refuses to change an existing stream to or from WorkQueue, and
+            # Interest can replace Limits in place on every installation. With no consumer at
+            # all, an Interest stream keeps nothing: the consumer is created right after it.
+            retention=RetentionPolicy.INTEREST,
             storage=StorageType.FILE,
             max_age=7 * DAY,
             max_msg_size=1 << 20,
             # Publishers see back-pressure instead of silently losing unconsumed commands.
             discard=DiscardPolicy.NEW,
             max_bytes=4 << 30,
-            duplicate_window=120.0,
+            # The server's minimum (it cannot be off): a Nats-Msg-Id is de-duplicated across every
+            # sender of the stream, so one team could have another's message dropped. Senders put
+            # their id in Gpufleet-Msg-Id, which the ingest inbox de-duplicates per sender.
+            duplicate_window=0.1,
             num_replicas=1,
         ),
         StreamConfig(
@@ -72,6 +83,9 @@ def topology(prefix: str = "gpufleet") -> Topology:
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=30 * DAY,
+            # A flood of poison cannot fill the disk: past 1 GiB the oldest dead letters go first.
+            max_bytes=1 << 30,
+            discard=DiscardPolicy.OLD,
             duplicate_window=120.0,
             num_replicas=1,
         ),
@@ -89,7 +103,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             max_msg_size=1 << 20,
             discard=DiscardPolicy.OLD,
             max_bytes=8 << 30,
-            duplicate_window=120.0,
+            duplicate_window=0.1,  # as GPUFLEET_IN: the server's minimum; the inbox de-duplicates per cluster
             num_replicas=1,
         ),
     )
@@ -101,7 +115,10 @@ def topology(prefix: str = "gpufleet") -> Topology:
                 description="gpufleet ingest: acks only after the SQL commit",
                 ack_policy=AckPolicy.EXPLICIT,
                 ack_wait=30.0,
-                max_deliver=-1,
+                # The worker dead-letters a message on its MAX_DELIVERIES-th failed delivery; this
+                # backstop only matters if even dead-lettering keeps failing (the server then
+                # stops redelivering and sends a max-deliveries advisory).
+                max_deliver=ingest.MAX_DELIVERIES + 5,
                 max_ack_pending=1000,
             ),
         ),
@@ -112,7 +129,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
                 description="gpufleet telemetry: many batches per SQL transaction, acked after the commit",
                 ack_policy=AckPolicy.EXPLICIT,
                 ack_wait=60.0,
-                max_deliver=-1,
+                max_deliver=telemetry.MAX_DELIVERIES + 5,
                 # Room for several fetches of thousands of batches in flight, or the pull stalls.
                 max_ack_pending=50_000,
             ),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -116,6 +116,11 @@ class SqlAdminRepository:
     def get_cluster(self, ref: str) -> ClusterView | None:
         row = self._cluster_row(ref)
         return _cluster_view(row, with_nodes=True) if row else None
+
+    def known_clusters(self, names: Collection[str]) -> set[str]:
+        if not names:
+            return set()
+        return set(self.s.scalars(select(ClusterRow.name).where(ClusterRow.name.in_(list(names)))))
 
     def list_clusters(self) -> list[ClusterView]:
         rows = self.s.scalars(select(ClusterRow).order_by(ClusterRow.name).options(selectinload(ClusterRow.pools)))

@@ -276,6 +276,22 @@ class SqlCloudRepository:
             StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows if at is not None
         ]
 
+    def undispatched_runs(self, admitted_before: datetime) -> list[StalledRun]:
+        rows = self.s.execute(
+            select(RunRow.id, RunRow.workload_id, QueueRow.name, ClusterRow.name, RunRow.created_at)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .where(
+                RunRow.state.in_(NOT_YET_RUNNING),
+                RunRow.dispatch_state == "pending",
+                RunRow.created_at < admitted_before,
+            )
+            .order_by(RunRow.created_at, RunRow.id)
+            .limit(1000)
+        ).all()
+        return [StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows]
+
     def requeue_run(self, run_id: str, message: str, now: datetime) -> bool:
         result = self.s.execute(
             update(RunRow)

@@ -1,4 +1,4 @@
-"""Outbox, inbox, leader lease, API tokens and the audit log."""
+"""Outbox, inbox, leader lease, API tokens, cluster credentials and the audit log."""
 
 from __future__ import annotations
 
@@ -6,12 +6,20 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import case, delete, func, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from adapters.sql.tables import ApiTokenRow, AuditRow, InboxRow, LeaderLeaseRow, OutboxRow
-from controlplane.service.views import TokenView
+from adapters.sql.tables import (
+    ApiTokenRow,
+    AuditRow,
+    ClusterCredentialRow,
+    ClusterRow,
+    InboxRow,
+    LeaderLeaseRow,
+    OutboxRow,
+)
+from controlplane.service.views import ClusterCredential, TokenView
 
 
 class SqlOutbox:
@@ -96,10 +104,14 @@ class SqlLeases:
         return row.epoch
 
     def renew(self, name: str, holder: str, epoch: int, now: datetime, ttl_seconds: float) -> bool:
+        # Never moves the expiry back: a cycle renews with the time its decision was taken, which
+        # can be older than the background renewal that ran while the cycle worked.
+        expires = now + timedelta(seconds=ttl_seconds)
+        later = literal(expires, type_=LeaderLeaseRow.__table__.c.expires_at.type)
         result = self.s.execute(
             update(LeaderLeaseRow)
             .where(LeaderLeaseRow.name == name, LeaderLeaseRow.holder == holder, LeaderLeaseRow.epoch == epoch)
-            .values(expires_at=now + timedelta(seconds=ttl_seconds))
+            .values(expires_at=case((LeaderLeaseRow.expires_at < expires, later), else_=LeaderLeaseRow.expires_at))
             .execution_options(synchronize_session=False)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
@@ -112,6 +124,19 @@ class SqlLeases:
             .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
             .execution_options(synchronize_session=False)
         )
+
+    def expire_all(self) -> int:
+        """End every term at once (epochs are kept, so they keep rising); returns how many."""
+        result = self.s.execute(
+            update(LeaderLeaseRow)
+            .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
+            .execution_options(synchronize_session=False)
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    def expires_at(self, name: str) -> datetime | None:
+        """When the named lease runs out (None: never taken); readiness reads it."""
+        return self.s.scalar(select(LeaderLeaseRow.expires_at).where(LeaderLeaseRow.name == name))
 
 
 class SqlTokens:
@@ -176,3 +201,73 @@ class SqlAudit:
                 at=now, actor=actor, action=action, object_type=object_type, object_id=object_id, detail=dict(detail)
             )
         )
+
+
+class SqlClusterCredentials:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add(self, credential_id: str, cluster_id: str, secret_hash: str, now: datetime) -> None:
+        self.s.add(
+            ClusterCredentialRow(id=credential_id, cluster_id=cluster_id, secret_hash=secret_hash, created_at=now)
+        )
+        self.s.flush()
+
+    def by_hash(self, secret_hash: str) -> ClusterCredential | None:
+        row = self.s.execute(
+            select(
+                ClusterCredentialRow.id,
+                ClusterRow.name,
+                ClusterCredentialRow.created_at,
+                ClusterCredentialRow.revoked_at,
+            )
+            .join(ClusterRow, ClusterRow.id == ClusterCredentialRow.cluster_id)
+            .where(ClusterCredentialRow.secret_hash == secret_hash)
+        ).first()
+        return ClusterCredential(*row) if row else None
+
+    def for_cluster(self, cluster_id: str) -> list[ClusterCredential]:
+        rows = self.s.execute(
+            select(
+                ClusterCredentialRow.id,
+                ClusterRow.name,
+                ClusterCredentialRow.created_at,
+                ClusterCredentialRow.revoked_at,
+            )
+            .join(ClusterRow, ClusterRow.id == ClusterCredentialRow.cluster_id)
+            .where(ClusterCredentialRow.cluster_id == cluster_id)
+            .order_by(ClusterCredentialRow.created_at)
+        ).all()
+        return [ClusterCredential(*row) for row in rows]
+
+    def revoke_all(self, cluster_id: str, now: datetime) -> list[str]:
+        ids = list(
+            self.s.scalars(
+                select(ClusterCredentialRow.id).where(
+                    ClusterCredentialRow.cluster_id == cluster_id, ClusterCredentialRow.revoked_at.is_(None)
+                )
+            )
+        )
+        if ids:
+            self.s.execute(
+                update(ClusterCredentialRow)
+                .where(ClusterCredentialRow.id.in_(ids))
+                .values(revoked_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        return ids
+
+    def still_valid(self, credential_ids: Sequence[str]) -> set[str]:
+        """Which of these credentials (cluster credentials or API tokens) exist and are not revoked."""
+        ids = list(credential_ids)
+        valid = set(
+            self.s.scalars(
+                select(ClusterCredentialRow.id).where(
+                    ClusterCredentialRow.id.in_(ids), ClusterCredentialRow.revoked_at.is_(None)
+                )
+            )
+        )
+        valid |= set(
+            self.s.scalars(select(ApiTokenRow.id).where(ApiTokenRow.id.in_(ids), ApiTokenRow.revoked_at.is_(None)))
+        )
+        return valid

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, literal, select, update
 from sqlalchemy.orm import Session
 
 from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, QueueRow, RunRow, TeamRow, WorkloadRow
@@ -20,17 +20,18 @@ class SqlRunRepository:
     def __init__(self, session: Session) -> None:
         self.s = session
 
-    def to_dispatch(self, limit: int) -> list[RunOrder]:
-        rows = self.s.execute(
+    def to_dispatch(self, limit: int, clusters: Collection[str] | None = None) -> list[RunOrder]:
+        query = (
             select(RunRow, WorkloadRow, ClusterRow.name, QueueRow.name, TeamRow.name)
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
             .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
             .where(RunRow.dispatch_state == "pending", RunRow.state.in_(LIVE))
-            .order_by(RunRow.created_at, RunRow.id)
-            .limit(limit)
-        ).all()
+        )
+        if clusters is not None:
+            query = query.where(ClusterRow.name.in_(sorted(clusters)))
+        rows = self.s.execute(query.order_by(RunRow.created_at, RunRow.id).limit(limit)).all()
         node_ids = {a.node_id for run, *_ in rows for a in run.assignments}
         nodes = (
             {
@@ -69,14 +70,15 @@ class SqlRunRepository:
             for run, wl, cluster, queue, team in rows
         ]
 
-    def to_teardown(self, limit: int) -> list[Teardown]:
-        rows = self.s.execute(
+    def to_teardown(self, limit: int, clusters: Collection[str] | None = None) -> list[Teardown]:
+        query = (
             select(RunRow.id, ClusterRow.name)
             .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
             .where(RunRow.dispatch_state == "teardown")
-            .order_by(RunRow.id)
-            .limit(limit)
         )
+        if clusters is not None:
+            query = query.where(ClusterRow.name.in_(sorted(clusters)))
+        rows = self.s.execute(query.order_by(RunRow.id).limit(limit))
         return [Teardown(run_id, cluster) for run_id, cluster in rows]
 
     def set_dispatch_state(self, run_id: str, from_state: str, to_state: str, now: datetime) -> bool:
@@ -91,11 +93,34 @@ class SqlRunRepository:
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
+    def clusters_of(self, run_ids: Collection[str]) -> dict[str, str]:
+        ids = sorted(run_ids)
+        found: dict[str, str] = {}
+        for start in range(0, len(ids), 500):  # stay far below SQLite's bound on parameters
+            rows = self.s.execute(
+                select(RunRow.id, ClusterRow.name)
+                .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+                .where(RunRow.id.in_(ids[start : start + 500]))
+            ).all()
+            found.update((run_id, cluster) for run_id, cluster in rows)
+        return found
+
     def status(self, run_id: str) -> RunStatus | None:
         row = self.s.execute(
-            select(RunRow.id, RunRow.workload_id, QueueRow.name, RunRow.state, WorkloadRow.min_available)
+            select(
+                RunRow.id,
+                RunRow.workload_id,
+                QueueRow.name,
+                RunRow.state,
+                WorkloadRow.min_available,
+                ClusterRow.name,
+                RunRow.epoch,
+                TeamRow.name,
+            )
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .join(TeamRow, TeamRow.id == QueueRow.team_id)
             .where(RunRow.id == run_id)
         ).first()
         return RunStatus(*row) if row else None
@@ -104,6 +129,10 @@ class SqlRunRepository:
         values: dict[str, Any] = {"state": to_state, "message": message}
         if to_state == "running":
             values["started_at"] = now
+        elif to_state == "succeeded":
+            # Pods seen succeeded with no running report before (they ran between two looks):
+            # the run did start, by `now` at the latest.
+            values["started_at"] = func.coalesce(RunRow.started_at, literal(now, RunRow.started_at.type))
         query = update(RunRow).where(RunRow.id == run_id, RunRow.state.in_(list(from_states)))
         if to_state in TERMINAL:
             values["finished_at"] = now

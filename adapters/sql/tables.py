@@ -291,6 +291,17 @@ class ApiTokenRow(Base):
     last_used_at: Mapped[datetime | None]
 
 
+class ClusterCredentialRow(Base):
+    """A cluster agent's NATS credential (migration 0006): only its SHA-256 hash is kept."""
+
+    __tablename__ = "cluster_credentials"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), index=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
 class AuditRow(Base):
     __tablename__ = "audit_log"
     id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 from types import TracebackType
 from typing import Self
 
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.cloud_repo import SqlCloudRepository
 from adapters.sql.idle_repo import SqlIdleRepository
-from adapters.sql.messaging_repo import SqlAudit, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
+from adapters.sql.messaging_repo import SqlAudit, SqlClusterCredentials, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
 from adapters.sql.report_repo import SqlReportRepository
 from adapters.sql.run_repo import SqlRunRepository
 from adapters.sql.snapshot_repo import SqlSnapshotReader
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from adapters.sql.workload_repo import SqlWorkloadRepository
+from controlplane.service.errors import StoreUnavailable
+
+# What the drivers raise when the database is down, restarting, unreachable or (SQLite) locked:
+# the request itself is fine and may be retried.
+UNAVAILABLE = (OperationalError, InterfaceError)
 
 
 class SqlUnitOfWork:
@@ -41,6 +48,7 @@ class SqlUnitOfWork:
             self.inbox = SqlInbox(s)
             self.leases = SqlLeases(s)
             self.tokens = SqlTokens(s)
+            self.cluster_credentials = SqlClusterCredentials(s)
             self.audit = SqlAudit(s)
             self.snapshots = SqlSnapshotReader(s)
             self.telemetry = SqlTelemetryRepository(s)
@@ -59,9 +67,15 @@ class SqlUnitOfWork:
             try:
                 if not committed:
                     self.session.rollback()
+            except UNAVAILABLE:
+                if exc is None:
+                    raise StoreUnavailable("the database is unavailable") from None
             finally:
-                self.session.close()
+                with contextlib.suppress(*UNAVAILABLE):  # the connection is gone; the pool discards it
+                    self.session.close()
                 self._session = None
+            if isinstance(exc, UNAVAILABLE):
+                raise StoreUnavailable(f"the database is unavailable: {type(exc.orig or exc).__name__}") from exc
             return
         if savepoint.is_active:
             if committed and exc_type is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from adapters.dcgm.exposition import RunResolver, SlotAssignments, parse_exposition, run_of_pod_name
-from adapters.nats.connection import JetStreamPublisher, connect
+from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from controlplane.service.ports import EventPublisher
 from controlplane.service.telemetry import encode_batch, telemetry_subject
 
@@ -159,10 +159,18 @@ async def main(
     stop: asyncio.Event,
     resolver: RunResolver,
     once: bool = False,
+    credential: str | None = None,
 ) -> ScrapeReport | None:
-    """The agent process: one NATS connection that reconnects forever, and the scrape loop."""
-    nc = await connect(nats_url, f"gpufleet-agent-{config.cluster}-{config.node}")
+    """The agent process: one NATS connection that reconnects forever, and the scrape loop. With
+    `credential` (the cluster's NATS credential) it connects as that cluster and nothing else."""
+    nc = await connect(
+        nats_url,
+        f"gpufleet-agent-{config.cluster}-{config.node}",
+        token=credential,
+        inbox_prefix=f"_INBOX.cluster-{config.cluster}" if credential else "_INBOX",
+    )
     try:
-        return await run_agent(config, JetStreamPublisher(nc.jetstream()), resolver, stop, once=once)
+        publisher = JetStreamPublisher(nc.jetstream(), id_header=INBOUND_ID_HEADER)
+        return await run_agent(config, publisher, resolver, stop, once=once)
     finally:
         await nc.drain()

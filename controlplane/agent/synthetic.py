@@ -46,13 +46,27 @@ class FleetSpec:
         return self.nodes * self.scrapes
 
 
+def synthetic_run_id(spec: FleetSpec, node: int) -> str:
+    """The run on `node` (named after the clusters, so benches sharing a database never collide)."""
+    return f"run-{spec.cluster_prefix}{node:05d}"
+
+
+def synthetic_runs(spec: FleetSpec) -> dict[str, list[str]]:
+    """Run ids by cluster name: what the control plane must know for the samples to be kept."""
+    runs: dict[str, list[str]] = {f"{spec.cluster_prefix}{c}": [] for c in range(spec.clusters)}
+    for node in range(spec.nodes):
+        if node % 10 != 9:
+            runs[f"{spec.cluster_prefix}{node % spec.clusters}"].append(synthetic_run_id(spec, node))
+    return runs
+
+
 def node_batch(spec: FleetSpec, node: int, scrape: int, rng: random.Random) -> tuple[str, bytes, str]:
     """What one node's agent publishes for one scrape: subject, payload, Nats-Msg-Id."""
     cluster = f"{spec.cluster_prefix}{node % spec.clusters}"
     at = spec.start + scrape * spec.sample_interval
     host = f"node-{node:05d}"
     # Most nodes run one 8-GPU gang; every tenth is idle and unattributed, as in a real fleet.
-    run = None if node % 10 == 9 else f"run-bench-{node:05d}"
+    run = None if node % 10 == 9 else synthetic_run_id(spec, node)
     samples = []
     for gpu in range(spec.gpus_per_node):
         # Six decimals, as dcgm-exporter prints its gauges.

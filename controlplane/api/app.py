@@ -4,33 +4,128 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from controlplane.api import routes_admin, routes_reports, routes_workloads
+from controlplane.api import responses, routes_admin, routes_reports, routes_workloads
 from controlplane.api.context import ApiContext
-from controlplane.service.errors import Conflict, Invalid, NotFound
+from controlplane.api.text import refuse_nul
+from controlplane.domain.limits import MAX_MESSAGE_BYTES
+from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable
+from controlplane.service.safejson import UnsafeJson, decode
 
-MAX_BODY_BYTES = 1 << 20
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES
+# Seconds a client should wait before retrying while the database is unavailable.
+RETRY_AFTER_SECONDS = 5
 log = logging.getLogger(__name__)
 
 
-class BodyLimit:
-    """Refuse bodies over 1 MiB before reading them (OWASP API4)."""
+def _is_json(content_type: bytes | None) -> bool:
+    """FastAPI parses a body as JSON when it says so, and also when it names no type at all."""
+    if not content_type:
+        return True
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media.endswith(b"/json") or media.endswith(b"+json")
+
+
+def _error(status: int, detail: str, field: str | None = None) -> JSONResponse:
+    body: dict[str, object] = {"detail": detail}
+    if field is not None:
+        body["errors"] = [{"field": field, "message": detail}]
+    return JSONResponse(body, status_code=status)
+
+
+class BodyGuard:
+    """Every request body is at most 1 MiB, however it is sent, and JSON bodies are safe JSON.
+
+    The byte count is kept while the body streams in, so `Transfer-Encoding: chunked` (no
+    Content-Length) cannot get past the cap (OWASP API4). A JSON body then goes through the shared
+    hardened decoder once, so NaN, infinities, `1e309`, deep nesting, duplicate keys and invalid
+    UTF-8 get a 422 with a sentence before any route sees them; the body is handed on unchanged.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length")
-            if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-                response = JSONResponse({"detail": "request body larger than 1 MiB"}, status_code=413)
-                await response(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            await _error(413, "request body larger than 1 MiB")(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
                 return
-        await self.app(scope, receive, send)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                await _error(413, "request body larger than 1 MiB")(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body and _is_json(headers.get(b"content-type")):
+            try:
+                decode(body, MAX_BODY_BYTES)
+            except UnsafeJson as exc:
+                await _error(422, f"body: {exc}", "body")(scope, receive, send)
+                return
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+# Responses of the API are per caller and some carry secrets (issued tokens): never cached.
+SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    "Pragma": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+# JSON answers run no script and embed nothing; the interactive docs page is left to its defaults.
+API_CSP = "default-src 'none'; frame-ancestors 'none'"
+DOCS_PATHS = ("/docs", "/redoc")
+
+
+class SecurityHeaders:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        docs = str(scope.get("path", "")).startswith(DOCS_PATHS)
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+                if not docs:
+                    headers.setdefault("Content-Security-Policy", API_CSP)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def _where(loc: tuple[object, ...]) -> str:
@@ -43,9 +138,20 @@ def create_app(ctx: ApiContext) -> FastAPI:
         title="gpufleet",
         version="1",
         summary="Control plane for shared GPU fleets: quotas, gangs, placement across clusters.",
+        dependencies=[Depends(refuse_nul)],
     )
     app.state.ctx = ctx
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyGuard)
+    app.add_middleware(SecurityHeaders)  # added last, so outermost: also on BodyGuard's answers
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        log.warning("answering 503: %s", exc)
+        return JSONResponse(
+            {"detail": "the database is unavailable; nothing was changed, retry shortly"},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -72,7 +178,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get(
+        "/readyz", tags=["health"], response_model=responses.Readiness, responses={503: {"model": responses.Readiness}}
+    )
     def readyz() -> JSONResponse:
         failures = {}
         for name, check in ctx.readiness.items():
@@ -89,4 +197,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_workloads.router)
     app.include_router(routes_reports.router)
+    responses.install(app)
     return app

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from datetime import datetime
 from enum import Enum
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 
+from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Admin, Caller, Ctx
 from controlplane.service import admin as svc
-from controlplane.service import auth
+from controlplane.service import auth, nats_identity
 from controlplane.service.commands import (
     ClusterSpec,
     ClusterUpdate,
@@ -21,9 +23,9 @@ from controlplane.service.commands import (
     TokenSpec,
 )
 from controlplane.service.kubeconfigs import KubeconfigStore
-from controlplane.service.views import ClusterView, PriorityClassView, TokenView, TreeNodeView
+from controlplane.service.views import ClusterCredential, ClusterView, PriorityClassView, TokenView, TreeNodeView
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=AUTHENTICATED)
 
 
 def _kubeconfigs(request: Request) -> KubeconfigStore | None:
@@ -32,9 +34,67 @@ def _kubeconfigs(request: Request) -> KubeconfigStore | None:
     return store
 
 
-@router.post("/clusters", status_code=201, response_model=ClusterView, tags=["fleet"])
-def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request) -> ClusterView:
-    return svc.create_cluster(ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request))
+@dataclass(frozen=True)
+class RegisteredCluster(ClusterView):
+    nats_credential: str = ""
+    """The cluster agent's NATS credential (connect with it as the token). Shown once, stored as a hash."""
+
+
+@dataclass(frozen=True)
+class IssuedClusterCredential:
+    credential: str
+    """The secret. It is shown once and stored only as a hash."""
+    id: str
+    cluster: str
+    created_at: datetime
+
+
+@router.post(
+    "/clusters",
+    status_code=201,
+    response_model=RegisteredCluster,
+    tags=["fleet"],
+    responses=declare(400, 403, 409, 413, 422),
+)
+def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request, response: Response) -> RegisteredCluster:
+    raw, secret_hash = nats_identity.new_cluster_secret()
+    view = svc.create_cluster(
+        ctx.uow_factory(), spec, who.token_id, ctx.clock(), _kubeconfigs(request), nats_credential_hash=secret_hash
+    )
+    response.headers["Cache-Control"] = "no-store"
+    return RegisteredCluster(**{f.name: getattr(view, f.name) for f in fields(view)}, nats_credential=raw)
+
+
+@router.post(
+    "/clusters/{ref}/credentials/rotate",
+    status_code=201,
+    response_model=IssuedClusterCredential,
+    tags=["fleet"],
+    responses=declare(403, 404, 422),
+)
+def rotate_cluster_credential(ref: str, who: Admin, ctx: Ctx, response: Response) -> IssuedClusterCredential:
+    """Revoke the cluster's NATS credentials and issue a new one (its agent must be given it)."""
+    view, raw = nats_identity.rotate_cluster_credential(ctx.uow_factory(), ref, who.token_id, ctx.clock())
+    response.headers["Cache-Control"] = "no-store"
+    return IssuedClusterCredential(raw, view.id, view.cluster, view.created_at)
+
+
+@router.get(
+    "/clusters/{ref}/credentials",
+    response_model=list[ClusterCredential],
+    tags=["fleet"],
+    responses=declare(403, 404, 422),
+)
+def list_cluster_credentials(ref: str, who: Admin, ctx: Ctx) -> list[ClusterCredential]:
+    return nats_identity.list_cluster_credentials(ctx.uow_factory(), ref)
+
+
+@router.delete("/clusters/{ref}/credentials", status_code=204, tags=["fleet"], responses=declare(403, 404, 422))
+def revoke_cluster_credentials(ref: str, who: Admin, ctx: Ctx) -> Response:
+    """Revoke every NATS credential of the cluster: new connections are refused at once, open ones
+    are disconnected by the control plane within `nats_revocation_sweep` seconds."""
+    nats_identity.revoke_cluster_credentials(ctx.uow_factory(), ref, who.token_id, ctx.clock())
+    return Response(status_code=204)
 
 
 @router.get("/clusters", response_model=list[ClusterView], tags=["fleet"])
@@ -42,17 +102,19 @@ def list_clusters(who: Caller, ctx: Ctx) -> list[ClusterView]:
     return svc.list_clusters(ctx.uow_factory())
 
 
-@router.get("/clusters/{ref}", response_model=ClusterView, tags=["fleet"])
+@router.get("/clusters/{ref}", response_model=ClusterView, tags=["fleet"], responses=declare(404))
 def get_cluster(ref: str, who: Caller, ctx: Ctx) -> ClusterView:
     return svc.get_cluster(ctx.uow_factory(), ref)
 
 
-@router.patch("/clusters/{ref}", response_model=ClusterView, tags=["fleet"])
+@router.patch(
+    "/clusters/{ref}", response_model=ClusterView, tags=["fleet"], responses=declare(400, 403, 404, 409, 413, 422)
+)
 def update_cluster(ref: str, update: ClusterUpdate, who: Admin, ctx: Ctx) -> ClusterView:
     return svc.update_cluster(ctx.uow_factory(), ref, update, who.token_id, ctx.clock())
 
 
-@router.delete("/clusters/{ref}", status_code=204, tags=["fleet"])
+@router.delete("/clusters/{ref}", status_code=204, tags=["fleet"], responses=declare(403, 404, 409))
 def delete_cluster(ref: str, who: Admin, ctx: Ctx, request: Request) -> Response:
     svc.delete_cluster(ctx.uow_factory(), ref, who.token_id, ctx.clock(), _kubeconfigs(request))
     return Response(status_code=204)
@@ -81,12 +143,25 @@ def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec 
         response_model=TreeNodeView,
         tags=tag,
         name=f"create_{level}",
+        responses=declare(400, 403, 409, 413, 422),
     )
     router.add_api_route(
-        f"/{plural}/{{ref}}", update, methods=["PATCH"], response_model=TreeNodeView, tags=tag, name=f"update_{level}"
+        f"/{plural}/{{ref}}",
+        update,
+        methods=["PATCH"],
+        response_model=TreeNodeView,
+        tags=tag,
+        name=f"update_{level}",
+        responses=declare(400, 403, 404, 413, 422),
     )
     router.add_api_route(
-        f"/{plural}/{{ref}}", delete, methods=["DELETE"], status_code=204, tags=tag, name=f"delete_{level}"
+        f"/{plural}/{{ref}}",
+        delete,
+        methods=["DELETE"],
+        status_code=204,
+        tags=tag,
+        name=f"delete_{level}",
+        responses=declare(403, 404, 409),
     )
 
 
@@ -95,17 +170,17 @@ _tree_routes("team", "teams", TeamSpec)
 _tree_routes("queue", "queues", QueueSpec)
 
 
-@router.get("/cohorts", response_model=list[TreeNodeView], tags=["queue tree"])
+@router.get("/cohorts", response_model=list[TreeNodeView], tags=["queue tree"], responses=declare(403))
 def list_cohorts(who: Admin, ctx: Ctx) -> list[TreeNodeView]:
     return svc.list_tree_nodes(ctx.uow_factory(), "cohort")
 
 
-@router.get("/teams", response_model=list[TreeNodeView], tags=["queue tree"])
+@router.get("/teams", response_model=list[TreeNodeView], tags=["queue tree"], responses=declare(403))
 def list_teams(who: Admin, ctx: Ctx) -> list[TreeNodeView]:
     return svc.list_tree_nodes(ctx.uow_factory(), "team")
 
 
-@router.get("/teams/{ref}", response_model=TreeNodeView, tags=["queue tree"])
+@router.get("/teams/{ref}", response_model=TreeNodeView, tags=["queue tree"], responses=declare(403, 404))
 def get_team(ref: str, who: Admin, ctx: Ctx) -> TreeNodeView:
     return svc.get_tree_node(ctx.uow_factory(), "team", ref)
 
@@ -116,7 +191,7 @@ def list_queues(who: Caller, ctx: Ctx) -> list[TreeNodeView]:
     return svc.list_tree_nodes(ctx.uow_factory(), "queue", None if who.is_admin else who.team_id)
 
 
-@router.get("/queues/{ref}", response_model=TreeNodeView, tags=["queue tree"])
+@router.get("/queues/{ref}", response_model=TreeNodeView, tags=["queue tree"], responses=declare(404))
 def get_queue(ref: str, who: Caller, ctx: Ctx) -> TreeNodeView:
     queue = svc.get_tree_node(ctx.uow_factory(), "queue", ref)
     if not who.is_admin and queue.parent_id != who.team_id:
@@ -124,7 +199,13 @@ def get_queue(ref: str, who: Caller, ctx: Ctx) -> TreeNodeView:
     return queue
 
 
-@router.post("/priority-classes", status_code=201, response_model=PriorityClassView, tags=["priority classes"])
+@router.post(
+    "/priority-classes",
+    status_code=201,
+    response_model=PriorityClassView,
+    tags=["priority classes"],
+    responses=declare(400, 403, 413, 422),
+)
 def put_priority_class(spec: PriorityClassSpec, who: Admin, ctx: Ctx) -> PriorityClassView:
     """Create or replace a priority class."""
     return svc.put_priority_class(ctx.uow_factory(), spec, who.token_id, ctx.clock())
@@ -135,7 +216,7 @@ def list_priority_classes(who: Caller, ctx: Ctx) -> list[PriorityClassView]:
     return svc.list_priority_classes(ctx.uow_factory())
 
 
-@router.delete("/priority-classes/{name}", status_code=204, tags=["priority classes"])
+@router.delete("/priority-classes/{name}", status_code=204, tags=["priority classes"], responses=declare(403, 404, 409))
 def delete_priority_class(name: str, who: Admin, ctx: Ctx) -> Response:
     svc.delete_priority_class(ctx.uow_factory(), name, who.token_id, ctx.clock())
     return Response(status_code=204)
@@ -151,18 +232,20 @@ class IssuedToken:
     team_id: str | None
 
 
-@router.post("/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"])
+@router.post(
+    "/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"], responses=declare(400, 403, 413, 422)
+)
 def issue_token(spec: TokenSpec, who: Admin, ctx: Ctx) -> IssuedToken:
     view, raw = auth.issue_token(ctx.uow_factory(), spec, who.token_id, ctx.clock())
     return IssuedToken(raw, view.id, view.name, view.role, view.team_id)
 
 
-@router.get("/tokens", response_model=list[TokenView], tags=["tokens"])
+@router.get("/tokens", response_model=list[TokenView], tags=["tokens"], responses=declare(403, 404, 422))
 def list_tokens(who: Admin, ctx: Ctx, team: str | None = None) -> list[TokenView]:
     return auth.list_tokens(ctx.uow_factory(), team)
 
 
-@router.delete("/tokens/{token_id}", status_code=204, tags=["tokens"])
+@router.delete("/tokens/{token_id}", status_code=204, tags=["tokens"], responses=declare(403, 404))
 def revoke_token(token_id: str, who: Admin, ctx: Ctx) -> Response:
     auth.revoke_token(ctx.uow_factory(), token_id, who.token_id, ctx.clock())
     return Response(status_code=204)

@@ -7,14 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field
 
+from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Caller, Ctx
+from controlplane.domain.limits import MAX_OFFSET, MAX_PAGE
 from controlplane.domain.model import WorkloadState
 from controlplane.service import workloads as svc
 from controlplane.service.commands import Strict, SubmitWorkload
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import WorkloadView
 
-router = APIRouter(prefix="/v1", tags=["workloads"])
+router = APIRouter(prefix="/v1", tags=["workloads"], responses=AUTHENTICATED)
 
 
 class CancelRequest(Strict):
@@ -25,7 +27,10 @@ class CancelRequest(Strict):
     "/workloads",
     status_code=201,
     response_model=WorkloadView,
-    responses={200: {"description": "an idempotent retry: the workload created the first time"}},
+    responses={
+        200: {"model": WorkloadView, "description": "an idempotent retry: the workload created the first time"},
+        **declare(400, 409, 413, 422),
+    },
 )
 def submit(
     request: SubmitWorkload,
@@ -42,26 +47,26 @@ def submit(
     return view
 
 
-@router.get("/workloads", response_model=list[WorkloadView])
+@router.get("/workloads", response_model=list[WorkloadView], responses=declare(422))
 def list_workloads(
     who: Caller,
     ctx: Ctx,
-    queue: str | None = None,
-    state: Annotated[list[WorkloadState] | None, Query()] = None,
-    name: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    queue: Annotated[str | None, Query(max_length=63)] = None,
+    state: Annotated[list[WorkloadState] | None, Query(max_length=len(WorkloadState))] = None,
+    name: Annotated[str | None, Query(max_length=63)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[WorkloadView]:
     flt = WorkloadFilter(None, queue, tuple(str(s) for s in state or ()), name, limit, offset)
     return svc.list_workloads(ctx.uow_factory(), who, flt)
 
 
-@router.get("/workloads/{workload_id}", response_model=WorkloadView)
+@router.get("/workloads/{workload_id}", response_model=WorkloadView, responses=declare(404))
 def get_workload(workload_id: str, who: Caller, ctx: Ctx) -> WorkloadView:
     return svc.get(ctx.uow_factory(), who, workload_id)
 
 
-@router.post("/workloads/{workload_id}/cancel", response_model=WorkloadView)
+@router.post("/workloads/{workload_id}/cancel", response_model=WorkloadView, responses=declare(400, 404, 409, 413, 422))
 def cancel_workload(workload_id: str, who: Caller, ctx: Ctx, body: CancelRequest | None = None) -> WorkloadView:
     reason = body.reason if body else "cancelled by user"
     return svc.cancel(ctx.uow_factory(), who, workload_id, reason, ctx.subject_prefix, ctx.clock())

@@ -19,6 +19,13 @@ from controlplane.agent import dcgm
 @click.option("--cluster", required=True, help="this cluster's name in gpufleet (a NATS subject token)")
 @click.option("--dcgm-url", required=True, help="dcgm-exporter's metrics endpoint, e.g. http://localhost:9400/metrics")
 @click.option("--nats-url", envvar="GPUFLEET_NATS_URL", default="nats://127.0.0.1:4222", show_default=True)
+@click.option(
+    "--credential-file",
+    envvar="GPUFLEET_NATS_CREDENTIAL_FILE",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="file holding this cluster's NATS credential (from POST /v1/clusters or .../credentials/rotate)",
+)
 @click.option("--prefix", envvar="GPUFLEET_SUBJECT_PREFIX", default="gpufleet", show_default=True)
 @click.option("--interval", default=10.0, show_default=True, type=click.FloatRange(min=0.5), help="seconds")
 @click.option(
@@ -50,6 +57,7 @@ def agent(
     cluster: str,
     dcgm_url: str,
     nats_url: str,
+    credential_file: Path | None,
     prefix: str,
     interval: float,
     node: str,
@@ -76,7 +84,8 @@ def agent(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        return await dcgm.main(config, nats_url, stop, resolver, once=once)
+        credential = credential_file.read_text().strip() if credential_file else None
+        return await dcgm.main(config, nats_url, stop, resolver, once=once, credential=credential)
 
     try:
         report = asyncio.run(run())

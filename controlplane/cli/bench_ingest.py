@@ -21,15 +21,23 @@ from typing import Any
 
 import click
 from nats.aio.client import Client
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 from adapters.dcgm.consumer import JetStreamTelemetrySource, TelemetryDelivery
 from adapters.nats.connection import connect
 from adapters.nats.server import NatsServerProcess, free_port
 from adapters.nats.topology import ensure_topology
 from adapters.sql.migrate import upgrade_to_head
-from adapters.sql.tables import TelemetryWindowRow
-from controlplane.agent.synthetic import FleetSpec, publisher_process
+from adapters.sql.tables import (
+    ClusterRow,
+    PriorityClassRow,
+    QueueRow,
+    RunRow,
+    TeamRow,
+    TelemetryWindowRow,
+    WorkloadRow,
+)
+from controlplane.agent.synthetic import FleetSpec, publisher_process, synthetic_runs
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.config import Settings
 from controlplane.service.telemetry import BatchResult, Outcome
@@ -163,6 +171,57 @@ async def _consume(
     }
 
 
+def _register_fleet(wiring: Wiring, spec: FleetSpec) -> None:
+    """Register the synthetic clusters and their runs: ingest keeps only telemetry of known
+    clusters and of their own runs."""
+    now = utc_now()
+    tag = spec.cluster_prefix.rstrip("-")
+    with wiring.engine.begin() as conn:
+        if conn.scalar(select(PriorityClassRow.name).where(PriorityClassRow.name == "bench")) is None:
+            conn.execute(insert(PriorityClassRow), [{"name": "bench", "value": 0}])
+        conn.execute(insert(TeamRow), [{"id": f"t-{tag}", "name": f"t-{tag}", "created_at": now}])
+        conn.execute(
+            insert(QueueRow), [{"id": f"q-{tag}", "name": f"q-{tag}", "team_id": f"t-{tag}", "created_at": now}]
+        )
+        for cluster, run_ids in synthetic_runs(spec).items():
+            conn.execute(insert(ClusterRow), [{"id": cluster, "name": cluster, "provider": "sim", "created_at": now}])
+            if not run_ids:
+                continue
+            workload = {"team_id": f"t-{tag}", "queue_id": f"q-{tag}", "priority_class": "bench", "priority": 0}
+            conn.execute(
+                insert(WorkloadRow),
+                [
+                    {
+                        **workload,
+                        "id": run,
+                        "name": run,
+                        "kind": "training",
+                        "min_available": 1,
+                        "state": "running",
+                        "created_seq": 0,
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                    for run in run_ids
+                ],
+            )
+            conn.execute(
+                insert(RunRow),
+                [
+                    {
+                        "id": run,
+                        "workload_id": run,
+                        "attempt": 1,
+                        "cluster_id": cluster,
+                        "epoch": 1,
+                        "state": "running",
+                        "created_at": now,
+                    }
+                    for run in run_ids
+                ],
+            )
+
+
 def _rate(count: int, seconds: float) -> float:
     return round(count / seconds, 1) if seconds > 0 else 0.0
 
@@ -182,6 +241,7 @@ def run_bench(
     server.start()
     wiring = Wiring(Settings(database_url=url, nats_url=server.url, state_dir=workdir, subject_prefix=PREFIX))
     try:
+        _register_fleet(wiring, spec)
         figures = asyncio.run(_consume(wiring, server.url, spec, fetch, window, limit, prefill))
     finally:
         wiring.close()

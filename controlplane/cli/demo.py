@@ -41,6 +41,7 @@ WAITING_WORKLOAD: dict[str, Any] = {
     "pod_sets": [{"name": "workers", "replicas": 2, "gpus": 8, "gpu_models": ["A100-40GB"]}],
 }
 WAITING_TEAM, WAITING_QUEUE = "vision", "vision-train"
+DEMO_TEAM = "demo"
 
 
 def demo_settings(settings: Settings) -> Settings:
@@ -133,18 +134,36 @@ async def generate(settings: Settings, team_token: str, stop: asyncio.Event, wai
     """Submit a gang every few seconds over NATS, as another system would. With `waiting_token`,
     first play the hoarding story: a gang that goes idle on its GPUs, then another team's gang
     that waits for them; the idle policy's warnings and the reclaim are printed as they happen."""
-    nc = await bootstrap.connect(settings.nats_url, "gpufleet-demo")
-    js = nc.jetstream()
+    # The operator's view (idle events) on the control plane's connection; submits as the teams
+    # themselves, each connected with its own token (NATS checks it and pins its subjects).
+    secrets = bootstrap.nats_secrets.load(settings.nats_secrets_file) if settings.nats_secrets_file else None
+    nc = await bootstrap.connect(
+        settings.nats_url,
+        "gpufleet-demo",
+        user=secrets.control_user if secrets else None,
+        password=secrets.control_password if secrets else None,
+    )
+    teams: dict[str, Any] = {}
+    opened: list[Any] = []
     rng = random.Random(7)
     n = 0
     prefix = settings.subject_prefix
 
     async def submit(queue: str, body: dict[str, Any], token: str, msg_id: str) -> None:
-        await js.publish(
-            f"{prefix}.submit.{queue}",
+        team = WAITING_TEAM if token == waiting_token else DEMO_TEAM
+        if team not in teams:
+            client = nc
+            if secrets is not None:
+                client = await bootstrap.connect(
+                    settings.nats_url, f"demo-{team}", token=token, inbox_prefix=f"_INBOX.team-{team}"
+                )
+                opened.append(client)
+            teams[team] = client.jetstream()
+        await teams[team].publish(
+            f"{prefix}.submit.{team}.{queue}",
             json.dumps(body).encode(),
             timeout=5,
-            headers={"Authorization": f"Bearer {token}", "Nats-Msg-Id": msg_id},
+            headers={bootstrap.INBOUND_ID_HEADER: msg_id},
         )
 
     async def on_idle(msg: Any) -> None:
@@ -157,7 +176,7 @@ async def generate(settings: Settings, team_token: str, stop: asyncio.Event, wai
     try:
         if waiting_token is not None:
             await nc.subscribe(f"{prefix}.events.idle.>", cb=on_idle)
-            await nc.subscribe(f"{prefix}.events.workload.*.reclaimed-idle", cb=on_reclaimed)
+            await nc.subscribe(f"{prefix}.events.workload.*.*.reclaimed-idle", cb=on_reclaimed)
             story = f"{rng.getrandbits(64):x}"
             try:
                 await submit("research", HOARDER_WORKLOAD, team_token, f"demo-hoarder-{story}")
@@ -171,16 +190,13 @@ async def generate(settings: Settings, team_token: str, stop: asyncio.Event, wai
             n += 1
             queue, body = _random_workload(rng, n)
             try:
-                await js.publish(
-                    f"{settings.subject_prefix}.submit.{queue}",
-                    json.dumps(body).encode(),
-                    timeout=5,
-                    headers={"Authorization": f"Bearer {team_token}", "Nats-Msg-Id": f"demo-{rng.getrandbits(64):x}"},
-                )
+                await submit(queue, body, team_token, f"demo-{rng.getrandbits(64):x}")
             except Exception as exc:
                 log.warning("demo submit failed: %s", exc)
             await bootstrap.loops.sleep_or_stop(stop, rng.uniform(1.5, 4.0))
     finally:
+        for client in opened:
+            await client.close()
         await nc.close()
 
 

@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import json
 import logging
+import os
 import signal
 import socket
 from collections.abc import Coroutine
@@ -14,11 +15,13 @@ from typing import Any
 
 import click
 
+from adapters.files import PRIVATE_UMASK, private_dir
 from controlplane import bootstrap
 from controlplane.cli import demo, seed
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
+from controlplane.service.scheduling import expire_leases_of_dead_holders
 
 log = logging.getLogger("gpufleet")
 
@@ -35,12 +38,29 @@ def _logging(verbose: bool) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port`. SO_REUSEADDR, as uvicorn and nats-server bind
+    with: connections left in TIME-WAIT by a crashed run do not make the port "in use", so a
+    restart right after a crash is not refused; a listening socket still does."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
+
+
+async def _supervise_nats(nats: bootstrap.NatsServerProcess, stop: asyncio.Event) -> None:
+    """Start the embedded nats-server again if it dies (its store survives; clients reconnect)."""
+    while not stop.is_set():
+        await bootstrap.loops.sleep_or_stop(stop, 0.5)
+        if stop.is_set() or nats.process is None or nats.process.poll() is None:
+            continue
+        log.warning("embedded nats-server exited with %s; starting it again", nats.process.returncode)
+        try:
+            await asyncio.to_thread(nats.start)
+        except Exception:
+            log.exception("could not start nats-server again; retrying")
 
 
 def _run_until_signal(main: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
@@ -72,6 +92,19 @@ def _component_command(name: str) -> click.Command:
         _run_until_signal(bootstrap.run_components(settings, (name,), stop), stop)
 
     return command
+
+
+@click.command(name="run")
+@config_option
+@click.argument("components", nargs=-1, required=True, type=click.Choice(bootstrap.COMPONENTS))
+@click.option("-v", "--verbose", is_flag=True)
+def run_many(config: Path | None, components: tuple[str, ...], verbose: bool) -> None:
+    """Run several components in one process, e.g. `gpufleet run api ingest relay` (fewer processes
+    than one per component; the scheduler and dispatcher still elect one leader each by lease)."""
+    _logging(verbose)
+    settings = _settings(config)
+    stop = asyncio.Event()
+    _run_until_signal(bootstrap.run_components(settings, tuple(dict.fromkeys(components)), stop), stop)
 
 
 @click.command()
@@ -151,6 +184,30 @@ def nats_topology(prefix: str, out: Path | None) -> None:
     (out / "jetstream.json").write_text(text)
 
 
+@click.command(name="nats-auth-config")
+@click.option(
+    "--secrets-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="the control plane's NATS secrets (created, mode 0600, if missing); give it to every part as "
+    "GPUFLEET_NATS_SECRETS_FILE",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="nats-server config to write"
+)
+@click.option("--host", default="0.0.0.0", show_default=True, help="address nats-server listens on")  # noqa: S104
+@click.option("--port", type=int, default=4222, show_default=True)
+@click.option("--store-dir", type=click.Path(path_type=Path), default=Path("/data"), show_default=True)
+def nats_auth_config(secrets_file: Path, out: Path, host: str, port: int, store_dir: Path) -> None:
+    """Write a nats-server config with gpufleet's users and auth callout, for an external server."""
+    auth = bootstrap.nats_secrets.load_or_create(secrets_file).server_auth()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch(mode=0o600, exist_ok=True)
+    out.chmod(0o600)  # it holds the fixed users' passwords
+    out.write_text(auth.config(port, store_dir, host))
+    click.echo(f"wrote {out} (auth callout issuer {auth.issuer}); secrets in {secrets_file}")
+
+
 @click.command()
 @click.option(
     "--state-dir",
@@ -174,7 +231,10 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         database_url="",
     )
     state = settings.state_dir
-    state.mkdir(parents=True, exist_ok=True)
+    # Everything `up` creates (database, NATS store, tokens, logs, simulated cluster state) is
+    # private to the user running it.
+    os.umask(PRIVATE_UMASK)
+    private_dir(state)
     lock = (state / "gpufleet.lock").open("w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -186,11 +246,19 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
             raise click.ClickException(
                 f"{what} port {number} on 127.0.0.1 is in use; pick another with --port/--nats-port"
             )
-    nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log")
+    # NATS with authentication: the control plane's own secrets (0600, created once, never in SQL,
+    # logs or streams); every other client connects with a gpufleet credential through auth callout.
+    secrets_file = state / "nats-secrets.json"
+    nats_auth = bootstrap.nats_secrets.load_or_create(secrets_file).server_auth()
+    settings = settings.model_copy(update={"nats_secrets_file": secrets_file})
+    nats = bootstrap.NatsServerProcess(nats_port, state / "nats", log_file=state / "nats-server.log", auth=nats_auth)
     nats.start()
     try:
         bootstrap.migrate(settings)
         wiring = bootstrap.Wiring(settings)
+        # The lock proves no other process of this installation runs: leases left by a crashed
+        # run have no live holder, so the restart takes over at once instead of after their TTL.
+        expire_leases_of_dead_holders(wiring.uow)
         admin_token = seed.ensure_admin_token_file(wiring, state / "admin.token")
         (state / "nats.url").write_text(settings.nats_url + "\n")
         seed.seed_defaults(wiring)
@@ -198,6 +266,7 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         extra: list[Coroutine[Any, Any, None]] = []
         stop = asyncio.Event()
         extra.append(demo.report_progress(wiring, stop))
+        extra.append(_supervise_nats(nats, stop))
         if demo_flag:
             # Short telemetry windows and idle stages, so the hoarder story plays in minutes.
             settings = demo.demo_settings(settings)
@@ -206,7 +275,7 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
             extra.append(demo.generate(settings, team_token, stop, waiting_token))
         wiring.close()
         click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
-        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'})")
+        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
         click.echo(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
         click.echo(f"  database    {settings.effective_database_url}")
         if added:
@@ -226,5 +295,7 @@ def register(group: click.Group) -> None:
     group.add_command(init)
     group.add_command(create_admin_token)
     group.add_command(nats_topology)
+    group.add_command(run_many)
+    group.add_command(nats_auth_config)
     for name in ("scheduler", "dispatcher", "ingest", "relay"):
         group.add_command(_component_command(name))

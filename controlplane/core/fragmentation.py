@@ -279,7 +279,10 @@ def workload_mix(workloads: Iterable[Workload], popularity: float = 0.95) -> Wor
     counts: dict[PodShape, float] = {}
     for workload in workloads:
         for pod_set in workload.pod_sets:
-            shape = pod_shape(pod_set)
+            try:
+                shape = pod_shape(pod_set)
+            except Exception:  # noqa: S112 - an unreadable pod set fails in its gang's own turn, with a reason
+                continue
             counts[shape] = counts.get(shape, 0.0) + pod_set.replicas
     return WorkloadMix.from_counts(counts, popularity) if counts else None
 

@@ -19,6 +19,7 @@ evictions per cycle.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -51,22 +52,127 @@ from controlplane.core.snapshot import (
     gpu_eq_of_demand,
     usage_of,
 )
-from controlplane.domain.model import GPU_EQ, Cluster, Node, NodePool, PodAssignment, Workload
+from controlplane.domain.limits import MAX_QUOTA_AMOUNT
+from controlplane.domain.model import GPU_EQ, Cluster, Node, NodePool, PodAssignment, QueueNode, Quota, Workload
 from controlplane.domain.sharing import mig_gpu_eq
+
+# A gang whose scheduling raises is set aside with a reason and the cycle starts again without
+# it (the cycle's working state may be half-updated by then); after this many such gangs in one
+# cycle, the cycle keeps what it decided before the last failure and the rest wait for the next.
+MAX_FAILED_GANGS_PER_CYCLE = 3
+ERROR_PREFIX = "error:"
+UNUSABLE_QUOTA_PREFIX = "quota: unusable"
 
 
 def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
-    cycle = _Cycle(snapshot, policy, now)
-    for workload in cycle.order():
-        reason = cycle.try_admit(workload)
-        if reason is not None:
-            cycle.leave_pending(workload, reason)
+    """One cycle. One bad gang or queue never fails it for the whole fleet: a queue whose quota
+    holds a value no arithmetic can use (an infinity, NaN, negative or beyond MAX_QUOTA_AMOUNT)
+    keeps its gangs pending with that reason, and a gang whose scheduling raises gets an `error:`
+    reason while the rest of the fleet is scheduled."""
+    snapshot, held = _quarantine_queues(snapshot)
+    failed: dict[str, tuple[Workload, str]] = {}
+    while True:
+        todo = tuple(w for w in snapshot.pending if w.id not in failed)
+        cycle = _Cycle(replace(snapshot, pending=todo), policy, now)
+        failure = cycle.run()
+        if failure is None:
+            break
+        workload, exc = failure
+        failed[workload.id] = (
+            workload,
+            f"{ERROR_PREFIX} scheduling this gang raised {type(exc).__name__}: {str(exc)[:200]}; "
+            "it is set aside each cycle until the cause is fixed, the rest of the fleet is scheduled",
+        )
+        if len(failed) >= MAX_FAILED_GANGS_PER_CYCLE:
+            decided = {a.workload_id for a in cycle.admissions} | {p.workload_id for p in cycle.pending}
+            for rest in todo:
+                if rest.id not in decided and rest.id not in failed:
+                    cycle.leave_pending(
+                        rest,
+                        f"{ERROR_PREFIX} not considered this cycle: {len(failed)} gangs failed to schedule "
+                        "before its turn; it is considered again next cycle",
+                    )
+            break
+    for workload, reason in [*failed.values(), *held]:
+        cycle.leave_pending(workload, reason)
     return Decision(
         admissions=tuple(cycle.admissions),
         pending=tuple(cycle.pending),
         evictions=tuple(cycle.evictions),
-        stats={"pending": len(snapshot.pending), "admitted": len(cycle.admissions), "evicted": len(cycle.evictions)},
+        stats={
+            "pending": len(snapshot.pending) + len(held),
+            "admitted": len(cycle.admissions),
+            "evicted": len(cycle.evictions),
+            **({"failed": len(failed)} if failed else {}),
+        },
     )
+
+
+def _usable(value: object, positive: bool = False) -> bool:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return (value > 0 if positive else value >= 0) and value <= MAX_QUOTA_AMOUNT
+
+
+def _harmless(quota: Quota) -> Quota:
+    return Quota({key: value if _usable(value) else 0.0 for key, value in quota.amounts.items()})
+
+
+def _unusable(node: QueueNode) -> str | None:
+    """What in the node's quota no arithmetic can use, or None."""
+    if not _usable(node.weight, positive=True):
+        return f"weight {node.weight!r}"
+    for name in ("guaranteed", "limit", "borrowing_limit", "lending_limit"):
+        quota: Quota = getattr(node, name)
+        for key, value in quota.amounts.items():
+            if not _usable(value):
+                return f"{name} {key}={value!r}"
+    return None
+
+
+def _quarantine_queues(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[Workload, str]]]:
+    """Set aside the pending gangs of queues under a node with an unusable quota (it got into the
+    database before the API bounded it, or by hand), and make that node's quota harmless for the
+    cycle: unusable amounts become 0, so its live runs still count and nothing more is admitted."""
+    problems = {node_id: p for node_id, node in snapshot.queue_tree.items() if (p := _unusable(node)) is not None}
+    if not problems:
+        return snapshot, []
+    tree = dict(snapshot.queue_tree)
+    for node_id in problems:
+        node = tree[node_id]
+        tree[node_id] = replace(
+            node,
+            weight=node.weight if _usable(node.weight, positive=True) else 1.0,
+            guaranteed=_harmless(node.guaranteed),
+            limit=_harmless(node.limit),
+            borrowing_limit=_harmless(node.borrowing_limit),
+            lending_limit=_harmless(node.lending_limit),
+        )
+
+    def culprit(queue_id: str) -> str | None:
+        current: str | None = queue_id
+        while current is not None and current in tree:
+            if current in problems:
+                return current
+            current = tree[current].parent_id
+        return None
+
+    held: list[tuple[Workload, str]] = []
+    pending: list[Workload] = []
+    for workload in snapshot.pending:
+        found = culprit(workload.queue_id)
+        if found is None:
+            pending.append(workload)
+            continue
+        node_id, name = found, tree[found].name
+        held.append(
+            (
+                workload,
+                f"{UNUSABLE_QUOTA_PREFIX} {problems[node_id]} on {name}; its gangs wait until an admin sets a "
+                f"finite amount between 0 and {MAX_QUOTA_AMOUNT:g}",
+            )
+        )
+    return replace(snapshot, queue_tree=tree, pending=tuple(pending)), held
 
 
 # The expected next pod (for fragmentation) is estimated from the oldest pending gangs; a deep
@@ -239,6 +345,20 @@ class _Cycle:
                 self.ledger.charge(queue_id, held, +1)
             for key, value in held.items():
                 self.free_eq[key] = self.free_eq.get(key, ZERO) - value
+
+    def run(self) -> tuple[Workload, Exception] | None:
+        """Decide every pending gang in order; on the first gang that raises, undo what it added
+        to the decision and return it with the exception (the working state is then unreliable)."""
+        for workload in self.order():
+            marks = (len(self.admissions), len(self.pending), len(self.evictions))
+            try:
+                reason = self.try_admit(workload)
+                if reason is not None:
+                    self.leave_pending(workload, reason)
+            except Exception as exc:  # one gang must never fail the cycle for the fleet
+                del self.admissions[marks[0] :], self.pending[marks[1] :], self.evictions[marks[2] :]
+                return workload, exc
+        return None
 
     def leave_pending(self, workload: Workload, reason: str) -> None:
         position = self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1

@@ -44,10 +44,12 @@ def create_cluster(
     actor: str,
     now: datetime,
     kubeconfigs: KubeconfigStore | None = None,
+    nats_credential_hash: str | None = None,
 ) -> ClusterView:
     """Register a cluster. Real clusters are stored with no pools: a `kubernetes` cluster's pools and nodes
     come from its node inventory, a cloud cluster (stored `pending`) is discovered by fleet sync, both
-    outside any transaction. A `kubernetes` cluster's kubeconfig goes to `kubeconfigs`, never to SQL."""
+    outside any transaction. A `kubernetes` cluster's kubeconfig goes to `kubeconfigs`, never to SQL.
+    `nats_credential_hash`: its agent's first NATS credential, stored in the same transaction."""
     if spec.kubeconfig is not None:
         try:
             validate_user_kubeconfig(spec.kubeconfig)
@@ -63,6 +65,8 @@ def create_cluster(
                 raise Conflict(f"cluster {spec.name} already exists")
             cluster, nodes = _build_fleet(cluster_id, spec, spec.region)
             uow.admin.add_cluster(cluster, nodes, now)
+            if nats_credential_hash is not None:
+                uow.cluster_credentials.add(new_id("ccr"), cluster_id, nats_credential_hash, now)
             if spec.provider != "sim":
                 ref = ""
                 if spec.kubeconfig is not None and kubeconfigs is not None:

@@ -150,6 +150,11 @@ class CloudRepository(Protocol):
         """Runs applied to their cluster before `dispatched_before` whose gang is not running yet."""
         ...
 
+    def undispatched_runs(self, admitted_before: datetime) -> list[StalledRun]:
+        """Live runs admitted before `admitted_before` that were never applied to their cluster
+        (`dispatched_at` of the result holds the admission time)."""
+        ...
+
     def requeue_run(self, run_id: str, message: str, now: datetime) -> bool:
         """End a live, not-yet-running run (as `preempted`: its workload goes back to its queue) and schedule
         its objects for teardown."""

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from pydantic import Field
 
+from controlplane.domain.limits import MAX_MESSAGE_BYTES, MAX_PODS_PER_GANG
 from controlplane.domain.model import WorkloadState
 from controlplane.service.commands import Strict
 from controlplane.service.ports import UnitOfWork
@@ -27,7 +28,27 @@ class PodReport(Strict):
 
     run_id: str = Field(min_length=1, max_length=40)
     epoch: int = Field(ge=0)
-    pods: list[PodStatus] = Field(max_length=10_000)
+    pods: list[PodStatus] = Field(max_length=MAX_PODS_PER_GANG)
+
+    def encode(self, max_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
+        """The report as one NATS message of at most `max_bytes`: when the pods' messages make it
+        larger, they are shortened (those of failed pods last), so a report for the largest gang
+        gpufleet accepts always fits; phases, which decide the run's state, are never dropped."""
+        data = self.model_dump_json().encode()
+        if len(data) <= max_bytes:
+            return data
+        bare = self.model_copy(update={"pods": [p.model_copy(update={"message": ""}) for p in self.pods]})
+        room = max_bytes - len(bare.model_dump_json().encode()) - 64
+        pods: list[PodStatus] = []
+        # Failed pods first: their message says why the gang failed; then the rest in order.
+        for pod in sorted(self.pods, key=lambda p: p.phase != "Failed"):
+            # At most 4 bytes per character in UTF-8, and escapes can double that: budget 8.
+            keep = max(0, min(len(pod.message), room // 8))
+            pods.append(pod.model_copy(update={"message": pod.message[:keep]}))
+            room -= 8 * keep
+        order = {(p.pod_set, p.index): i for i, p in enumerate(self.pods)}
+        pods.sort(key=lambda p: order[(p.pod_set, p.index)])
+        return self.model_copy(update={"pods": pods}).model_dump_json().encode()
 
 
 def _verdict(pods: Sequence[PodStatus], min_available: int) -> tuple[str, str] | None:
@@ -53,13 +74,12 @@ def apply_pod_report(uow: UnitOfWork, cluster: str, report: PodReport, prefix: s
         return "no change"
     state, message = verdict
     if state == "running":
-        if not uow.runs.set_state(run.run_id, ("admitted", "dispatching"), "running", message, now):
-            return "no change"
-        uow.workloads.set_state(
-            run.workload_id, (WorkloadState.ADMITTED, WorkloadState.DISPATCHING), WorkloadState.RUNNING, message, now
-        )
-        emit(uow, prefix, run.queue, "running", run.workload_id, now, run_id=run.run_id, cluster=cluster)
-        return "running"
+        started = _start(uow, run.run_id, run.workload_id, run.queue, cluster, message, prefix, now)
+        return "running" if started else "no change"
+    if state == "succeeded":
+        # Pods that ran and finished between two reports (or around a fault) are first seen
+        # succeeded: the run did run, so it passes through `running` (event and started_at) first.
+        _start(uow, run.run_id, run.workload_id, run.queue, cluster, "pods seen succeeded", prefix, now)
     if not uow.runs.set_state(run.run_id, ("admitted", "dispatching", "running"), state, message, now):
         return "no change"
     target = WorkloadState.SUCCEEDED if state == "succeeded" else WorkloadState.FAILED
@@ -72,3 +92,16 @@ def apply_pod_report(uow: UnitOfWork, cluster: str, report: PodReport, prefix: s
     )
     emit(uow, prefix, run.queue, str(target), run.workload_id, now, run_id=run.run_id, cluster=cluster, message=message)
     return str(target)
+
+
+def _start(
+    uow: UnitOfWork, run_id: str, workload_id: str, queue: str, cluster: str, message: str, prefix: str, now: datetime
+) -> bool:
+    """Move a dispatched run and its workload to running and announce it; False if it was not pending."""
+    if not uow.runs.set_state(run_id, ("admitted", "dispatching"), "running", message, now):
+        return False
+    uow.workloads.set_state(
+        workload_id, (WorkloadState.ADMITTED, WorkloadState.DISPATCHING), WorkloadState.RUNNING, message, now
+    )
+    emit(uow, prefix, queue, "running", workload_id, now, run_id=run_id, cluster=cluster)
+    return True

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from controlplane.domain import kubernetes_syntax as k8s
+from controlplane.domain.limits import (
+    MAX_CONTAINER_BYTES,
+    MAX_ENV_VARS,
+    MAX_LABELS,
+    MAX_POD_SETS,
+    MAX_PODS_PER_GANG,
+    MAX_PRICE_PER_GPU_HOUR,
+    MAX_QUOTA_AMOUNT,
+    MAX_QUOTA_KEYS,
+    MAX_TOLERATIONS,
+)
 from controlplane.domain.model import NodePool, PodSet, Taint, WorkloadKind, reserved_label
 from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_compute_slices
 
-NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAME_PATTERN = k8s.DNS1123_LABEL_PATTERN
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
-LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # An extended resource name: `<DNS subdomain>/<name>` outside the kubernetes.io and requests. namespaces.
 EXTENDED_RESOURCE = re.compile(
     r"^(?!(?:[^/]*\.)?kubernetes\.io/)(?!requests\.)"
@@ -20,25 +33,64 @@ EXTENDED_RESOURCE = re.compile(
     r"/(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-QuotaMap = dict[Annotated[str, Field(min_length=1, max_length=40)], Annotated[float, Field(ge=0)]]
+QuotaAmount = Annotated[float, Field(ge=0, le=MAX_QUOTA_AMOUNT, allow_inf_nan=False)]
+QuotaMap = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=40)], QuotaAmount], Field(max_length=MAX_QUOTA_KEYS)
+]
+Price = Annotated[float, Field(ge=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    """Inputs are taken as their schema says, never coerced: `true` is no number, `"5"` no integer,
+    `" a"` no name (the published OpenAPI must describe exactly what is accepted). No NaN or
+    infinities in any float field of any request (REST or NATS): they break quota arithmetic and
+    JSON columns, and no quantity gpufleet takes can be infinite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _refuse(errors: list[str], what: str) -> None:
+    if errors:
+        raise ValueError(f"{what}: {'; '.join(errors)}")
+
+
+def check_labels(labels: dict[str, str], reserved: Callable[[str], bool] | None = None) -> dict[str, str]:
+    """Kubernetes label syntax for every key and value, at most MAX_LABELS of them."""
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        _refuse(k8s.qualified_name_errors(key), f"label key {key[:80]!r}")
+        _refuse(k8s.label_value_errors(value), f"label {key!r} value {value[:80]!r}")
+        if reserved is not None and reserved(key):
+            raise ValueError(
+                f"label {key} is reserved: set by gpufleet or the controllers it drives "
+                "(Jobs, JobSet, Kueue, gang schedulers)"
+            )
+    return labels
 
 
 class TaintSpec(Strict):
-    key: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=317)
     value: str = Field(default="", max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
+    @model_validator(mode="after")
+    def _kubernetes_syntax(self) -> TaintSpec:
+        _refuse(k8s.taint_errors(self.key, self.value, self.effect), f"taint {self.key[:80]!r}")
+        return self
+
 
 class TolerationSpec(Strict):
-    key: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=317, description="[prefix/]name, as a Kubernetes label key")
     operator: Literal["Equal", "Exists"] = "Equal"
     value: str = Field(default="", max_length=63)
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+    @model_validator(mode="after")
+    def _kubernetes_syntax(self) -> TolerationSpec:
+        errors = k8s.toleration_errors(self.key, self.operator, self.value, self.effect)
+        _refuse(errors, f"toleration {self.key[:80]!r}")
+        return self
 
 
 class PoolSpec(Strict):
@@ -49,8 +101,8 @@ class PoolSpec(Strict):
     memory_mib: int = Field(ge=1024, le=100_000_000)
     sharing: str = Field(default="exclusive", examples=["exclusive", "mig:all-balanced", "timeslice:4"])
     taints: list[TaintSpec] = Field(default_factory=list, max_length=32)
-    labels: dict[str, str] = Field(default_factory=dict)
-    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+    price_per_gpu_hour: Price = 0.0
     spot: bool = False
     node_count: int = Field(ge=0, le=20_000)
 
@@ -71,6 +123,11 @@ class PoolSpec(Strict):
             node_count=self.node_count,
         )
 
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        return check_labels(labels)
+
     @model_validator(mode="after")
     def _sharing_is_valid(self) -> PoolSpec:
         try:
@@ -78,6 +135,20 @@ class PoolSpec(Strict):
         except InvalidSharingMode as exc:
             raise ValueError(str(exc)) from exc
         return self
+
+
+# Nodes of one cluster, all pools together: one pool may already have this many, and each node is a row
+# written on registration and read with the cluster (100 pools at the pool bound would be 2 million).
+MAX_CLUSTER_NODES = 20_000
+
+
+def _pools_fit_one_cluster(pools: list[PoolSpec]) -> list[PoolSpec]:
+    names = [p.name for p in pools]
+    if len(names) != len(set(names)):
+        raise ValueError("pool names must be unique within a cluster")
+    if sum(p.node_count for p in pools) > MAX_CLUSTER_NODES:
+        raise ValueError(f"a cluster has at most {MAX_CLUSTER_NODES} nodes over all its pools")
+    return pools
 
 
 CLOUD_PROVIDERS = ("eks", "aks", "gke", "oke")
@@ -113,7 +184,7 @@ class KubernetesSettingsSpec(Strict):
     @field_validator("pool_label_key")
     @classmethod
     def _label_key(cls, value: str | None) -> str | None:
-        if value is not None and not LABEL_KEY.match(value):
+        if value is not None and k8s.qualified_name_errors(value):
             raise ValueError(f"{value!r} is not a Kubernetes label key")
         return value
 
@@ -154,18 +225,15 @@ class ClusterSpec(Strict):
         description="provider kubernetes only: inline credentials (no exec, auth-provider or file references); "
         "stored in a 0600 file of the state dir, never in the database",
     )
-    pool_prices: dict[Name, Annotated[float, Field(ge=0)]] = Field(
+    pool_prices: dict[Name, Price] = Field(
         default_factory=dict,
         description="real clusters: price per GPU-hour by pool name (neither nodes nor discovery have one)",
     )
 
     @field_validator("pools")
     @classmethod
-    def _unique_pool_names(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
-        names = [p.name for p in pools]
-        if len(names) != len(set(names)):
-            raise ValueError("pool names must be unique within a cluster")
-        return pools
+    def _pools_fit(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
+        return _pools_fit_one_cluster(pools)
 
     @model_validator(mode="after")
     def _fields_fit_the_provider(self) -> ClusterSpec:
@@ -203,6 +271,11 @@ class ClusterUpdate(Strict):
     pools: list[PoolSpec] | None = Field(default=None, min_length=1, max_length=100)
     # Real clusters: the fields given replace the stored ones; the others stay as they are.
     kubernetes: KubernetesSettingsSpec | None = None
+
+    @field_validator("pools")
+    @classmethod
+    def _pools_fit(cls, pools: list[PoolSpec] | None) -> list[PoolSpec] | None:
+        return None if pools is None else _pools_fit_one_cluster(pools)
 
 
 class TreeNodeSpec(Strict):
@@ -258,7 +331,7 @@ class TokenSpec(Strict):
 
 class PodSetSpec(Strict):
     name: Name = "workers"
-    replicas: int = Field(default=1, ge=1, le=10_000)
+    replicas: int = Field(default=1, ge=1, le=MAX_PODS_PER_GANG)
     gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs per pod")
     mig_profile: str | None = Field(default=None, max_length=20, examples=["3g.40gb"])
     gpu_fraction: float | None = Field(default=None, gt=0, lt=1, description="share of one GPU (MPS or time-slicing)")
@@ -295,13 +368,13 @@ class SubmitWorkload(Strict):
     name: Name
     queue: Name
     priority_class: Name | None = None
-    kind: WorkloadKind = WorkloadKind.TRAINING
-    pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=16)
+    kind: WorkloadKind = Field(default=WorkloadKind.TRAINING, strict=False)  # strict takes only enum members
+    pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=MAX_POD_SETS)
     min_available: int | None = Field(default=None, ge=1, description="gang threshold; default all pods")
     requires_isolation: bool | None = Field(
         default=None, description="never place on time-sliced GPUs; default true for inference"
     )
-    tolerations: list[TolerationSpec] = Field(default_factory=list, max_length=32)
+    tolerations: list[TolerationSpec] = Field(default_factory=list, max_length=MAX_TOLERATIONS)
     duration_seconds: float | None = Field(
         default=None, gt=0, le=30 * 86400, description="read by simulated clusters only"
     )
@@ -314,8 +387,12 @@ class SubmitWorkload(Strict):
     same_pool: Literal["preferred", "required"] = Field(
         default="preferred", description="required: all pods in one node pool, or not at all"
     )
-    labels: dict[str, str] = Field(default_factory=dict)
-    container: dict[str, Any] = Field(default_factory=dict, description="opaque, passed to Kubernetes")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+    container: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"passed to Kubernetes (image, command, args, env...); at most {MAX_CONTAINER_BYTES} bytes as "
+        f"JSON and {MAX_ENV_VARS} env entries",
+    )
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=100)
 
     @field_validator("pod_sets")
@@ -329,21 +406,24 @@ class SubmitWorkload(Strict):
     @field_validator("labels")
     @classmethod
     def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        if len(labels) > 64:
-            raise ValueError("at most 64 labels")
-        for key, value in labels.items():
-            if not LABEL_KEY.match(key) or len(value) > 63 or not LABEL_VALUE.match(value):
-                raise ValueError(f"label {key}={value!r} is not a valid Kubernetes label")
-            if reserved_label(key):
-                raise ValueError(
-                    f"label {key} is reserved: set by gpufleet or the controllers it drives "
-                    "(Jobs, JobSet, Kueue, gang schedulers)"
-                )
-        return labels
+        return check_labels(labels, reserved=reserved_label)
+
+    @field_validator("container")
+    @classmethod
+    def _container_is_bounded(cls, container: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(container, separators=(",", ":"), allow_nan=False, default=str))
+        if size > MAX_CONTAINER_BYTES:
+            raise ValueError(f"container is {size} bytes as JSON; at most {MAX_CONTAINER_BYTES}")
+        env = container.get("env")
+        if isinstance(env, (list, dict)) and len(env) > MAX_ENV_VARS:
+            raise ValueError(f"container.env has {len(env)} entries; at most {MAX_ENV_VARS}")
+        return container
 
     @model_validator(mode="after")
     def _gang_is_consistent(self) -> SubmitWorkload:
         total = sum(p.replicas for p in self.pod_sets)
+        if total > MAX_PODS_PER_GANG:
+            raise ValueError(f"a gang has at most {MAX_PODS_PER_GANG} pods in all its pod sets, not {total}")
         if self.min_available is not None and self.min_available > total:
             raise ValueError(f"min_available {self.min_available} is more than the {total} pods of the gang")
         if not any(p.gpus or p.mig_profile or p.gpu_fraction for p in self.pod_sets):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from controlplane.domain.model import WorkloadState
+from controlplane.service.errors import StoreUnavailable
 from controlplane.service.ports import ClusterDriver, PermanentDispatchError, UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
@@ -31,8 +32,11 @@ async def dispatch_once(
     batch: int = 100,
 ) -> DispatchStats:
     stats = DispatchStats()
+    # Only runs of clusters that have a driver: runs waiting for an unreachable or driverless
+    # cluster must not fill every batch and hold up dispatch to the others (the dispatch
+    # timeout requeues them).
     with uow_factory() as uow:
-        orders = uow.runs.to_dispatch(batch)
+        orders = uow.runs.to_dispatch(batch, drivers.keys())
     for order in orders:
         driver = drivers.get(order.cluster)
         if driver is None:
@@ -80,7 +84,7 @@ async def dispatch_once(
             stats.already_present += 1
 
     with uow_factory() as uow:
-        teardowns = uow.runs.to_teardown(batch)
+        teardowns = uow.runs.to_teardown(batch, drivers.keys())
     for teardown in teardowns:
         driver = drivers.get(teardown.cluster)
         if driver is None:
@@ -119,14 +123,24 @@ def _fail_undispatchable(
 
 
 async def collect_orphans(uow_factory: UnitOfWorkFactory, drivers: Mapping[str, ClusterDriver]) -> int:
-    """Delete objects a cluster holds for runs gpufleet no longer considers live."""
+    """Delete objects a cluster holds for runs gpufleet no longer considers live.
+
+    Each cluster on its own: one that is deleted, unreachable or failing is logged and skipped,
+    and the others are collected all the same."""
     deleted = 0
     for cluster, driver in drivers.items():
-        owned = await driver.list_owned()
-        with uow_factory() as uow:
-            live = uow.runs.live_run_ids(cluster)
-        for run_id in sorted(owned - live):
-            log.info("deleting orphan run %s on %s", run_id, cluster)
-            await driver.delete(run_id)
-            deleted += 1
+        try:
+            owned = await driver.list_owned()
+            with uow_factory() as uow:
+                live = uow.runs.live_run_ids(cluster)
+            for run_id in sorted(owned - live):
+                log.info("deleting orphan run %s on %s", run_id, cluster)
+                await driver.delete(run_id)
+                deleted += 1
+        except StoreUnavailable:
+            raise  # nothing can be decided without the database, for any cluster
+        except Exception as exc:
+            log.warning(
+                "orphan collection on %s failed (%s: %s); the other clusters go on", cluster, type(exc).__name__, exc
+            )
     return deleted

@@ -23,3 +23,10 @@ class LostLeadership(ServiceError):
 
 class DuplicateKey(Conflict):
     """A unique key (e.g. an idempotency key) was taken by a concurrent request."""
+
+
+class StoreUnavailable(Exception):
+    """The database cannot be reached or is busy right now; nothing was written, retry later.
+
+    Not a `ServiceError`: it says nothing about the request, so no consumer may turn it into a
+    rejection or a dead letter, and the API answers 503 with `Retry-After`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,11 +32,27 @@ def envelope(event_type: str, data: dict[str, Any], now: datetime, event_id: str
         "occurred_at": now.isoformat(),
         "data": data,
     }
-    return event_id, json.dumps(body, separators=(",", ":"), sort_keys=True)
+    try:
+        return event_id, json.dumps(body, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except ValueError:
+        # A NaN or infinity is never written into an event (consumers' JSON parsers refuse
+        # them): such a figure means "no value" and is sent as null.
+        return event_id, json.dumps(_finite(body), separators=(",", ":"), sort_keys=True, allow_nan=False)
 
 
-def workload_subject(prefix: str, queue: str, event: str) -> str:
-    return f"{prefix}.events.workload.{queue}.{event}"
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def workload_subject(prefix: str, team: str, queue: str, event: str) -> str:
+    """Carries the team, so NATS can let a team's credential read its own workloads' events only."""
+    return f"{prefix}.events.workload.{team}.{queue}.{event}"
 
 
 def emit(
@@ -45,4 +62,5 @@ def emit(
     data = uow.workloads.event_data(workload_id)
     data.update(extra)
     event_id, payload = envelope(f"workload.{event}", data, now)
-    uow.outbox.add(workload_subject(prefix, queue, event), event_id, payload, now)
+    subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
+    uow.outbox.add(subject, event_id, payload, now)

@@ -12,6 +12,9 @@ from controlplane.service.ports import UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
 DEFAULT_GANG_START_TIMEOUT = 600.0
+# An admitted run that no dispatcher applied to its cluster within this long (a cluster without a
+# driver, unreachable, or refusing every call) gives its capacity back and waits in its queue again.
+DEFAULT_DISPATCH_TIMEOUT = 300.0
 NOT_RUNNING = (WorkloadState.ADMITTED, WorkloadState.DISPATCHING)
 
 
@@ -30,6 +33,42 @@ def requeue_stalled_gangs(
         reason = (
             f"gang-start-timeout: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
             f" (limit {timeout:g}s)"
+        )
+        with uow_factory() as uow:
+            if not uow.cloud.requeue_run(run.run_id, reason, now):
+                continue
+            uow.workloads.set_state(run.workload_id, NOT_RUNNING, WorkloadState.QUEUED, reason, now)
+            emit(
+                uow,
+                prefix,
+                run.queue,
+                "requeued",
+                run.workload_id,
+                now,
+                run_id=run.run_id,
+                cluster=run.cluster,
+                reason=reason,
+            )
+            uow.commit()
+        ended.append(run.run_id)
+    return ended
+
+
+def requeue_undispatched(
+    uow_factory: UnitOfWorkFactory, prefix: str, clock: Callable[[], datetime], timeout: float
+) -> list[str]:
+    """Requeue every run admitted more than `timeout` seconds ago that was never applied to its
+    cluster; returns the run ids ended. The reason names the cluster, so an operator sees which one
+    takes no work. Its teardown is harmless if nothing reached the cluster, and removes what did."""
+    now = clock()
+    with uow_factory() as uow:
+        stuck = uow.cloud.undispatched_runs(now - timedelta(seconds=timeout))
+    ended: list[str] = []
+    for run in stuck:
+        waited = (now - run.dispatched_at).total_seconds()
+        reason = (
+            f"dispatch-timeout: cluster {run.cluster} did not take the run {waited:.0f}s after admission"
+            f" (limit {timeout:g}s; no driver for it, or it is unreachable)"
         )
         with uow_factory() as uow:
             if not uow.cloud.requeue_run(run.run_id, reason, now):

@@ -84,7 +84,7 @@ class InventoryNode(Strict):
 class InventoryReport(Strict):
     """What a cluster (its agent, the control plane's own watcher, or a simulation) says about its nodes."""
 
-    observed_at: AwareDatetime
+    observed_at: AwareDatetime = Field(strict=False)  # an ISO 8601 string in JSON, parsed here
     nodes: list[InventoryNode] = Field(max_length=10_000)
 
 

@@ -45,6 +45,7 @@ class FileKubeconfigStore:
     def put(self, cluster_id: str, text: str) -> str:
         ref = ref_for(cluster_id)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)  # also when an older version left it readable by others
         path = self._path(ref)
         tmp = path.with_name(f".{ref}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

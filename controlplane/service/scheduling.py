@@ -42,6 +42,40 @@ def acquire_leadership(
     return epoch
 
 
+def renew_leadership(
+    uow_factory: UnitOfWorkFactory, holder: str, epoch: int, now: datetime, ttl: float, lease: str = LEASE_NAME
+) -> bool:
+    """Extend this holder's term; False once another holder has taken the lease (deposed)."""
+    with uow_factory() as uow:
+        renewed = uow.leases.renew(lease, holder, epoch, now, ttl)
+        uow.commit()
+    return renewed
+
+
+def expire_leases_of_dead_holders(uow_factory: UnitOfWorkFactory) -> int:
+    """End every lease at once. Only for a caller that knows no holder is alive, e.g. the embedded
+    `gpufleet up` holding its state directory's lock: a restart after a crash need not wait out the
+    crashed process's leases."""
+    with uow_factory() as uow:
+        expired = uow.leases.expire_all()
+        uow.commit()
+    return expired
+
+
+def lease_gap(uow_factory: UnitOfWorkFactory, lease: str, now: datetime) -> str | None:
+    """None while some holder's `lease` is live; otherwise a sentence saying since when nobody holds
+    it (readiness: a dead scheduler or dispatcher means no admissions or dispatch)."""
+    with uow_factory() as uow:
+        expires = uow.leases.expires_at(lease)
+    if expires is None:
+        return f"no {lease} has taken its lease yet"
+    if expires > now:
+        return None
+    if expires.year == 1970:
+        return f"no live {lease}: the last one stopped"
+    return f"no live {lease}: its lease expired {(now - expires).total_seconds():.1f} s ago"
+
+
 def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int, lease: str = LEASE_NAME) -> None:
     with uow_factory() as uow:
         uow.leases.release(lease, holder, epoch)
@@ -70,10 +104,6 @@ def run_cycle(
         check_decision(snapshot, decision)
     admitted = 0
     with uow_factory() as uow:
-        # The epoch check and every write of this decision share one transaction: a deposed
-        # leader's decision can never land.
-        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
-            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
         evicted = 0
         for eviction in decision.evictions:
             # The run may have finished since the snapshot; then there is nothing to evict.
@@ -126,5 +156,11 @@ def run_cycle(
             admitted += 1
             emit(uow, prefix, queue, "admitted", admission.workload_id, now, epoch=epoch)
         written = uow.workloads.record_pending(decision.pending)
+        # The epoch check and every write of this decision share one transaction: a deposed
+        # leader's decision can never land. Checked last, so the lease row is locked only for
+        # the commit, never while the decision is written (the background renewal and a standby
+        # would otherwise wait behind a long write and find the lease expired).
+        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
+            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
         uow.commit()
     return CycleResult(epoch, len(decision.pending), admitted, written, evicted)

@@ -22,9 +22,13 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from controlplane.service.ingest import inbox_key
 from controlplane.service.ports import UnitOfWork
+from controlplane.service.safejson import UnsafeJson, decode
 
 CONSUMER = "telemetry"
+# A batch message that fails on this many deliveries is dead-lettered (see `ingest.MAX_DELIVERIES`).
+MAX_DELIVERIES = 5
 SCHEMA = "gpufleet.dcgm/v1"
 DEFAULT_WINDOW_SECONDS = 300
 # A batch from one exporter scrape holds a few dozen samples (8 GPUs x 7 MIG slices at most);
@@ -32,6 +36,8 @@ DEFAULT_WINDOW_SECONDS = 300
 MAX_SAMPLES_PER_BATCH = 10_000
 # Samples from the future create windows nobody will ever complete; a few minutes covers clock skew.
 MAX_CLOCK_SKEW = timedelta(minutes=5)
+# GPU indexes and MIG instance ids are small; a bound keeps a hostile value out of integer columns.
+MAX_GPU_INDEX = 4095
 # The telemetry stream keeps messages for a day; older samples can only come from a broken agent.
 MAX_SAMPLE_AGE = timedelta(days=2)
 
@@ -139,7 +145,9 @@ def encode_batch(cluster: str, samples: Sequence[GpuSample]) -> bytes:
     for s in samples:
         if s.cluster != cluster:
             raise ValueError(f"sample of cluster {s.cluster!r} in a batch for {cluster!r}")
-        out.append([*_identity(s), [s.metrics.get(name) for name in FIELD_ORDER]])
+        # Non-finite readings go as null ("no reading"): consumers refuse NaN and infinities.
+        values = [s.metrics.get(name) for name in FIELD_ORDER]
+        out.append([*_identity(s), [v if v is None or math.isfinite(v) else None for v in values]])
     body = {"schema": SCHEMA, "cluster": cluster, "fields": FIELD_ORDER, "samples": out}
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -158,7 +166,7 @@ def _bad_optional_text(value: Any, limit: int) -> bool:
 
 
 def _bad_count(value: Any) -> bool:
-    return type(value) is not int or value < 0
+    return type(value) is not int or not 0 <= value <= MAX_GPU_INDEX
 
 
 def _explain(item: Any, width: int, earliest: float, latest: float) -> str | None:
@@ -171,7 +179,7 @@ def _explain(item: Any, width: int, earliest: float, latest: float) -> str | Non
     if _bad_text(uuid, 80):
         return "uuid: expected a non-empty string of at most 80 characters"
     if _bad_count(gpu):
-        return "gpu: expected a non-negative integer"
+        return f"gpu: expected an integer from 0 to {MAX_GPU_INDEX}"
     if type(t) is not float and type(t) is not int:
         return "t: expected unix seconds"
     if not earliest <= t <= latest:  # also false for NaN
@@ -186,7 +194,7 @@ def _explain(item: Any, width: int, earliest: float, latest: float) -> str | Non
         if _bad_optional_text(value, limit):
             return f"{name}: expected null or a non-empty string of at most {limit} characters"
     if mig is not None and _bad_count(mig):
-        return "mig_id: expected null or a non-negative integer"
+        return f"mig_id: expected null or an integer from 0 to {MAX_GPU_INDEX}"
     if type(raw) is not list or len(raw) != width:
         return f"values: expected an array of {width} readings"
     for j, v in enumerate(raw):
@@ -197,9 +205,9 @@ def _explain(item: Any, width: int, earliest: float, latest: float) -> str | Non
 
 def _decode_items(data: bytes, cluster: str, now: datetime) -> list[Item]:
     try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedBatch(f"payload is not JSON: {exc}") from None
+        body = decode(data)
+    except UnsafeJson as exc:
+        raise MalformedBatch(f"payload refused: {exc}") from None
     if type(body) is not dict:
         raise MalformedBatch("payload is not a JSON object")
     if body.get("schema") != SCHEMA:
@@ -231,11 +239,11 @@ def _decode_items(data: bytes, cluster: str, now: datetime) -> list[Item]:
                 and type(uuid) is str
                 and 0 < len(uuid) <= 80
                 and type(gpu) is int
-                and gpu >= 0
+                and 0 <= gpu <= MAX_GPU_INDEX
                 and (type(t) is float or type(t) is int)
                 and earliest <= t <= latest
                 and (run is None or (type(run) is str and 0 < len(run) <= 40))
-                and (mig is None or (type(mig) is int and mig >= 0))
+                and (mig is None or (type(mig) is int and 0 <= mig <= MAX_GPU_INDEX))
                 and (profile is None or (type(profile) is str and 0 < len(profile) <= 20))
                 and (pod is None or (type(pod) is str and 0 < len(pod) <= 253))
                 and (namespace is None or (type(namespace) is str and 0 < len(namespace) <= 63))
@@ -630,6 +638,12 @@ class Outcome(StrEnum):
     APPLIED = "applied"
     DUPLICATE = "duplicate"
     MALFORMED = "malformed"
+    UNKNOWN = "unknown"  # for a cluster gpufleet does not know, or only samples of unknown runs
+
+    @property
+    def dead_letter(self) -> bool:
+        """Whether the worker moves the message to the dead-letter stream (nothing is stored)."""
+        return self in (Outcome.MALFORMED, Outcome.UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -679,23 +693,57 @@ def handle_batch(
     if not decoded:
         return BatchResult(tuple(outcomes), 0, 0)
     folder = Folder(window_seconds)
+    # Inbox keys are per sending cluster: one cluster cannot claim another's message ids.
+    keys = {i: inbox_key(f"cluster:{cluster}", messages[i].msg_id) for i, (cluster, _) in decoded.items()}
     with uow:
-        fresh = uow.telemetry.claim_batches(CONSUMER, [messages[i].msg_id for i in decoded], now)
+        _refuse_unknown(uow, decoded, outcomes)
+        if not decoded:
+            return BatchResult(tuple(outcomes), 0, 0)
+        fresh = uow.telemetry.claim_batches(CONSUMER, [keys[i] for i in decoded], now)
         taken: set[str] = set()
         for i, (cluster, items) in decoded.items():
-            msg_id = messages[i].msg_id
+            msg_id = keys[i]
             # A message id seen before, or twice in this fetch, is a redelivery: fold it once.
             if msg_id not in fresh or msg_id in taken:
                 outcomes[i] = (Outcome.DUPLICATE, "already processed")
                 continue
             taken.add(msg_id)
             folder.add(cluster, items)
-            outcomes[i] = (Outcome.APPLIED, f"{len(items)} samples")
+            outcomes[i] = (Outcome.APPLIED, f"{len(items)} samples{outcomes[i][1]}")
         folded = folder.windows()
         if folded:
             uow.telemetry.merge_windows(folded, now)
         uow.commit()
     return BatchResult(tuple(outcomes), folder.samples, len(folded))
+
+
+def _refuse_unknown(
+    uow: UnitOfWork, decoded: dict[int, tuple[str, list[Item]]], outcomes: list[tuple[Outcome, str]]
+) -> None:
+    """Drop batches of unknown clusters and samples naming a run that is not one of the batch's
+    cluster's runs (unknown, or another cluster's): nothing of them reaches a window. A batch left
+    with no sample is UNKNOWN (dead-lettered); otherwise the refusals go into its outcome detail."""
+    known = uow.admin.known_clusters({cluster for cluster, _ in decoded.values()})
+    runs = {item[4] for _, items in decoded.values() for item in items if item[4] is not None}
+    owner = uow.runs.clusters_of(runs)
+    for i in list(decoded):
+        cluster, items = decoded[i]
+        if cluster not in known:
+            outcomes[i] = (Outcome.UNKNOWN, f"telemetry for unknown cluster {cluster!r}")
+            del decoded[i]
+            continue
+        kept = [item for item in items if item[4] is None or owner.get(item[4]) == cluster]
+        if len(kept) == len(items):
+            continue
+        strangers = sorted({item[4] for item in items if item[4] is not None and owner.get(item[4]) != cluster})
+        shown = ", ".join(strangers[:5])
+        note = f"{len(items) - len(kept)} samples of runs that are not runs of {cluster} refused ({shown})"
+        if not kept:
+            outcomes[i] = (Outcome.UNKNOWN, note)
+            del decoded[i]
+        else:
+            decoded[i] = (cluster, kept)
+            outcomes[i] = (Outcome.APPLIED, f"; {note}")
 
 
 # Windows are the evidence for idle decisions and reports; two weeks covers both. Inbox rows of

@@ -94,6 +94,16 @@ class TokenView:
 
 
 @dataclass(frozen=True)
+class ClusterCredential:
+    """A cluster agent's NATS credential (the secret itself is shown once and never stored)."""
+
+    id: str
+    cluster: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Principal:
     """Who is calling: an admin, or a member of one team."""
 

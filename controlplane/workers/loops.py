@@ -16,13 +16,19 @@ from controlplane.core.idle import IdleRules
 from controlplane.core.snapshot import Policy
 from controlplane.service import ingest, telemetry
 from controlplane.service.dispatch import collect_orphans, dispatch_once
-from controlplane.service.errors import LostLeadership
+from controlplane.service.errors import LostLeadership, StoreUnavailable
 from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome
 from controlplane.service.ports import ClusterDriver, EventPublisher, UnitOfWorkFactory
 from controlplane.service.relay import housekeeping, relay_once
 from controlplane.service.reports import publish_hourly_report
-from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
+from controlplane.service.scheduling import (
+    LEASE_NAME,
+    acquire_leadership,
+    release_leadership,
+    renew_leadership,
+    run_cycle,
+)
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -37,6 +43,63 @@ def holder_id(component: str) -> str:
     return f"{component}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+class LeaseTerm:
+    """This process's term under a named lease. Once acquired, a background task renews it every
+    third of its TTL for as long as the term lasts, so a cycle (or dispatch pass) longer than the
+    TTL keeps its lease and a standby never takes a lease that is being worked. The term ends when a
+    renewal finds another holder's epoch (deposed) or when `lose`/`release` is called. Renewal only
+    narrows overlap: every scheduling write still checks the epoch in its own transaction."""
+
+    def __init__(self, uow_factory: UnitOfWorkFactory, lease: str, holder: str, clock: Clock, ttl: float) -> None:
+        self.uow_factory, self.lease, self.holder, self.clock, self.ttl = uow_factory, lease, holder, clock, ttl
+        self.epoch: int | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._standing_by = False
+
+    async def ensure(self) -> int | None:
+        """The current epoch, acquiring the lease if it is free; None while another holder has it."""
+        if self.epoch is not None and self._renewer is not None and self._renewer.done():
+            self.epoch = None  # the renewer found us deposed
+        if self.epoch is None:
+            self.epoch = await asyncio.to_thread(
+                acquire_leadership, self.uow_factory, self.holder, self.clock(), self.ttl, self.lease
+            )
+            if self.epoch is not None:
+                log.info("%s leads %s with epoch %d", self.holder, self.lease, self.epoch)
+                self._renewer = asyncio.create_task(self._renew(self.epoch), name=f"{self.lease}-lease")
+                self._standing_by = False
+            elif not self._standing_by:
+                log.info("%s stands by: another holder has the %s lease", self.holder, self.lease)
+                self._standing_by = True
+        return self.epoch
+
+    async def _renew(self, epoch: int) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                renewed = await asyncio.to_thread(
+                    renew_leadership, self.uow_factory, self.holder, epoch, self.clock(), self.ttl, self.lease
+                )
+            except Exception as exc:  # database unreachable: keep trying; the epoch check fences writes
+                log.warning("%s could not renew its %s lease: %s", self.holder, self.lease, exc)
+                continue
+            if not renewed:
+                log.warning("%s lost its %s lease (epoch %d)", self.holder, self.lease, epoch)
+                return
+
+    def lose(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+        self._renewer, self.epoch = None, None
+
+    async def release(self) -> None:
+        epoch = self.epoch
+        self.lose()
+        if epoch is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(release_leadership, self.uow_factory, self.holder, epoch, self.lease)
+
+
 async def scheduler_loop(
     uow_factory: UnitOfWorkFactory,
     policy: Policy,
@@ -47,28 +110,23 @@ async def scheduler_loop(
     lease_ttl: float,
     check_invariants: bool = False,
 ) -> None:
-    holder = holder_id("scheduler")
-    epoch: int | None = None
+    term = LeaseTerm(uow_factory, LEASE_NAME, holder_id("scheduler"), clock, lease_ttl)
     while not stop.is_set():
         try:
-            if epoch is None:
-                epoch = await asyncio.to_thread(acquire_leadership, uow_factory, holder, clock(), lease_ttl)
-                if epoch is not None:
-                    log.info("scheduler %s leads with epoch %d", holder, epoch)
+            epoch = await term.ensure()
             if epoch is not None:
                 result = await asyncio.to_thread(
-                    run_cycle, uow_factory, holder, epoch, policy, prefix, clock(), lease_ttl, check_invariants
+                    run_cycle, uow_factory, term.holder, epoch, policy, prefix, clock(), lease_ttl, check_invariants
                 )
                 if result.admitted:
                     log.info("cycle: admitted %d, %d pending", result.admitted, result.pending)
         except LostLeadership as exc:
             log.warning("%s", exc)
-            epoch = None
+            term.lose()
         except Exception:
             log.exception("scheduler cycle failed; retrying")
         await sleep_or_stop(stop, interval)
-    if epoch is not None:
-        await asyncio.to_thread(release_leadership, uow_factory, holder, epoch)
+    await term.release()
 
 
 IDLE_LEASE = "idle"
@@ -125,6 +183,9 @@ async def report_loop(
         await sleep_or_stop(stop, interval)
 
 
+DISPATCHER_LEASE = "dispatcher"
+
+
 async def dispatcher_loop(
     uow_factory: UnitOfWorkFactory,
     drivers: Callable[[], Mapping[str, ClusterDriver]],
@@ -133,20 +194,35 @@ async def dispatcher_loop(
     stop: asyncio.Event,
     interval: float,
     orphan_interval: float,
+    lease_ttl: float = 15.0,
+    on_lead: Callable[[bool], None] | None = None,
 ) -> None:
+    """One dispatcher works at a time (a lease, renewed while it works); others stand by and take
+    over when its lease runs out. `on_lead(True/False)` is told when this process starts or stops
+    dispatching (the simulated clusters live with the dispatcher that holds the lease). A deposed
+    dispatcher that is mid-pass can only repeat applies, which are idempotent (objects are named
+    after the run: AlreadyExists is success)."""
+    term = LeaseTerm(uow_factory, DISPATCHER_LEASE, holder_id("dispatcher"), clock, lease_ttl)
     loop = asyncio.get_running_loop()
     next_gc = loop.time() + min(orphan_interval, 5.0)
+    leading = False
     while not stop.is_set():
         try:
-            stats = await dispatch_once(uow_factory, drivers(), prefix, clock)
-            if stats.applied or stats.torn_down:
-                log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
-            if loop.time() >= next_gc:
-                await collect_orphans(uow_factory, drivers())
-                next_gc = loop.time() + orphan_interval
+            now_leading = await term.ensure() is not None
+            if now_leading != leading and on_lead is not None:
+                on_lead(now_leading)
+            leading = now_leading
+            if leading:
+                stats = await dispatch_once(uow_factory, drivers(), prefix, clock)
+                if stats.applied or stats.torn_down:
+                    log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
+                if loop.time() >= next_gc:
+                    await collect_orphans(uow_factory, drivers())
+                    next_gc = loop.time() + orphan_interval
         except Exception:
             log.exception("dispatcher pass failed; retrying")
         await sleep_or_stop(stop, interval)
+    await term.release()
 
 
 async def periodic_loop(name: str, step: Callable[[], Awaitable[object]], stop: asyncio.Event, interval: float) -> None:
@@ -171,21 +247,15 @@ async def relay_loop(
     interval: float,
     lease_ttl: float = 15.0,
 ) -> None:
-    """One relay publishes at a time (a lease keeps events in commit order); others stand by."""
-    holder = holder_id("relay")
+    """One relay publishes at a time (a lease, renewed while it works, keeps events in commit
+    order even when publishing stalls on a NATS outage); others stand by."""
+    term = LeaseTerm(uow_factory, RELAY_LEASE, holder_id("relay"), clock, lease_ttl)
     loop = asyncio.get_running_loop()
     next_housekeeping = loop.time()
-    renew_at = loop.time()
-    epoch: int | None = None
     while not stop.is_set():
         sent = 0
         try:
-            if epoch is None or loop.time() >= renew_at:
-                epoch = await asyncio.to_thread(
-                    acquire_leadership, uow_factory, holder, clock(), lease_ttl, RELAY_LEASE
-                )
-                renew_at = loop.time() + lease_ttl / 3
-            if epoch is not None:
+            if await term.ensure() is not None:
                 sent = await relay_once(uow_factory, publisher, clock)
                 if loop.time() >= next_housekeeping:
                     pruned = await asyncio.to_thread(housekeeping, uow_factory, clock())
@@ -195,21 +265,44 @@ async def relay_loop(
             log.exception("relay pass failed; retrying")
         if not sent:
             await sleep_or_stop(stop, interval)
-    if epoch is not None:
-        await asyncio.to_thread(release_leadership, uow_factory, holder, epoch, RELAY_LEASE)
+    await term.release()
 
 
 class InboundDelivery(Protocol):
     message: InboundMessage
 
+    @property
+    def attempt(self) -> int:
+        """How many times the message was delivered, this delivery included (1 the first time)."""
+        ...
+
     async def ack(self) -> None: ...
     async def retry_later(self, delay: float) -> None: ...
+    async def hold(self) -> None:
+        """Tell the server the message is still being worked on, so it is not redelivered yet."""
+        ...
 
 
 class InboundSource(Protocol):
     async def fetch(self, batch: int = 64, timeout: float = 1.0) -> Sequence[InboundDelivery]: ...
     async def dead_letter(self, message: InboundMessage, reason: str) -> None: ...
     def reset(self) -> None: ...
+
+
+# While the database is down, a consumer keeps the messages it fetched (telling the server they
+# are in progress, which does not spend a delivery) and retries them with this backoff, instead
+# of letting them be redelivered: an outage must not use up the bounded redelivery budget.
+STORE_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
+
+
+async def wait_for_store(stop: asyncio.Event, attempt: int, hold: Callable[[], Awaitable[None]], what: str) -> None:
+    if attempt == 0:
+        log.warning("database unavailable; holding %s and retrying", what)
+    try:
+        await hold()
+    except Exception as exc:
+        log.warning("could not hold %s (%s); they will be redelivered", what, exc)
+    await sleep_or_stop(stop, STORE_RETRY_SECONDS[min(attempt, len(STORE_RETRY_SECONDS) - 1)])
 
 
 async def ingest_loop(
@@ -226,27 +319,71 @@ async def ingest_loop(
             source.reset()  # a pull subscription can go deaf after a server restart
             await sleep_or_stop(stop, min(5.0, 0.2 * failures))
             continue
-        for delivery in deliveries:
-            await handle_delivery(source, delivery, uow_factory, prefix, clock)
+        waiting = list(deliveries)
+        outage = 0
+        while waiting and not stop.is_set():
+            try:
+                await handle_delivery(source, waiting[0], uow_factory, prefix, clock)
+            except StoreUnavailable:
+                held = tuple(waiting)
+
+                async def hold_all(held: tuple[InboundDelivery, ...] = held) -> None:
+                    for delivery in held:
+                        await delivery.hold()
+
+                await wait_for_store(stop, outage, hold_all, f"{len(held)} inbound messages")
+                outage += 1
+                continue
+            outage = 0
+            waiting.pop(0)
+        for delivery in waiting:  # stopping: hand the rest back at once rather than after ack_wait
+            with contextlib.suppress(Exception):
+                await delivery.retry_later(0.0)
 
 
 async def handle_delivery(
     source: InboundSource, delivery: InboundDelivery, uow_factory: UnitOfWorkFactory, prefix: str, clock: Clock
 ) -> Outcome | None:
-    """Apply one message; ack only after the commit; never let one message stop the consumer."""
+    """Apply one message; ack only after the commit; never let one message stop the consumer.
+
+    A message that failed on `ingest.MAX_DELIVERIES` deliveries (an exception, or the consumer died
+    on it) is dead-lettered instead of being tried again. Raises `StoreUnavailable` when the
+    database is down: the caller holds the message and retries, and no delivery is spent.
+    Returns None when the message was handed back for redelivery.
+    """
+    message = delivery.message
     try:
-        result = await asyncio.to_thread(ingest.handle, uow_factory(), delivery.message, prefix, clock())
-        if result.outcome is Outcome.MALFORMED:
-            await source.dead_letter(delivery.message, result.detail)
-            log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
+        if delivery.attempt > ingest.MAX_DELIVERIES:
+            reason = f"delivered {delivery.attempt} times without being applied (the consumer failed or died on it)"
+            await source.dead_letter(message, reason)
+            log.warning("dead-lettered %s: %s", message.subject, reason)
+            await delivery.ack()
+            return Outcome.MALFORMED
+        try:
+            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock())
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            if delivery.attempt < ingest.MAX_DELIVERIES:
+                raise
+            reason = f"failed on {delivery.attempt} deliveries; last error {type(exc).__name__}: {exc}"
+            await source.dead_letter(message, reason[:1000])
+            log.warning("dead-lettered %s: %s", message.subject, reason[:1000])
+            await delivery.ack()
+            return Outcome.MALFORMED
+        if result.outcome.dead_letter:
+            await source.dead_letter(message, result.detail)
+            log.warning("dead-lettered %s: %s", message.subject, result.detail)
         await delivery.ack()
         return result.outcome
+    except StoreUnavailable:
+        raise
     except Exception:
-        log.exception("ingest of %s failed; it will be redelivered", delivery.message.subject)
+        log.exception("ingest of %s failed (delivery %d); it will be redelivered", message.subject, delivery.attempt)
         try:
             await delivery.retry_later(2.0)
         except Exception:
-            log.warning("could not nak %s; it returns after ack_wait", delivery.message.subject)
+            log.warning("could not nak %s; it returns after ack_wait", message.subject)
         return None
 
 
@@ -257,12 +394,16 @@ class TelemetryDelivery(Protocol):
     @property
     def published_at(self) -> float | None: ...
 
+    @property
+    def attempt(self) -> int: ...
+
 
 class TelemetrySource(Protocol):
     async def fetch(self, batch: int, timeout: float) -> Sequence[TelemetryDelivery]: ...
     # Each source acks its own deliveries (the ones its fetch returned), hence `Any` here.
     async def ack(self, deliveries: Sequence[Any]) -> None: ...
     async def retry_later(self, deliveries: Sequence[Any], delay: float) -> None: ...
+    async def hold(self, deliveries: Sequence[Any]) -> None: ...
     async def dead_letter(self, message: telemetry.BatchMessage, reason: str) -> None: ...
     def reset(self) -> None: ...
 
@@ -310,8 +451,20 @@ async def telemetry_loop(
             source.reset()  # a pull subscription can go deaf after a server restart
             await sleep_or_stop(stop, min(5.0, 0.2 * failures))
             continue
-        if deliveries:
-            await handle_telemetry(source, deliveries, uow_factory, prefix, clock, window_seconds, observer)
+        outage = 0
+        while deliveries and not stop.is_set():
+            try:
+                await handle_telemetry(source, deliveries, uow_factory, prefix, clock, window_seconds, observer)
+            except StoreUnavailable:
+                held = tuple(deliveries)
+
+                async def hold_all(held: tuple[TelemetryDelivery, ...] = held) -> None:
+                    await source.hold(held)
+
+                await wait_for_store(stop, outage, hold_all, f"{len(held)} telemetry batches")
+                outage += 1
+                continue
+            break
         if loop.time() >= next_prune:
             next_prune = loop.time() + TELEMETRY_PRUNE_SECONDS
             try:
@@ -331,13 +484,38 @@ async def handle_telemetry(
     window_seconds: int = telemetry.DEFAULT_WINDOW_SECONDS,
     observer: BatchObserver | None = None,
 ) -> telemetry.BatchResult | None:
-    """One transaction for the whole fetch; malformed batches dead-lettered; acks only after commit."""
+    """One transaction for the whole fetch; malformed batches dead-lettered; acks only after commit.
+
+    A failing transaction is retried later as a whole the first time; when it holds messages
+    delivered before, each is tried alone so one poison message cannot hold back the others, and
+    a message that failed on `telemetry.MAX_DELIVERIES` deliveries is dead-lettered. Raises
+    `StoreUnavailable` when the database is down (the caller holds the messages and retries).
+    Returns None when (some) messages were handed back or handled one by one.
+    """
+    worn = [d for d in deliveries if d.attempt > telemetry.MAX_DELIVERIES]
+    if worn:
+        for delivery in worn:
+            await _dead_letter_telemetry(source, delivery, f"delivered {delivery.attempt} times without being applied")
+        deliveries = [d for d in deliveries if d.attempt <= telemetry.MAX_DELIVERIES]
+        if not deliveries:
+            return None
     messages = [d.message for d in deliveries]
     try:
         result = await asyncio.to_thread(
             telemetry.handle_batch, uow_factory(), messages, prefix, clock(), window_seconds
         )
-    except Exception:
+    except StoreUnavailable:
+        raise
+    except Exception as exc:
+        if len(deliveries) > 1 and any(d.attempt > 1 for d in deliveries):
+            log.warning("telemetry batch of %d messages failed again; trying them one by one", len(deliveries))
+            for delivery in deliveries:
+                await handle_telemetry(source, [delivery], uow_factory, prefix, clock, window_seconds, observer)
+            return None
+        if len(deliveries) == 1 and deliveries[0].attempt >= telemetry.MAX_DELIVERIES:
+            reason = f"failed on {deliveries[0].attempt} deliveries; last error {type(exc).__name__}: {exc}"
+            await _dead_letter_telemetry(source, deliveries[0], reason[:1000])
+            return None
         log.exception("telemetry batch of %d messages failed; they will be redelivered", len(deliveries))
         try:
             await source.retry_later(deliveries, 2.0)
@@ -346,7 +524,7 @@ async def handle_telemetry(
         return None
     to_ack: list[TelemetryDelivery] = []
     for delivery, (outcome, detail) in zip(deliveries, result.outcomes, strict=True):
-        if outcome is telemetry.Outcome.MALFORMED:
+        if outcome.dead_letter:
             try:
                 await source.dead_letter(delivery.message, detail)
             except Exception:
@@ -362,3 +540,13 @@ async def handle_telemetry(
     if observer is not None:
         observer(deliveries, result)
     return result
+
+
+async def _dead_letter_telemetry(source: TelemetrySource, delivery: TelemetryDelivery, reason: str) -> None:
+    try:
+        await source.dead_letter(delivery.message, reason)
+        await source.ack([delivery])
+    except Exception:
+        log.warning("could not dead-letter %s; it will be redelivered", delivery.message.subject)
+        return
+    log.warning("dead-lettered %s: %s", delivery.message.subject, reason)

@@ -150,7 +150,7 @@ def test_idempotent_submit_returns_the_same_workload(client: TestClient, admin: 
         ({"labels": {"gpufleet.io/epoch": "7"}}, "set by gpufleet"),
         ({"labels": {"kueue.x-k8s.io/queue-name": "other"}}, "set by gpufleet or the controllers it drives"),
         ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "set by gpufleet or the controllers it drives"),
-        ({"labels": {"project": "not a label value"}}, "is not a valid Kubernetes label"),
+        ({"labels": {"project": "not a label value"}}, "label 'project' value"),
         ({"state": "running"}, "Extra inputs are not permitted"),
     ],
 )

@@ -149,7 +149,7 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
         assert stats.torn_down == 1
         assert kube.objects_of(JOBS, "gpufleet") == []
         subjects = [s for (s,) in _sql(wiring, "SELECT subject FROM outbox")]
-        assert f"{prefix}.events.workload.{tenant.queue}.requeued" in subjects
+        assert f"{prefix}.events.workload.{tenant.team}.{tenant.queue}.requeued" in subjects
         for f in (fleet, restarted):
             asyncio.run(f.close())
     finally:

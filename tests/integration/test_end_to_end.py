@@ -12,7 +12,7 @@ import httpx
 import nats
 import pytest
 
-from adapters.nats.server import NatsServerProcess, free_port
+from adapters.nats.server import free_port
 from controlplane.bootstrap import COMPONENTS, Wiring, run_components, utc_now
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
@@ -32,22 +32,23 @@ async def _until(predicate: object, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.timeout(180)
-async def test_gangs_flow_end_to_end_by_rest_and_by_nats(settings: Settings, running_nats: NatsServerProcess) -> None:
-    settings = settings.model_copy(update={"api_port": free_port()})
+async def test_gangs_flow_end_to_end_by_rest_and_by_nats(secure_settings: Settings) -> None:
+    """Over an authenticated NATS: the team connects with its API token, submits on its own subject
+    and reads its own events; the simulated cluster reports with its own cluster credential."""
+    settings = secure_settings.model_copy(update={"api_port": free_port()})
     prefix = settings.subject_prefix
     wiring = Wiring(settings)
     _, admin_token = issue_token(wiring.uow(), TokenSpec(name="e2e", role="admin"), "test", utc_now())
     wiring.close()
     stop = asyncio.Event()
     plane = asyncio.create_task(run_components(settings, COMPONENTS, stop))
-    nc = await nats.connect(running_nats.url)
+    nc: nats.aio.client.Client | None = None
     events: dict[str, list[str]] = defaultdict(list)
 
     async def on_event(msg: nats.aio.msg.Msg) -> None:
         envelope = json.loads(msg.data)
         events[envelope["data"].get("workload_id", "-")].append(msg.subject.rsplit(".", 1)[1])
 
-    await nc.subscribe(f"{prefix}.events.workload.>", cb=on_event)
     base = f"http://127.0.0.1:{settings.api_port}"
     admin = {"Authorization": f"Bearer {admin_token}"}
     try:
@@ -69,6 +70,8 @@ async def test_gangs_flow_end_to_end_by_rest_and_by_nats(settings: Settings, run
             assert r.status_code == 201
             token = (await api.post("/v1/tokens", json={"name": "ci", "team": "llm"}, headers=admin)).json()["token"]
             team = {"Authorization": f"Bearer {token}"}
+            nc = await nats.connect(settings.nats_url, token=token, inbox_prefix="_INBOX.team-llm")
+            await nc.subscribe(f"{prefix}.events.workload.llm.>", cb=on_event)
 
             by_rest = await api.post(
                 "/v1/workloads", json=gang("by-rest", "llm-train", duration_seconds=1), headers=team
@@ -76,7 +79,7 @@ async def test_gangs_flow_end_to_end_by_rest_and_by_nats(settings: Settings, run
             assert by_rest.status_code == 201, by_rest.text
             body = json.dumps(gang("by-nats", "llm-train", duration_seconds=1)).encode()
             js = nc.jetstream()
-            await js.publish(f"{prefix}.submit.llm-train", body, headers={**team, "Nats-Msg-Id": f"e2e-{prefix}"})
+            await js.publish(f"{prefix}.submit.llm.llm-train", body, headers={"Gpufleet-Msg-Id": f"e2e-{prefix}"})
 
             async def both_succeeded() -> bool:
                 listed = (await api.get("/v1/workloads", headers=team)).json()
@@ -99,4 +102,5 @@ async def test_gangs_flow_end_to_end_by_rest_and_by_nats(settings: Settings, run
     finally:
         stop.set()
         await asyncio.wait_for(plane, 30)
-        await nc.close()
+        if nc is not None:
+            await nc.close()

@@ -14,6 +14,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from adapters.nats import secrets as nats_secrets
 from adapters.nats.connection import JetStreamPublisher
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
@@ -28,8 +29,10 @@ from tests.integration.fleet import Tenant, gang
 
 
 @pytest.fixture
-async def js(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[JetStreamContext]:
-    nc: Client = await nats.connect(running_nats.url)
+async def js(secure_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[JetStreamContext]:
+    """The control plane's own connection to a nats-server with authentication."""
+    secrets = nats_secrets.load(secure_nats.secrets_file)  # type: ignore[attr-defined]
+    nc: Client = await nats.connect(secure_nats.url, user=secrets.control_user, password=secrets.control_password)
     context = nc.jetstream()
     # Streams are named per installation; each test gets its own subject prefix, so recreate them.
     for name in ("GPUFLEET_IN", "GPUFLEET_EVENTS", "GPUFLEET_DLQ"):
@@ -62,7 +65,9 @@ async def test_submit_over_nats_creates_the_workload_and_acks_after_commit(
 ) -> None:
     prefix = wiring.settings.subject_prefix
     body = json.dumps(gang("from-nats", tenant.queue)).encode()
-    await js.publish(f"{prefix}.submit.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "req-1"})
+    await js.publish(
+        f"{prefix}.submit.{tenant.team}.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "req-1"}
+    )
     inbound = JetStreamInbound(js, prefix)
     assert await _drain(inbound, wiring, 1) == [ingest.Outcome.APPLIED]
     with wiring.uow() as uow:
@@ -76,7 +81,10 @@ async def test_submit_over_nats_creates_the_workload_and_acks_after_commit(
 async def test_redelivered_message_is_a_no_op(wiring: Wiring, tenant: Tenant) -> None:
     prefix = wiring.settings.subject_prefix
     message = ingest.InboundMessage(
-        f"{prefix}.submit.{tenant.queue}", json.dumps(gang("once", tenant.queue)).encode(), tenant.headers, "m-7"
+        f"{prefix}.submit.{tenant.team}.{tenant.queue}",
+        json.dumps(gang("once", tenant.queue)).encode(),
+        tenant.headers,
+        "m-7",
     )
     first = ingest.handle(wiring.uow(), message, prefix, utc_now())
     again = ingest.handle(wiring.uow(), message, prefix, utc_now())
@@ -90,19 +98,24 @@ async def test_malformed_message_goes_to_dead_letter_and_consumer_continues(
     js: JetStreamContext, wiring: Wiring, tenant: Tenant
 ) -> None:
     prefix = wiring.settings.subject_prefix
-    await js.publish(f"{prefix}.submit.{tenant.queue}", b"{not json", headers={"Nats-Msg-Id": "bad-1"})
+    await js.publish(f"{prefix}.submit.{tenant.team}.{tenant.queue}", b"{not json", headers={"Nats-Msg-Id": "bad-1"})
     await js.publish(f"{prefix}.cluster.nowhere.pods", b'{"run_id": 5}', headers={"Nats-Msg-Id": "bad-2"})
     good = json.dumps(gang("after-poison", tenant.queue)).encode()
-    await js.publish(f"{prefix}.submit.{tenant.queue}", good, headers={**tenant.headers, "Nats-Msg-Id": "ok-1"})
+    await js.publish(
+        f"{prefix}.submit.{tenant.team}.{tenant.queue}", good, headers={**tenant.headers, "Nats-Msg-Id": "ok-1"}
+    )
     inbound = JetStreamInbound(js, prefix)
     outcomes = await _drain(inbound, wiring, 3)
     assert outcomes == [ingest.Outcome.MALFORMED, ingest.Outcome.MALFORMED, ingest.Outcome.APPLIED]
     dlq = await js.pull_subscribe(f"{prefix}.dlq.>", durable="dlq-reader", stream=DLQ_STREAM)
     dead = await dlq.fetch(2, timeout=2)
-    assert [m.subject for m in dead] == [f"{prefix}.dlq.submit.{tenant.queue}", f"{prefix}.dlq.cluster.nowhere.pods"]
+    assert [m.subject for m in dead] == [
+        f"{prefix}.dlq.submit.{tenant.team}.{tenant.queue}",
+        f"{prefix}.dlq.cluster.nowhere.pods",
+    ]
     assert dead[0].data == b"{not json"
     assert dead[0].headers is not None
-    assert "not a JSON object" in dead[0].headers["Gpufleet-Dlq-Reason"]
+    assert "not JSON" in dead[0].headers["Gpufleet-Dlq-Reason"]
     assert dead[1].headers is not None
     assert "run_id" in dead[1].headers["Gpufleet-Dlq-Reason"]
     assert _count(wiring, WorkloadRow) == 1
@@ -112,15 +125,15 @@ async def test_rejected_submission_produces_a_rejection_event(
     js: JetStreamContext, wiring: Wiring, tenant: Tenant
 ) -> None:
     prefix = wiring.settings.subject_prefix
-    events = await js.pull_subscribe(f"{prefix}.events.workload.*.rejected", durable="rej", stream="GPUFLEET_EVENTS")
+    events = await js.pull_subscribe(f"{prefix}.events.workload.*.*.rejected", durable="rej", stream="GPUFLEET_EVENTS")
     too_big = json.dumps(gang("huge", tenant.queue, replicas=40)).encode()
     cases = [
-        (too_big, tenant.headers, "no cluster in the fleet could ever hold"),
-        (json.dumps(gang("anon", tenant.queue)).encode(), {}, "missing or invalid API token"),
-        (json.dumps({"name": "x", "queue": tenant.queue, "pod_sets": []}).encode(), tenant.headers, "pod_sets"),
+        (too_big, tenant.team, "no cluster in the fleet could ever hold"),
+        (json.dumps(gang("anon", tenant.queue)).encode(), "no-such-team", "no team 'no-such-team'"),
+        (json.dumps({"name": "x", "queue": tenant.queue, "pod_sets": []}).encode(), tenant.team, "pod_sets"),
     ]
-    for i, (body, headers, _) in enumerate(cases):
-        await js.publish(f"{prefix}.submit.{tenant.queue}", body, headers={**headers, "Nats-Msg-Id": f"r-{i}"})
+    for i, (body, team, _) in enumerate(cases):
+        await js.publish(f"{prefix}.submit.{team}.{tenant.queue}", body, headers={"Gpufleet-Msg-Id": f"r-{i}"})
     inbound = JetStreamInbound(js, prefix)
     assert await _drain(inbound, wiring, 3) == [ingest.Outcome.REJECTED] * 3
     assert await relay_once(wiring.uow, JetStreamPublisher(js), utc_now) == 3
@@ -138,7 +151,10 @@ async def test_relay_publishes_with_outbox_id_as_msg_id_exactly_once(
     prefix = wiring.settings.subject_prefix
     sub = await js.pull_subscribe(f"{prefix}.events.>", durable="all-events", stream="GPUFLEET_EVENTS")
     message = ingest.InboundMessage(
-        f"{prefix}.submit.{tenant.queue}", json.dumps(gang("evented", tenant.queue)).encode(), tenant.headers, "e-1"
+        f"{prefix}.submit.{tenant.team}.{tenant.queue}",
+        json.dumps(gang("evented", tenant.queue)).encode(),
+        tenant.headers,
+        "e-1",
     )
     ingest.handle(wiring.uow(), message, prefix, utc_now())
     publisher = JetStreamPublisher(js)
@@ -146,7 +162,7 @@ async def test_relay_publishes_with_outbox_id_as_msg_id_exactly_once(
     assert await relay_once(wiring.uow, publisher, utc_now) == 0
     [msg] = await sub.fetch(1, timeout=2)
     envelope = json.loads(msg.data)
-    assert msg.subject == f"{prefix}.events.workload.{tenant.queue}.queued"
+    assert msg.subject == f"{prefix}.events.workload.{tenant.team}.{tenant.queue}.queued"
     assert msg.headers is not None
     assert msg.headers["Nats-Msg-Id"] == envelope["id"]
     assert envelope["type"] == "workload.queued"
@@ -178,7 +194,10 @@ async def test_relay_failure_keeps_the_row_and_retries_with_the_same_msg_id(
     prefix = wiring.settings.subject_prefix
     for i in range(2):
         message = ingest.InboundMessage(
-            f"{prefix}.submit.{tenant.queue}", json.dumps(gang(f"w{i}", tenant.queue)).encode(), tenant.headers, f"f{i}"
+            f"{prefix}.submit.{tenant.team}.{tenant.queue}",
+            json.dumps(gang(f"w{i}", tenant.queue)).encode(),
+            tenant.headers,
+            f"f{i}",
         )
         ingest.handle(wiring.uow(), message, prefix, utc_now())
     flaky = FlakyPublisher(JetStreamPublisher(js), failures=1)
@@ -214,7 +233,9 @@ async def test_message_is_not_acked_when_the_database_fails_and_is_redelivered(
 ) -> None:
     prefix = wiring.settings.subject_prefix
     body = json.dumps(gang("survives-outage", tenant.queue)).encode()
-    await js.publish(f"{prefix}.submit.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "o-1"})
+    await js.publish(
+        f"{prefix}.submit.{tenant.team}.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "o-1"}
+    )
     inbound = JetStreamInbound(js, prefix)
     flaky = FailingFirst(wiring.uow, 1)
     [delivery] = await inbound.fetch(timeout=2)
@@ -235,7 +256,10 @@ async def test_message_is_not_acked_when_the_database_fails_and_is_redelivered(
 async def test_only_one_relay_publishes_at_a_time(js: JetStreamContext, wiring: Wiring, tenant: Tenant) -> None:
     prefix = wiring.settings.subject_prefix
     message = ingest.InboundMessage(
-        f"{prefix}.submit.{tenant.queue}", json.dumps(gang("one", tenant.queue)).encode(), tenant.headers, "l-1"
+        f"{prefix}.submit.{tenant.team}.{tenant.queue}",
+        json.dumps(gang("one", tenant.queue)).encode(),
+        tenant.headers,
+        "l-1",
     )
     ingest.handle(wiring.uow(), message, prefix, utc_now())
     recorders = [FlakyPublisher(JetStreamPublisher(js), failures=0) for _ in range(2)]
@@ -256,7 +280,10 @@ def test_housekeeping_prunes_published_events_and_old_inbox_rows(wiring: Wiring,
     long_ago = utc_now() - timedelta(days=9)
     for i in range(2):
         message = ingest.InboundMessage(
-            f"{prefix}.submit.{tenant.queue}", json.dumps(gang(f"h{i}", tenant.queue)).encode(), tenant.headers, f"h{i}"
+            f"{prefix}.submit.{tenant.team}.{tenant.queue}",
+            json.dumps(gang(f"h{i}", tenant.queue)).encode(),
+            tenant.headers,
+            f"h{i}",
         )
         ingest.handle(wiring.uow(), message, prefix, long_ago if i == 0 else utc_now())
     with wiring.uow() as uow:

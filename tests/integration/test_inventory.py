@@ -110,7 +110,11 @@ async def test_simulated_cluster_reports_unknown_nodes_and_creates_none(wiring: 
     assert outcome is Outcome.APPLIED
     assert detail == "0 nodes changed; unknown nodes: ghost-1"
     assert _nodes(wiring) == before
-    assert _send(wiring, _report(utc_now(), ghost={}), "m2", cluster="nowhere")[1] == "unknown cluster"
+    # A cluster gpufleet does not know: dead-lettered, nothing stored.
+    assert _send(wiring, _report(utc_now(), ghost={}), "m2", cluster="nowhere") == (
+        Outcome.UNKNOWN,
+        "inventory for unknown cluster 'nowhere'",
+    )
 
 
 async def test_simulated_cluster_reports_the_nodes_it_knows(wiring: Wiring, tenant: Tenant, tmp_path: Path) -> None:

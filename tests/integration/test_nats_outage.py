@@ -12,6 +12,7 @@ import httpx
 import nats
 import pytest
 
+from adapters.nats import secrets as nats_secrets
 from adapters.nats.server import NatsServerProcess, free_port
 from controlplane.bootstrap import COMPONENTS, Wiring, run_components, utc_now
 from controlplane.config import Settings
@@ -21,8 +22,11 @@ from tests.integration.fleet import gang, h100_cluster
 
 
 @pytest.mark.timeout(180)
-async def test_plane_survives_a_nats_restart(settings: Settings, running_nats: NatsServerProcess) -> None:
-    settings = settings.model_copy(update={"api_port": free_port()})
+async def test_plane_survives_a_nats_restart(secure_settings: Settings, secure_nats: NatsServerProcess) -> None:
+    """With authentication on: after the restart the callout reconnects and the simulated clusters'
+    connections are authorized again."""
+    settings = secure_settings.model_copy(update={"api_port": free_port()})
+    running_nats = secure_nats
     wiring = Wiring(settings)
     _, admin_token = issue_token(wiring.uow(), TokenSpec(name="a", role="admin"), "test", utc_now())
     wiring.close()
@@ -73,10 +77,11 @@ async def test_plane_survives_a_nats_restart(settings: Settings, running_nats: N
                 await asyncio.sleep(0.2)
             assert await states() == Counter({"succeeded": len(ids)})
 
-        nc = await nats.connect(running_nats.url)
+        secrets = nats_secrets.load(settings.nats_secrets_file)  # type: ignore[arg-type]
+        nc = await nats.connect(running_nats.url, user=secrets.control_user, password=secrets.control_password)
         js = nc.jetstream()
         sub = await js.pull_subscribe(
-            f"{settings.subject_prefix}.events.workload.>",
+            f"{settings.subject_prefix}.events.workload.>",  # <team>.<queue>.<event>
             durable=f"audit-{settings.subject_prefix}",
             stream="GPUFLEET_EVENTS",
         )

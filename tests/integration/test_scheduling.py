@@ -132,4 +132,4 @@ def test_preemption_requeues_the_victim_tears_it_down_and_tells_consumers(
     with wiring.uow() as uow:
         assert [t.run_id for t in uow.runs.to_teardown(10)] == [victim["runs"][0]["id"]]
         subjects = [s for _, s, _ in uow.outbox.unpublished(100)]
-    assert f"{wiring.settings.subject_prefix}.events.workload.{tenant.queue}.preempted" in subjects
+    assert f"{wiring.settings.subject_prefix}.events.workload.{tenant.team}.{tenant.queue}.preempted" in subjects

@@ -93,9 +93,15 @@ def test_sigkill_mid_run_loses_nothing_and_dispatches_nothing_twice(tmp_path: Pa
         nats_pids = [
             int(p)
             for p in subprocess.run(
-                ["pgrep", "-f", f"nats-server -a 127.0.0.1 -p {nats_port}"], capture_output=True, text=True, check=False
+                ["pgrep", "-f", f"nats-server -c {state / 'nats' / 'gpufleet-nats.conf'}"],
+                capture_output=True,
+                text=True,
+                check=False,
             ).stdout.split()
         ]
+        assert nats_pids, "the embedded nats-server runs with its generated, authenticated config"
+        for secret in (state / "nats-secrets.json", state / "nats" / "gpufleet-nats.conf"):
+            assert secret.stat().st_mode & 0o777 == 0o600, secret
         up.send_signal(signal.SIGKILL)
         up.wait(10)
         deadline = time.monotonic() + 10

@@ -1,4 +1,5 @@
-"""Telemetry through the real session nats-server into the database, on PostgreSQL and SQLite."""
+"""Telemetry through a real nats-server with authentication (connected as the control plane) into
+the database, on PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import nats
 import pytest
 from nats.aio.client import Client
 
 from adapters.dcgm.consumer import JetStreamTelemetrySource
+from adapters.nats import secrets as nats_secrets
 from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import DLQ_STREAM, TELEMETRY_CONSUMER, TELEMETRY_STREAM, ensure_topology
 from controlplane.bootstrap import Wiring, utc_now
@@ -20,11 +23,19 @@ from controlplane.service import telemetry
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.telemetry import BatchResult, GpuSample, WindowQuery, encode_batch
 from controlplane.workers.loops import TelemetryDelivery, handle_telemetry, telemetry_loop
+from tests.telemetry.known import register
+
+
+@pytest.fixture(autouse=True)
+def _known_clusters_and_runs(wiring: Wiring) -> None:
+    """Ingest keeps only telemetry of registered clusters and of their own runs."""
+    register(wiring, "east", "run-1")
 
 
 @pytest.fixture
-async def nc(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[Client]:
-    client = await nats.connect(running_nats.url)
+async def nc(secure_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[Client]:
+    secrets = nats_secrets.load(secure_nats.secrets_file)  # type: ignore[attr-defined]
+    client = await nats.connect(secure_nats.url, user=secrets.control_user, password=secrets.control_password)
     js = client.jetstream()
     # Streams are named per installation; each test gets its own subject prefix, so recreate them.
     for name in ("GPUFLEET_IN", "GPUFLEET_EVENTS", DLQ_STREAM, TELEMETRY_STREAM):
@@ -76,11 +87,11 @@ async def test_published_batches_become_windows_and_are_all_acked(wiring: Wiring
     js = nc.jetstream()
     now = datetime.now(UTC).timestamp()
     subject = telemetry.telemetry_subject(prefix, "east")
-    await js.publish(subject, encode_batch("east", _samples("run-1", now - 20, 0.25)), headers={"Nats-Msg-Id": "a"})
-    await js.publish(subject, encode_batch("east", _samples("run-1", now - 10, 0.75)), headers={"Nats-Msg-Id": "b"})
-    # A duplicate publish inside the dedup window is dropped by the stream itself.
-    await js.publish(subject, encode_batch("east", _samples("run-1", now - 10, 0.75)), headers={"Nats-Msg-Id": "b"})
-    results = await _run_until(wiring, nc, 2)
+    ids = ("a", "b", "b")  # the second "b" is a retry: the inbox (per cluster) applies it once
+    for msg_id, (ago, busy) in zip(ids, ((20, 0.25), (10, 0.75), (10, 0.75)), strict=True):
+        body = encode_batch("east", _samples("run-1", now - ago, busy))
+        await js.publish(subject, body, headers={"Gpufleet-Msg-Id": msg_id})
+    results = await _run_until(wiring, nc, 3)
     assert sum(r.samples for r in results) == 4
     windows = _stored(wiring)
     assert {w.gpu_key for w in windows} == {"east/node-1/GPU-0", "east/node-1/GPU-1"}
@@ -157,3 +168,76 @@ async def test_a_failed_commit_is_not_acked_and_the_redelivery_applies_once(wiri
     again = telemetry.handle_batch(wiring.uow(), [redelivered[0].message], prefix, utc_now())
     assert again.outcomes[0][0] is telemetry.Outcome.DUPLICATE
     assert sum(w.samples for w in _stored(wiring)) == 2
+
+
+class PoisonedWindows:
+    """A unit-of-work factory whose transaction fails whenever it holds samples of `poison-node`:
+    a payload that reaches a bug past the decoder."""
+
+    def __init__(self, wiring: Wiring) -> None:
+        self.wiring = wiring
+
+    def __call__(self) -> UnitOfWork:
+        return _Guarded(self.wiring.uow())  # type: ignore[return-value]
+
+
+class _Guarded:
+    def __init__(self, inner: UnitOfWork) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __enter__(self) -> _Guarded:
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.inner.__exit__(*exc)
+
+    @property
+    def telemetry(self) -> Any:
+        repo = self.inner.telemetry
+
+        class Repo:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(repo, name)
+
+            def merge_windows(self, windows: Sequence[telemetry.TelemetryWindow], now: datetime) -> None:
+                if any(w.node == "poison-node" for w in windows):
+                    raise RuntimeError("a bug this batch reaches")
+                repo.merge_windows(windows, now)
+
+        return Repo()
+
+
+async def test_a_batch_that_keeps_failing_is_isolated_and_dead_lettered(wiring: Wiring, nc: Client) -> None:
+    prefix = wiring.settings.subject_prefix
+    js = nc.jetstream()
+    now = datetime.now(UTC).timestamp()
+    subject = telemetry.telemetry_subject(prefix, "east")
+    poison = [dataclasses.replace(s, node="poison-node") for s in _samples("run-1", now, 0.5)]
+    await js.publish(subject, encode_batch("east", _samples("run-1", now - 30, 0.5)), headers={"Nats-Msg-Id": "g1"})
+    await js.publish(subject, encode_batch("east", poison), headers={"Nats-Msg-Id": "p1"})
+    await js.publish(subject, encode_batch("east", _samples("run-1", now - 20, 0.5)), headers={"Nats-Msg-Id": "g2"})
+    stop = asyncio.Event()
+    source = JetStreamTelemetrySource(nc, prefix)
+    loop = asyncio.create_task(telemetry_loop(source, PoisonedWindows(wiring), prefix, utc_now, stop))
+    dlq = await js.pull_subscribe(f"{prefix}.dlq.>", durable="telemetry-poison", stream=DLQ_STREAM)
+    dead: list[Any] = []
+    try:
+        for _ in range(60):
+            with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+                dead.extend(await dlq.fetch(1, timeout=0.5))
+            if dead:
+                break
+    finally:
+        stop.set()
+        await loop
+    # The good batches landed as soon as the mixed batch was tried one by one (second delivery).
+    assert sum(w.samples for w in _stored(wiring)) == 4
+    assert len(dead) == 1
+    assert dead[0].headers["Gpufleet-Original-Subject"] == subject
+    assert f"failed on {telemetry.MAX_DELIVERIES} deliveries" in dead[0].headers["Gpufleet-Dlq-Reason"]
+    info = await js.consumer_info(TELEMETRY_STREAM, "telemetry")
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)

@@ -19,9 +19,16 @@ from controlplane.service.telemetry import (
     fold,
     handle_batch,
 )
+from tests.telemetry.known import register
 
 T0 = 1_767_600_000.0
 NOW = datetime.fromtimestamp(T0 + 900, UTC)
+
+
+@pytest.fixture(autouse=True)
+def _known_clusters_and_runs(wiring: Wiring) -> None:
+    """Ingest keeps only telemetry of registered clusters and of their own runs."""
+    register(wiring, "c1", "run-a", "run-b")
 
 
 def s(t: float, run: str | None = "run-a", gpu: int = 0, **metrics: float) -> GpuSample:

@@ -208,7 +208,7 @@ def _first(**changes: object) -> bytes:
         (
             b'{"schema": "gpufleet.dcgm/v1", "cluster": "c1", "fields": ["sm_active"], "samples": '
             b'[["n1", "GPU-0", 0, 1767600001.0, null, null, null, null, null, null, [NaN]]]}',
-            "values[0]",
+            "NaN is not a number",
         ),
     ],
 )
@@ -228,11 +228,22 @@ def test_unknown_fields_are_ignored_and_fields_may_come_in_any_order() -> None:
     assert decoded.metrics == {"power_w": 250.0, "sm_active": 0.75}
 
 
-def test_sentinels_and_infinities_on_the_wire_are_dropped_not_refused() -> None:
-    data = _first(values=[0.5, None, None, None, None, None, 140737488355328.0, None]).replace(b"0.5,", b"Infinity,")
+def test_sentinels_on_the_wire_are_dropped_and_infinities_refused() -> None:
+    data = _first(values=[0.5, None, None, None, None, None, 140737488355328.0, None])
     [decoded] = decode_batch(data, "c1", NOW)
-    assert decoded.metrics == {}
+    assert decoded.metrics == {"sm_active": 0.5}
     assert decoded.timestamp == T0 + 1
+    # Non-finite numbers are refused on every consumer (the shared decoder); an agent that read
+    # an infinity sends null (see `encode_batch`).
+    for literal in (b"Infinity,", b"1e999,", b"-Infinity,"):
+        with pytest.raises(MalformedBatch, match="infinit"):
+            decode_batch(data.replace(b"0.5,", literal), "c1", NOW)
+
+
+def test_encode_writes_non_finite_readings_as_null() -> None:
+    sample = GpuSample("c1", "n", "GPU-0", 0, T0 + 1, {"sm_active": float("inf"), "power_w": float("nan")})
+    [decoded] = decode_batch(encode_batch("c1", [sample]), "c1", NOW)
+    assert decoded.metrics == {}
 
 
 def test_encode_refuses_samples_of_another_cluster() -> None:
