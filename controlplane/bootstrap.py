@@ -247,16 +247,29 @@ class _CloudCredentials:
     before every request (always in a worker thread), so a long-lived driver never sends a stale token.
     """
 
-    def __init__(self, provider: CloudProvider, locator: ClusterLocator, margin: float) -> None:
-        self.provider, self.locator, self.margin = provider, locator, timedelta(seconds=margin)
+    def __init__(
+        self,
+        provider: CloudProvider,
+        locator: ClusterLocator,
+        margin: float,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.provider, self.locator, self.margin, self.clock = provider, locator, timedelta(seconds=margin), clock
         self._lock = threading.Lock()
-        self.access = provider.credentials(locator)
         self.renewals = 0
+        self._renew()
+
+    def _renew(self) -> None:
+        self.access = self.provider.credentials(self.locator)
+        # A token that lives less than twice the margin (OKE's: 4 minutes, against a 5-minute
+        # default) would be renewed before every request, each a cloud API call: renew it half-way.
+        lifetime = self.access.expires_at - self.clock()
+        self._renew_before = min(self.margin, lifetime / 2)
 
     def hook(self, cfg: Any) -> None:
         with self._lock:
-            if self.access.expires_within(self.margin):
-                self.access = self.provider.credentials(self.locator)
+            if self.access.expires_within(self._renew_before, self.clock()):
+                self._renew()
                 self.renewals += 1
             cfg.api_key = {"authorization": self.access.token}
 

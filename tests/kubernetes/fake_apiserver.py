@@ -258,6 +258,7 @@ class FakeApiServer:
     events: list[Event] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     creations: list[tuple[ResourceKey, str, str]] = field(default_factory=list)  # successful POSTs
+    responses: list[tuple[str, str, int]] = field(default_factory=list)  # (method, path, status) answered
     deletions: list[tuple[ResourceKey, str, str, str | None]] = field(default_factory=list)  # + propagation
     failed_creates: list[FailedCreate] = field(default_factory=list)  # refused controller creates
     # Scheduler names someone serves; pods naming another scheduler stay Pending, untouched.
@@ -466,6 +467,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             return
 
         def _send(self, code: int, body: dict[str, Any]) -> None:
+            api.responses.append((self.command, urlsplit(self.path).path, code))
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
