@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from controlplane.domain.model import WorkloadState
+from controlplane.service.cloud_state import StalledRun
 from controlplane.service.ports import UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
@@ -34,23 +35,8 @@ def requeue_stalled_gangs(
             f"gang-start-timeout: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
             f" (limit {timeout:g}s)"
         )
-        with uow_factory() as uow:
-            if not uow.cloud.requeue_run(run.run_id, reason, now):
-                continue
-            uow.workloads.set_state(run.workload_id, NOT_RUNNING, WorkloadState.QUEUED, reason, now)
-            emit(
-                uow,
-                prefix,
-                run.queue,
-                "requeued",
-                run.workload_id,
-                now,
-                run_id=run.run_id,
-                cluster=run.cluster,
-                reason=reason,
-            )
-            uow.commit()
-        ended.append(run.run_id)
+        if _requeue(uow_factory, prefix, run, reason, now):
+            ended.append(run.run_id)
     return ended
 
 
@@ -70,21 +56,28 @@ def requeue_undispatched(
             f"dispatch-timeout: cluster {run.cluster} did not take the run {waited:.0f}s after admission"
             f" (limit {timeout:g}s; no driver for it, or it is unreachable)"
         )
-        with uow_factory() as uow:
-            if not uow.cloud.requeue_run(run.run_id, reason, now):
-                continue
-            uow.workloads.set_state(run.workload_id, NOT_RUNNING, WorkloadState.QUEUED, reason, now)
-            emit(
-                uow,
-                prefix,
-                run.queue,
-                "requeued",
-                run.workload_id,
-                now,
-                run_id=run.run_id,
-                cluster=run.cluster,
-                reason=reason,
-            )
-            uow.commit()
-        ended.append(run.run_id)
+        if _requeue(uow_factory, prefix, run, reason, now):
+            ended.append(run.run_id)
     return ended
+
+
+def _requeue(uow_factory: UnitOfWorkFactory, prefix: str, run: StalledRun, reason: str, now: datetime) -> bool:
+    """End one run and requeue its workload in one transaction, announcing `requeued` with the reason;
+    False when the run was no longer waiting (a pod report or the dispatcher got there first)."""
+    with uow_factory() as uow:
+        if not uow.cloud.requeue_run(run.run_id, reason, now):
+            return False
+        uow.workloads.set_state(run.workload_id, NOT_RUNNING, WorkloadState.QUEUED, reason, now)
+        emit(
+            uow,
+            prefix,
+            run.queue,
+            "requeued",
+            run.workload_id,
+            now,
+            run_id=run.run_id,
+            cluster=run.cluster,
+            reason=reason,
+        )
+        uow.commit()
+    return True
