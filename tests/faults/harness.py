@@ -233,7 +233,7 @@ class ReadyzProbe:
         return Counter(s for t, s in self.samples if start <= t <= end)
 
 
-def eventually(check: Callable[[], bool], timeout: float, what: str) -> float:
+def eventually(check: Callable[[], bool], timeout: float, what: str, explain: Callable[[], str] | None = None) -> float:
     """Seconds until `check()` held; fails the test after `timeout`."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -243,7 +243,13 @@ def eventually(check: Callable[[], bool], timeout: float, what: str) -> float:
         except Exception:
             pass  # the thing being waited for may still be down
         time.sleep(0.1)
-    raise AssertionError(f"not reached within {timeout:.0f} s: {what}")
+    detail = ""
+    if explain is not None:
+        try:
+            detail = f"; {explain()}"
+        except Exception as exc:  # the explanation is a courtesy; never hide the timeout behind it
+            detail = f"; (no detail: {exc!r})"
+    raise AssertionError(f"not reached within {timeout:.0f} s: {what}{detail}")
 
 
 # --- the proofs ------------------------------------------------------------------------------
@@ -266,6 +272,14 @@ def workload_states(database_url: str) -> dict[str, list[tuple[str, str]]]:
 def drained(database_url: str, acked: dict[str, str]) -> bool:
     states = workload_states(database_url)
     return all(name in states and all(s in TERMINAL for _, s in states[name]) for name in acked)
+
+
+def undrained(database_url: str, acked: dict[str, str]) -> str:
+    """What is still missing or not finished among the acknowledged submissions (for failures)."""
+    states = workload_states(database_url)
+    missing = sorted(name for name in acked if name not in states)
+    open_ = {name: states[name] for name in acked if name in states and any(s not in TERMINAL for _, s in states[name])}
+    return f"without a workload: {missing}; not finished: {open_}"
 
 
 def verify_after_drain(database_url: str, sim_dir: Path, events: list[dict[str, Any]], acked: dict[str, str]) -> None:

@@ -21,7 +21,16 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from adapters.nats.server import free_port
-from tests.faults.harness import Figures, Load, ReadyzProbe, drained, eventually, read_events, verify_after_drain
+from tests.faults.harness import (
+    Figures,
+    Load,
+    ReadyzProbe,
+    drained,
+    eventually,
+    read_events,
+    undrained,
+    verify_after_drain,
+)
 
 ENV = {
     "GPUFLEET_SCHEDULER_INTERVAL": "0.2",
@@ -129,7 +138,7 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
         eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
         load.stop()
         acked = dict(load.acked)
-        eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished")
+        eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished", lambda: undrained(db, acked))
         eventually(lambda: _count(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0, 30, "relay idle")
         events = asyncio.run(read_events(nats_url, "gpufleet", state / "nats-secrets.json"))
         verify_after_drain(db, state / "sim", events, acked)

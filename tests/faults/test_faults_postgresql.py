@@ -24,7 +24,16 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from adapters.nats.server import NatsServerProcess, free_port
-from tests.faults.harness import Figures, Load, ReadyzProbe, drained, eventually, read_events, verify_after_drain
+from tests.faults.harness import (
+    Figures,
+    Load,
+    ReadyzProbe,
+    drained,
+    eventually,
+    read_events,
+    undrained,
+    verify_after_drain,
+)
 from tests.faults.private_pg import PrivatePostgres, available
 from tests.integration.fleet import h100_cluster
 
@@ -139,6 +148,10 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         "GPUFLEET_DISPATCHER_INTERVAL": "0.1",
         "GPUFLEET_RELAY_INTERVAL": "0.1",
         "GPUFLEET_SIM_START_DELAY": "0.2",
+        # The product's own rescue of a gang whose start or dispatch was lost around a fault, made
+        # short so the drain below sees it (the defaults, 600 s and 300 s, outlast the test).
+        "GPUFLEET_GANG_START_TIMEOUT": "30",
+        "GPUFLEET_DISPATCH_TIMEOUT": "30",
     }
     plane = Plane(env, tmp_path)
     figures = Figures()
@@ -231,7 +244,7 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
         load.stop()
         acked = dict(load.acked)
-        eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished")
+        eventually(lambda: drained(db, acked), 150, "every acknowledged gang finished", lambda: undrained(db, acked))
         eventually(lambda: _count(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0, 30, "relay idle")
         events = asyncio.run(read_events(own_nats.url, "faults"))
         verify_after_drain(db, state / "sim", events, acked)
