@@ -150,11 +150,13 @@ class SimFleet:
         self.telemetry_interval = telemetry_interval
         self.clusters: dict[str, SimCluster] = {}
         self.active = False
-        self.own_connections: list[ClusterConnection] = []
+        # One connection per simulated cluster for the process's life, reused across lease terms.
+        self.own_connections: dict[str, ClusterConnection] = {}
+        self._retired: list[ClusterConnection] = []  # replaced by a new credential, closed at the end
 
     def set_active(self, active: bool) -> None:
-        """Only the dispatcher holding the lease drives the simulated clusters; on taking over it
-        reloads them from their state files, which the previous holder kept."""
+        """Only the dispatcher holding the lease drives the simulated clusters (their state files are
+        shared, locked stores, so a deposed holder that has not yet noticed does no harm)."""
         self.active = active
         self.clusters = {}
         if active:
@@ -171,21 +173,32 @@ class SimFleet:
         if not path.exists() or not nats_identity.list_cluster_credentials(self.wiring.uow(), cluster):
             _, raw = nats_identity.rotate_cluster_credential(self.wiring.uow(), cluster, "sim-fleet", utc_now())
             write_secret(path, raw)
-        connection = ClusterConnection(self.wiring.settings.nats_url, cluster, path.read_text().strip())
-        self.own_connections.append(connection)
+        credential = path.read_text().strip()
+        connection = self.own_connections.get(cluster)
+        if connection is None or connection.credential != credential:
+            if connection is not None:
+                self._retired.append(connection)
+            connection = ClusterConnection(self.wiring.settings.nats_url, cluster, credential)
+            self.own_connections[cluster] = connection
         return connection
 
     def refresh(self) -> None:
-        for view in admin.list_clusters(self.wiring.uow()):
-            if view.provider == "sim" and view.name not in self.clusters:
-                self.clusters[view.name] = SimCluster(
-                    name=view.name,
-                    publish=self._publisher_for(view.name).publish,
+        self._adopt(self._sim_cluster_names())
+
+    def _sim_cluster_names(self) -> list[str]:
+        return [view.name for view in admin.list_clusters(self.wiring.uow()) if view.provider == "sim"]
+
+    def _adopt(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.clusters:
+                self.clusters[name] = SimCluster(
+                    name=name,
+                    publish=self._publisher_for(name).publish,
                     prefix=self.prefix,
-                    state_file=self.wiring.settings.state_dir / "sim" / f"{view.name}.json",
+                    state_file=self.wiring.settings.state_dir / "sim" / f"{name}.json",
                     start_delay=self.start_delay,
                     telemetry_interval=self.telemetry_interval,
-                    telemetry_switch=self.wiring.settings.state_dir / "sim" / f"{view.name}.telemetry-off",
+                    telemetry_switch=self.wiring.settings.state_dir / "sim" / f"{name}.telemetry-off",
                 )
 
     def drivers(self) -> Mapping[str, ClusterDriver]:
@@ -197,7 +210,9 @@ class SimFleet:
                 if not self.active:
                     await loops.sleep_or_stop(stop, 0.2)
                     continue
-                await asyncio.to_thread(self.refresh)
+                names = await asyncio.to_thread(self._sim_cluster_names)
+                if self.active:  # the lease may have moved while the database was read
+                    self._adopt(names)
             except Exception:
                 log.exception("simulated fleet refresh failed")
             for cluster in list(self.clusters.values()):
@@ -209,7 +224,7 @@ class SimFleet:
                 except Exception:
                     log.exception("simulated cluster %s tick failed", cluster.name)
             await loops.sleep_or_stop(stop, 0.2)
-        for connection in self.own_connections:
+        for connection in [*self.own_connections.values(), *self._retired]:
             await connection.close()
 
 
@@ -576,6 +591,7 @@ async def run_components(
                     settings.orphan_gc_interval,
                     settings.lease_ttl,
                     fleet.set_active,
+                    settings.vanished_run_grace,
                 ),
                 name="dispatcher",
             )

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(default=15.0, gt=0)
     dispatcher_interval: float = Field(default=0.3, gt=0)
     orphan_gc_interval: float = Field(default=30.0, gt=0)
+    # A run applied this long ago whose objects its cluster no longer lists is requeued (gang_timeout.py).
+    vanished_run_grace: float = Field(default=60.0, gt=0)
     relay_interval: float = Field(default=0.2, gt=0)
     sim_start_delay: float = Field(default=1.0, ge=0)
     check_invariants: bool = False

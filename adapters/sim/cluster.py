@@ -2,6 +2,11 @@
 delay, run them for the workload's `duration_seconds`, and report pod status over NATS like an
 in-cluster agent. State is kept in a JSON file so a cluster outlives a control-plane crash.
 
+The file *is* the cluster, as an API server is for a real one: every operation reads it, and
+changes it, under an exclusive lock. Two dispatcher processes that both drive the cluster for a
+moment (a deposed leader that has not yet noticed, beside its successor) therefore see one truth
+and never write back a stale copy that forgets a run the other created.
+
 Every `telemetry_interval` seconds a cluster also publishes one DCGM sample batch for the GPUs
 (MIG instances, shared GPUs) its running pods hold, shaped by each workload's utilization
 profile (see `adapters.sim.telemetry`), as `gpufleet agent` would. While the file
@@ -10,12 +15,14 @@ profile (see `adapters.sim.telemetry`), as `gpufleet agent` would. While the fil
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,82 +83,114 @@ class SimCluster:
 
     def __post_init__(self) -> None:
         self._rng = random.Random(f"{self.seed}:{self.name}")
-        if self.state_file is not None and self.state_file.exists():
-            data = json.loads(self.state_file.read_text())
-            self.created = data.get("created", 0)
-            for raw in data["runs"]:
-                raw["pods"] = [tuple(p) for p in raw["pods"]]
-                raw["devices"] = [[tuple(d) for d in pod] for pod in raw.get("devices", [])]
-                self.runs[raw["run_id"]] = SimRun(**raw)
-        self.known_nodes.update(node for run in self.runs.values() for _, _, node in run.pods)
+        with self._shared_state():
+            pass  # load what the file holds now
 
-    def _persist(self) -> None:
+    @contextlib.contextmanager
+    def _shared_state(self) -> Iterator[None]:
+        """Hold the cluster's lock, with `runs` and `created` as the file has them; what the block
+        changes is written back (atomically) before the lock is let go. The critical sections are a
+        JSON read and write, so the (blocking) lock is held for milliseconds."""
         if self.state_file is None:
+            yield
             return
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"created": self.created, "runs": [asdict(r) for r in self.runs.values()]}))
-        os.replace(tmp, self.state_file)  # atomic: a crash leaves the old or the new state
+        lock_path = self.state_file.with_suffix(".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._load()
+            before = self._dump()
+            yield
+            after = self._dump()
+            if after != before:
+                tmp = self.state_file.with_suffix(".tmp")
+                tmp.write_text(after)
+                os.replace(tmp, self.state_file)  # atomic: a crash leaves the old or the new state
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _load(self) -> None:
+        assert self.state_file is not None
+        self.runs = {}
+        if not self.state_file.exists():
+            return
+        data = json.loads(self.state_file.read_text())
+        self.created = data.get("created", 0)
+        for raw in data["runs"]:
+            raw["pods"] = [tuple(p) for p in raw["pods"]]
+            raw["devices"] = [[tuple(d) for d in pod] for pod in raw.get("devices", [])]
+            self.runs[raw["run_id"]] = SimRun(**raw)
+        self.known_nodes.update(node for run in self.runs.values() for _, _, node in run.pods)
+
+    def _dump(self) -> str:
+        return json.dumps({"created": self.created, "runs": [asdict(r) for r in self.runs.values()]})
 
     async def apply(self, order: RunOrder) -> bool:
-        if order.run_id in self.runs:
-            return False  # AlreadyExists: the objects carry deterministic names
-        now = self.clock()
-        start = now + self.start_delay
-        sim = order.container.get("sim", {}) if isinstance(order.container.get("sim"), dict) else {}
-        duration = order.duration_seconds
-        taken: dict[str, set[Device]] = {}
-        for other in self.runs.values():
-            for (_, _, node), devices in zip(other.pods, other.devices, strict=False):
-                taken.setdefault(node, set()).update(devices)
-        self.runs[order.run_id] = SimRun(
-            run_id=order.run_id,
-            epoch=order.epoch,
-            pods=[(p.pod_set, p.index, p.node) for p in order.pods],
-            start_at=start,
-            end_at=None if duration is None else start + duration,
-            fail=bool(sim.get("fail", False)),
-            utilization=profile_of(order.container),
-            devices=[allocate_devices(p.demand, taken.setdefault(p.node, set())) for p in order.pods],
-        )
-        self.known_nodes.update(p.node for p in order.pods)
-        self.created += 1
-        self._persist()
-        return True
+        with self._shared_state():
+            if order.run_id in self.runs:
+                return False  # AlreadyExists: the objects carry deterministic names
+            now = self.clock()
+            start = now + self.start_delay
+            sim = order.container.get("sim", {}) if isinstance(order.container.get("sim"), dict) else {}
+            duration = order.duration_seconds
+            taken: dict[str, set[Device]] = {}
+            for other in self.runs.values():
+                for (_, _, node), devices in zip(other.pods, other.devices, strict=False):
+                    taken.setdefault(node, set()).update(devices)
+            self.runs[order.run_id] = SimRun(
+                run_id=order.run_id,
+                epoch=order.epoch,
+                pods=[(p.pod_set, p.index, p.node) for p in order.pods],
+                start_at=start,
+                end_at=None if duration is None else start + duration,
+                fail=bool(sim.get("fail", False)),
+                utilization=profile_of(order.container),
+                devices=[allocate_devices(p.demand, taken.setdefault(p.node, set())) for p in order.pods],
+            )
+            self.known_nodes.update(p.node for p in order.pods)
+            self.created += 1
+            return True
 
     async def delete(self, run_id: str) -> bool:
-        if self.runs.pop(run_id, None) is None:
-            return False
-        self._persist()
-        return True
+        with self._shared_state():
+            return self.runs.pop(run_id, None) is not None
 
     async def list_owned(self) -> set[str]:
-        return set(self.runs)
+        with self._shared_state():
+            return set(self.runs)
 
     async def tick(self) -> int:
         """Report every run whose phase changed (or is due for a resync). Returns reports sent."""
         now = self.clock()
-        sent = 0
-        for run in list(self.runs.values()):
-            phase = run.phase(now)
-            if phase == run.reported and now - run.last_report_at < self.resync_seconds:
-                continue
+        with self._shared_state():
+            due = [
+                (run.run_id, run.epoch, run.pods, run.phase(now), run.reports)
+                for run in self.runs.values()
+                if run.phase(now) != run.reported or now - run.last_report_at >= self.resync_seconds
+            ]
+        sent: list[tuple[str, str, int]] = []
+        for run_id, epoch, run_pods, phase, reports in due:
             pods = [
                 {"pod_set": s, "index": i, "phase": phase, "message": "simulated failure" if phase == "Failed" else ""}
-                for s, i, _ in run.pods
+                for s, i, _ in run_pods
             ]
-            body = json.dumps({"run_id": run.run_id, "epoch": run.epoch, "pods": pods}).encode()
-            msg_id = f"{self.name}:{run.run_id}:{phase}:{run.reports}"
+            body = json.dumps({"run_id": run_id, "epoch": epoch, "pods": pods}).encode()
+            msg_id = f"{self.name}:{run_id}:{phase}:{reports}"
             try:
                 await self.publish(f"{self.prefix}.cluster.{self.name}.pods", body, msg_id)
             except Exception as exc:  # NATS down: report again on the next tick
-                log.warning("sim %s: report for %s failed: %s", self.name, run.run_id, exc)
+                log.warning("sim %s: report for %s failed: %s", self.name, run_id, exc)
                 break
-            run.reported, run.last_report_at, run.reports = phase, now, run.reports + 1
-            sent += 1
+            sent.append((run_id, phase, reports))
         if sent:
-            self._persist()
-        return sent
+            with self._shared_state():
+                for run_id, phase, reports in sent:
+                    run = self.runs.get(run_id)
+                    # Another process driving this cluster may have sent the same report (same id) meanwhile.
+                    if run is not None and run.reports == reports:
+                        run.reported, run.last_report_at, run.reports = phase, now, reports + 1
+        return len(sent)
 
     async def emit_inventory(self) -> bool:
         """Every `resync_seconds`, report the nodes this cluster knows of (those its runs were placed
@@ -179,8 +218,10 @@ class SimCluster:
 
     def samples(self, now: float) -> list[GpuSample]:
         """One DCGM reading per device that a running pod holds, attributed to its run."""
+        with self._shared_state():
+            runs = list(self.runs.values())
         out: list[GpuSample] = []
-        for run in self.runs.values():
+        for run in runs:
             if run.phase(now) != "Running":
                 continue
             busy = parse_profile(run.utilization).busy(now - run.start_at)

@@ -31,6 +31,7 @@ from controlplane.service.ids import new_id
 
 LIVE = ("admitted", "dispatching", "running")
 NOT_YET_RUNNING = ("admitted", "dispatching")
+LIVE_STATES = (*NOT_YET_RUNNING, "running")
 
 
 class SqlCloudRepository:
@@ -292,10 +293,29 @@ class SqlCloudRepository:
         ).all()
         return [StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows]
 
-    def requeue_run(self, run_id: str, message: str, now: datetime) -> bool:
+    def applied_runs(self, cluster: str, dispatched_before: datetime) -> list[StalledRun]:
+        rows = self.s.execute(
+            select(RunRow.id, RunRow.workload_id, QueueRow.name, ClusterRow.name, RunRow.dispatched_at)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .where(
+                ClusterRow.name == cluster,
+                RunRow.state.in_(LIVE_STATES),
+                RunRow.dispatch_state == "applied",
+                RunRow.dispatched_at.is_not(None),
+                RunRow.dispatched_at < dispatched_before,
+            )
+            .order_by(RunRow.dispatched_at, RunRow.id)
+        ).all()
+        return [
+            StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows if at is not None
+        ]
+
+    def requeue_run(self, run_id: str, message: str, now: datetime, running_too: bool = False) -> bool:
         result = self.s.execute(
             update(RunRow)
-            .where(RunRow.id == run_id, RunRow.state.in_(NOT_YET_RUNNING))
+            .where(RunRow.id == run_id, RunRow.state.in_(LIVE_STATES if running_too else NOT_YET_RUNNING))
             # `preempted` is the run state for "ended by gpufleet, its workload back in the queue".
             .values(state="preempted", message=message, finished_at=now, dispatch_state="teardown")
             .execution_options(synchronize_session=False)

@@ -155,7 +155,12 @@ class CloudRepository(Protocol):
         (`dispatched_at` of the result holds the admission time)."""
         ...
 
-    def requeue_run(self, run_id: str, message: str, now: datetime) -> bool:
-        """End a live, not-yet-running run (as `preempted`: its workload goes back to its queue) and schedule
-        its objects for teardown."""
+    def applied_runs(self, cluster: str, dispatched_before: datetime) -> list[StalledRun]:
+        """Live runs of `cluster` applied to it before `dispatched_before`, running or not: those whose
+        objects the cluster must still hold."""
+        ...
+
+    def requeue_run(self, run_id: str, message: str, now: datetime, running_too: bool = False) -> bool:
+        """End a live, not-yet-running run (or, with `running_too`, a running one as well) as `preempted`:
+        its workload goes back to its queue, and its objects are scheduled for teardown."""
         ...

@@ -1,22 +1,38 @@
-"""Gang start timeout: a run whose pods are not all running `timeout` seconds after it was applied to
-its cluster is torn down and its workload requeued as a unit (Kueue's waitForPodsReady). A partially
-started gang holds GPUs without doing work, and may block another gang's pods from ever starting."""
+"""The rescues of a run that will not finish on its own; each ends the run as `preempted` and puts its
+workload back in its queue as a unit (`workload.requeued` with the reason):
+
+- gang start timeout: pods not all running `timeout` seconds after the run was applied to its cluster
+  (Kueue's waitForPodsReady). A partially started gang holds GPUs without doing work, and may block
+  another gang's pods from ever starting;
+- dispatch timeout: a run admitted long ago that no dispatcher could apply;
+- vanished run: a run applied to its cluster whose objects the cluster no longer has (deleted behind
+  gpufleet's back, a cluster restored from an older backup). No pod report will ever come for it, so
+  without this its workload would stay `running` forever.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_state import StalledRun
-from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.service.errors import StoreUnavailable
+from controlplane.service.ports import ClusterDriver, UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
 DEFAULT_GANG_START_TIMEOUT = 600.0
 # An admitted run that no dispatcher applied to its cluster within this long (a cluster without a
 # driver, unreachable, or refusing every call) gives its capacity back and waits in its queue again.
 DEFAULT_DISPATCH_TIMEOUT = 300.0
+# A run applied this recently may not be listed by its cluster yet (a cache, a slow controller).
+DEFAULT_VANISHED_GRACE = 60.0
 NOT_RUNNING = (WorkloadState.ADMITTED, WorkloadState.DISPATCHING)
+LIVE = (*NOT_RUNNING, WorkloadState.RUNNING)
+OBJECTS_LOST_PREFIX = "objects-lost:"
+
+log = logging.getLogger(__name__)
 
 
 def requeue_stalled_gangs(
@@ -61,13 +77,60 @@ def requeue_undispatched(
     return ended
 
 
-def _requeue(uow_factory: UnitOfWorkFactory, prefix: str, run: StalledRun, reason: str, now: datetime) -> bool:
+async def requeue_vanished_runs(
+    uow_factory: UnitOfWorkFactory,
+    drivers: Mapping[str, ClusterDriver],
+    prefix: str,
+    clock: Callable[[], datetime],
+    grace: float = DEFAULT_VANISHED_GRACE,
+) -> list[str]:
+    """Requeue every live run applied more than `grace` seconds ago whose objects its cluster does not
+    list; returns the run ids ended. The database is read before the cluster is listed, so a run applied
+    in between is never taken for vanished. A cluster that cannot be listed is skipped, not judged."""
+    ended: list[str] = []
+    for cluster, driver in drivers.items():
+        try:
+            with uow_factory() as uow:
+                expected = uow.cloud.applied_runs(cluster, clock() - timedelta(seconds=grace))
+            if not expected:
+                continue
+            owned = await driver.list_owned()
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            log.warning(
+                "cannot list the runs of %s (%s: %s); none of its runs is judged", cluster, type(exc).__name__, exc
+            )
+            continue
+        for run in expected:
+            if run.run_id in owned:
+                continue
+            reason = f"{OBJECTS_LOST_PREFIX} the objects of run {run.run_id} are gone from cluster {cluster}"
+            if _requeue(uow_factory, prefix, run, reason, clock(), running_too=True):
+                log.warning(
+                    "run %s vanished from %s; its workload %s is requeued", run.run_id, cluster, run.workload_id
+                )
+                ended.append(run.run_id)
+    return ended
+
+
+def _requeue(
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    run: StalledRun,
+    reason: str,
+    now: datetime,
+    running_too: bool = False,
+) -> bool:
     """End one run and requeue its workload in one transaction, announcing `requeued` with the reason;
-    False when the run was no longer waiting (a pod report or the dispatcher got there first)."""
+    False when the run was no longer live (or, without `running_too`, no longer waiting): a pod report
+    or the dispatcher got there first."""
     with uow_factory() as uow:
-        if not uow.cloud.requeue_run(run.run_id, reason, now):
+        if not uow.cloud.requeue_run(run.run_id, reason, now, running_too=running_too):
             return False
-        uow.workloads.set_state(run.workload_id, NOT_RUNNING, WorkloadState.QUEUED, reason, now)
+        uow.workloads.set_state(
+            run.workload_id, LIVE if running_too else NOT_RUNNING, WorkloadState.QUEUED, reason, now
+        )
         emit(
             uow,
             prefix,

@@ -17,6 +17,7 @@ from controlplane.core.snapshot import Policy
 from controlplane.service import ingest, telemetry
 from controlplane.service.dispatch import collect_orphans, dispatch_once
 from controlplane.service.errors import LostLeadership, StoreUnavailable
+from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE, requeue_vanished_runs
 from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome
 from controlplane.service.ports import ClusterDriver, EventPublisher, UnitOfWorkFactory
@@ -196,6 +197,7 @@ async def dispatcher_loop(
     orphan_interval: float,
     lease_ttl: float = 15.0,
     on_lead: Callable[[bool], None] | None = None,
+    vanished_grace: float = DEFAULT_VANISHED_GRACE,
 ) -> None:
     """One dispatcher works at a time (a lease, renewed while it works); others stand by and take
     over when its lease runs out. `on_lead(True/False)` is told when this process starts or stops
@@ -218,6 +220,7 @@ async def dispatcher_loop(
                     log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
                 if loop.time() >= next_gc:
                     await collect_orphans(uow_factory, drivers())
+                    await requeue_vanished_runs(uow_factory, drivers(), prefix, clock, vanished_grace)
                     next_gc = loop.time() + orphan_interval
         except Exception:
             log.exception("dispatcher pass failed; retrying")

@@ -148,10 +148,12 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         "GPUFLEET_DISPATCHER_INTERVAL": "0.1",
         "GPUFLEET_RELAY_INTERVAL": "0.1",
         "GPUFLEET_SIM_START_DELAY": "0.2",
-        # The product's own rescue of a gang whose start or dispatch was lost around a fault, made
-        # short so the drain below sees it (the defaults, 600 s and 300 s, outlast the test).
+        # The product's own rescues of a gang whose start, dispatch or objects were lost around a fault,
+        # made short so the drain below sees them (the defaults, 600 s, 300 s and 60 s + 30 s, outlast it).
         "GPUFLEET_GANG_START_TIMEOUT": "30",
         "GPUFLEET_DISPATCH_TIMEOUT": "30",
+        "GPUFLEET_ORPHAN_GC_INTERVAL": "5",
+        "GPUFLEET_VANISHED_RUN_GRACE": "20",
     }
     plane = Plane(env, tmp_path)
     figures = Figures()

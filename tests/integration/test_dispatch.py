@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -12,6 +13,7 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
 from controlplane.service.cluster_status import PodReport
 from controlplane.service.dispatch import collect_orphans, dispatch_once
+from controlplane.service.gang_timeout import requeue_vanished_runs
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
@@ -162,3 +164,75 @@ async def test_cancel_tears_down_and_orphans_are_collected(
     assert await sim.list_owned() == {"run-stray-1"}
     assert await collect_orphans(wiring.uow, {"sim-h100": sim}) == 1
     assert await sim.list_owned() == set()
+
+
+class _Unlistable:
+    async def list_owned(self) -> set[str]:
+        raise ConnectionError("cluster API unreachable")
+
+
+async def test_a_run_whose_objects_vanished_is_requeued_after_the_grace(
+    wiring: Wiring, client: TestClient, tenant: Tenant, tmp_path: Path
+) -> None:
+    """Objects deleted behind gpufleet's back: no pod report will ever end the run, so the dispatcher's
+    reconciliation ends it and requeues the workload; never within the grace, never for a cluster it
+    cannot list, and never twice."""
+    prefix = wiring.settings.subject_prefix
+    wid = client.post("/v1/workloads", json=gang("g", tenant.queue), headers=tenant.headers).json()["id"]
+    _admit(wiring)
+    recorder, clock = Recorder(), Clock()
+    sim = _sim(tmp_path, recorder, clock)
+    await dispatch_once(wiring.uow, {"sim-h100": sim}, prefix, utc_now)
+    clock.t += 2
+    await sim.tick()
+    _, report, msg_id = recorder.sent[-1]
+    handle(
+        wiring.uow(),
+        InboundMessage(f"{prefix}.cluster.sim-h100.pods", json.dumps(report).encode(), {}, msg_id),
+        prefix,
+        utc_now(),
+    )
+    assert client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()["state"] == "running"
+    [run_id] = await sim.list_owned()
+    assert await sim.delete(run_id)  # e.g. `kubectl delete job` by someone else
+
+    later = lambda: utc_now() + timedelta(seconds=120)  # noqa: E731
+    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": sim}, prefix, utc_now, grace=60) == []
+    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": _Unlistable()}, prefix, later, grace=60) == []  # type: ignore[dict-item]
+    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": sim}, prefix, later, grace=60) == [run_id]
+    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": sim}, prefix, later, grace=60) == []
+
+    view = client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()
+    assert view["state"] == "queued"
+    assert view["reason"].startswith("objects-lost:")
+    assert "sim-h100" in view["reason"]
+    assert view["runs"][0]["state"] == "preempted"
+    with wiring.uow() as uow:
+        events = [json.loads(payload) for _, _, payload in uow.outbox.unpublished(1000)]
+    requeued = [e["data"] for e in events if e["type"] == "workload.requeued"]
+    assert len(requeued) == 1, events
+    assert requeued[0]["reason"] == view["reason"]
+    assert requeued[0]["cluster"] == "sim-h100"
+    # The workload goes back through the scheduler as a new attempt.
+    _admit(wiring)
+    assert client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()["state"] == "admitted"
+
+
+async def test_two_processes_driving_one_simulated_cluster_share_its_state(tmp_path: Path) -> None:
+    """A deposed dispatcher that has not yet noticed and its successor drive the same simulated cluster
+    for a moment; neither may forget a run the other created, or report one twice under new ids."""
+    recorder, clock = Recorder(), Clock()
+    deposed, successor = _sim(tmp_path, recorder, clock), _sim(tmp_path, recorder, clock)
+    order = RunOrder(
+        "run-a-1", "wl-a", "a", "t", "q", "sim-h100", 1, 1, "batch", 1,
+        (PodOrder("w", 0, "sim-h100-h100-0", "h100", {"gpu": 1}),), 30,
+    )  # fmt: skip
+    assert await successor.apply(order) is True
+    assert await deposed.apply(order) is False  # AlreadyExists, as the API server would answer
+    clock.t += 2
+    assert await deposed.tick() == 1  # the deposed one reports the run its successor created
+    assert await successor.tick() == 0  # already reported: no second report under a new id
+    assert [msg_id for _, _, msg_id in recorder.sent] == ["sim-h100:run-a-1:Running:0"]
+    assert await deposed.delete("run-a-1") is True
+    assert await successor.list_owned() == set()
+    assert successor.created == 1
