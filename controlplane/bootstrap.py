@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -483,6 +484,17 @@ def _from_kubeconfig(text: str) -> tuple[str, str, str]:
     return str(cluster["server"]), token, str(cluster.get("certificate-authority-data") or "")
 
 
+def _reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening socket that other processes may bind too (SO_REUSEPORT)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 async def run_components(
     settings: Settings,
     components: tuple[str, ...],
@@ -532,7 +544,8 @@ async def run_components(
             app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="off"
         )
         server = _EmbeddedServer(config)
-        tasks.append(asyncio.create_task(server.serve(), name="api"))
+        sockets = [_reuse_port_socket(settings.api_host, settings.api_port)] if settings.api_reuse_port else None
+        tasks.append(asyncio.create_task(server.serve(sockets=sockets), name="api"))
     if "scheduler" in components:
         tasks.append(
             asyncio.create_task(

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default_factory=default_state_dir)
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # Bind the API port with SO_REUSEPORT, so several API processes on one host share it (the kernel
+    # spreads connections among them), as several replicas behind a Service would.
+    api_reuse_port: bool = False
     scheduler_interval: float = Field(default=1.0, gt=0)
     lease_ttl: float = Field(default=15.0, gt=0)
     dispatcher_interval: float = Field(default=0.3, gt=0)

@@ -119,8 +119,12 @@ class SqlWorkloadRepository:
         if not rows:
             return []
         ids = [r.id for r in rows]
-        queues = dict(self.s.execute(select(QueueRow.id, QueueRow.name)).all())
-        teams = dict(self.s.execute(select(TeamRow.id, TeamRow.name)).all())
+        queues = dict(
+            self.s.execute(select(QueueRow.id, QueueRow.name).where(QueueRow.id.in_({r.queue_id for r in rows}))).all()
+        )
+        teams = dict(
+            self.s.execute(select(TeamRow.id, TeamRow.name).where(TeamRow.id.in_({r.team_id for r in rows}))).all()
+        )
         runs = self.s.scalars(select(RunRow).where(RunRow.workload_id.in_(ids)).order_by(RunRow.attempt)).all()
         node_ids = {a.node_id for run in runs for a in run.assignments}
         nodes = (

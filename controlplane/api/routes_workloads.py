@@ -41,7 +41,7 @@ def submit(
 ) -> WorkloadView:
     if idempotency_key:
         request = request.model_copy(update={"idempotency_key": idempotency_key})
-    view, created = svc.submit(ctx.uow_factory(), who, request, ctx.subject_prefix, ctx.clock())
+    view, created = svc.submit(ctx.uow_factory(), who, request, ctx.subject_prefix, ctx.clock(), ctx.fleet_fit)
     if not created:
         response.status_code = 200
     return view

@@ -31,6 +31,7 @@ from controlplane.service.cluster_status import PodReport, apply_pod_report
 from controlplane.service.commands import CancelWorkload, SubmitWorkload
 from controlplane.service.errors import ServiceError
 from controlplane.service.events import envelope, workload_subject
+from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.inventory import InventoryReport, apply_inventory
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.safejson import UnsafeJson, decode_object
@@ -90,7 +91,10 @@ def inbox_key(sender: str, msg_id: str) -> str:
     return key if len(key) <= 200 else f"{sender}/sha256:{hashlib.sha256(msg_id.encode()).hexdigest()}"
 
 
-def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime) -> Handled:
+def handle(
+    uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime, fit: FleetFit | None = None
+) -> Handled:
+    """Apply one inbound message; `fit` is the process's memo of the submit-time fleet check."""
     parts = message.subject.split(".")
     try:
         body = decode_object(message.data)
@@ -103,7 +107,7 @@ def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime)
         if not uow.inbox.first_time(CONSUMER, inbox_key(sender, message.msg_id), now):
             return Handled(Outcome.DUPLICATE, "already processed")
         if parts[1] == "submit":
-            result = _submit(uow, parts[2], parts[3], body, message, prefix, now)
+            result = _submit(uow, parts[2], parts[3], body, message, prefix, now, fit)
         elif parts[1] == "cancel":
             result = _cancel(uow, parts[2], body, message, prefix, now)
         elif parts[3] == "pods":
@@ -163,7 +167,14 @@ def _reject(
 
 
 def _submit(
-    uow: UnitOfWork, team: str, queue: str, body: dict[str, Any], message: InboundMessage, prefix: str, now: datetime
+    uow: UnitOfWork,
+    team: str,
+    queue: str,
+    body: dict[str, Any],
+    message: InboundMessage,
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None,
 ) -> Handled:
     principal = _team_principal(uow, team)
     if principal is None:
@@ -176,7 +187,7 @@ def _submit(
     body.setdefault("idempotency_key", message.msg_id[:100])
     try:
         request = SubmitWorkload.model_validate(body)
-        view, _ = workloads.submit(uow, principal, request, prefix, now)
+        view, _ = workloads.submit(uow, principal, request, prefix, now, fit)
     except ValidationError as exc:
         return _reject(uow, team, queue, message, _errors(exc), prefix, now)
     except ServiceError as exc:

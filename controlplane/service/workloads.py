@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.core.placement import why_never_fits
 from controlplane.domain.model import (
-    NodePool,
-    PodSet,
     Toleration,
     Workload,
     WorkloadKind,
     WorkloadState,
 )
 from controlplane.service import events
-from controlplane.service.autoscale import nodes_at_max_size
 from controlplane.service.commands import SubmitWorkload
 from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
+from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
 from controlplane.service.ports import UnitOfWork, WorkloadFilter
 from controlplane.service.views import Principal, WorkloadView
@@ -35,9 +31,15 @@ def emit(
 
 
 def submit(
-    uow: UnitOfWork, principal: Principal, request: SubmitWorkload, prefix: str, now: datetime
+    uow: UnitOfWork,
+    principal: Principal,
+    request: SubmitWorkload,
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None = None,
 ) -> tuple[WorkloadView, bool]:
-    """Returns the workload and whether it was created (False: an idempotent retry)."""
+    """Returns the workload and whether it was created (False: an idempotent retry). `fit` is the
+    process's memo of the fleet check; without one the fleet is read afresh."""
     with uow:
         queue = uow.admin.get_tree_node("queue", request.queue)
         if queue is None or (not principal.is_admin and queue.parent_id != principal.team_id):
@@ -59,21 +61,7 @@ def submit(
                 raise Invalid(f"unknown priority class {request.priority_class!r}")
             raise Invalid("no priority class given and the platform has no default priority class")
         workload = _to_domain(new_id("wl"), team_id, queue.id, pc.name, pc.value, request, now)
-        clusters, nodes = uow.admin.fleet()
-        offered = {key[4:] for c in clusters for p in c.pools for key in p.node_capacity() if key.startswith("mig:")}
-        for pod_set in workload.pod_sets:
-            if pod_set.mig_profile and pod_set.mig_profile not in offered:
-                raise Invalid(
-                    f"pod set {pod_set.name}: no pool in the fleet offers MIG profile {pod_set.mig_profile}"
-                    + (f" (offered: {', '.join(sorted(offered))})" if offered else "")
-                )
-        _refuse_shares_no_pool_serves(workload.pod_sets, [p for c in clusters for p in c.pools])
-        reason = why_never_fits(workload, clusters, nodes)
-        if reason is not None:
-            # Cloud pools grow on demand (the autoscaler): judged with each one at its max size.
-            grown = nodes_at_max_size(nodes, uow.cloud.cloud_pools())
-            if len(grown) > len(nodes):
-                reason = why_never_fits(workload, clusters, grown)
+        reason = fit.refusal(uow, workload) if fit is not None else refusal_now(uow, workload)
         if reason is not None:
             raise Invalid(reason)
         try:
@@ -95,20 +83,6 @@ def submit(
         view = uow.workloads.view(workload.id)
     assert view is not None
     return view, True
-
-
-def _refuse_shares_no_pool_serves(pod_sets: Sequence[PodSet], pools: Sequence[NodePool]) -> None:
-    """A GPU fraction that every shared pool it could use refuses per container is refused here, with
-    the device plugin's reason, rather than left queued with a vaguer one."""
-    for pod_set in pod_sets:
-        if not pod_set.gpu_fraction:
-            continue
-        shared = [
-            p for p in pools if p.sharing.shared and (not pod_set.gpu_models or p.gpu_model in pod_set.gpu_models)
-        ]
-        refusals = [r for p in shared if (r := pod_set.share_limit_refusal(p)) is not None]
-        if shared and len(refusals) == len(shared):
-            raise Invalid(refusals[0])
 
 
 def _fingerprint(request: SubmitWorkload) -> str:

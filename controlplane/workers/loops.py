@@ -17,6 +17,7 @@ from controlplane.core.snapshot import Policy
 from controlplane.service import ingest, telemetry
 from controlplane.service.dispatch import collect_orphans, dispatch_once
 from controlplane.service.errors import LostLeadership, StoreUnavailable
+from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE, requeue_vanished_runs
 from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome
@@ -312,6 +313,7 @@ async def ingest_loop(
     source: InboundSource, uow_factory: UnitOfWorkFactory, prefix: str, clock: Clock, stop: asyncio.Event
 ) -> None:
     failures = 0
+    fit = FleetFit()  # this consumer's memo of the submit-time fleet check
     while not stop.is_set():
         try:
             deliveries = await source.fetch()
@@ -326,7 +328,7 @@ async def ingest_loop(
         outage = 0
         while waiting and not stop.is_set():
             try:
-                await handle_delivery(source, waiting[0], uow_factory, prefix, clock)
+                await handle_delivery(source, waiting[0], uow_factory, prefix, clock, fit)
             except StoreUnavailable:
                 held = tuple(waiting)
 
@@ -345,7 +347,12 @@ async def ingest_loop(
 
 
 async def handle_delivery(
-    source: InboundSource, delivery: InboundDelivery, uow_factory: UnitOfWorkFactory, prefix: str, clock: Clock
+    source: InboundSource,
+    delivery: InboundDelivery,
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    fit: FleetFit | None = None,
 ) -> Outcome | None:
     """Apply one message; ack only after the commit; never let one message stop the consumer.
 
@@ -363,7 +370,7 @@ async def handle_delivery(
             await delivery.ack()
             return Outcome.MALFORMED
         try:
-            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock())
+            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock(), fit)
         except StoreUnavailable:
             raise
         except Exception as exc:

@@ -1,0 +1,288 @@
+"""`gpufleet bench submit`: the submit path end to end, on a real nats-server and a real database.
+
+`--via rest`: `--api-processes` real `gpufleet serve` processes share one port (SO_REUSEPORT, as
+replicas behind a Service would) and `--clients` concurrent clients POST gangs to them; latency is
+measured per request, from the client. `--via nats`: `--count` submits are published to JetStream
+first (as fast as one client can), then one `gpufleet run ingest` process is started and timed until
+every one is a workload in SQL. The fleet is synthetic (`--clusters` x one pool, `--nodes` in all), so
+the submit-time fleet check works at fleet scale. The client and the servers share this machine's
+cores: the figures are what this machine does, reported hit or miss, never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from sqlalchemy import func, select
+
+from adapters.nats.connection import connect
+from adapters.nats.server import NatsServerProcess, free_port
+from adapters.nats.topology import ensure_topology
+from adapters.sql.migrate import upgrade_to_head
+from adapters.sql.tables import WorkloadRow
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.config import Settings
+from controlplane.service import admin
+from controlplane.service.auth import issue_token
+from controlplane.service.commands import ClusterSpec, PriorityClassSpec, QueueSpec, TeamSpec, TokenSpec
+
+PREFIX = "bench"
+TEAM, QUEUE = "bench", "bench-train"
+
+
+def _percentile(values: Sequence[float], q: int) -> float | None:
+    if len(values) < 2:
+        return round(values[0] * 1000, 1) if values else None
+    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000, 1)
+
+
+def _register(wiring: Wiring, clusters: int, nodes: int) -> str:
+    """The synthetic fleet, one team with one queue, and the team's token (returned)."""
+    now = utc_now()
+    per_cluster = max(1, nodes // clusters)
+    for i in range(clusters):
+        spec = ClusterSpec.model_validate(
+            {
+                "name": f"bench-{i:03d}",
+                "pools": [
+                    {
+                        "name": "h100",
+                        "gpu_model": "H100-80GB",
+                        "gpus_per_node": 8,
+                        "cpu_millis": 192_000,
+                        "memory_mib": 2_000_000,
+                        "node_count": per_cluster,
+                    }
+                ],
+            }
+        )
+        admin.create_cluster(wiring.uow(), spec, "bench", now)
+    admin.put_priority_class(wiring.uow(), PriorityClassSpec(name="batch", value=100, is_default=True), "bench", now)
+    admin.create_tree_node(wiring.uow(), "team", TeamSpec(name=TEAM), "bench", now)
+    admin.create_tree_node(wiring.uow(), "queue", QueueSpec(name=QUEUE, team=TEAM), "bench", now)
+    _, token = issue_token(wiring.uow(), TokenSpec(name="bench", team=TEAM), "bench", now)
+    return token
+
+
+def _body(i: int) -> dict[str, Any]:
+    # Three shapes, as a real mix would repeat a few: 1 x 8, 2 x 8 and 4 x 8 GPUs.
+    return {
+        "name": f"g{i}",
+        "queue": QUEUE,
+        "duration_seconds": 600,
+        "pod_sets": [{"name": "workers", "replicas": (1, 2, 4)[i % 3], "gpus": 8}],
+    }
+
+
+def _env(url: str, nats_url: str, workdir: Path, port: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "GPUFLEET_DATABASE_URL": url,
+        "GPUFLEET_NATS_URL": nats_url,
+        "GPUFLEET_SUBJECT_PREFIX": PREFIX,
+        "GPUFLEET_STATE_DIR": str(workdir / "state"),
+        "GPUFLEET_API_PORT": str(port),
+        "GPUFLEET_API_REUSE_PORT": "true",
+    }
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "controlplane.cli.main", *args], env=env, stdout=out, stderr=out)
+
+
+def _stop(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def _rest_load(
+    base: str, token: str, count: int, clients: int, tag: str
+) -> tuple[list[float], dict[str, int], float]:
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    headers = {"Authorization": f"Bearer {token}"}
+    next_index = iter(range(count))
+
+    async def client(http: httpx.AsyncClient) -> None:
+        for i in next_index:
+            started = time.perf_counter()
+            try:
+                r = await http.post(
+                    f"{base}/v1/workloads", json=_body(i), headers={**headers, "Idempotency-Key": f"{tag}{i}"}
+                )
+                outcome = str(r.status_code)
+            except httpx.HTTPError as exc:  # counted, not fatal: a slow server is a figure too
+                outcome = type(exc).__name__
+            latencies.append(time.perf_counter() - started)
+            statuses[outcome] = statuses.get(outcome, 0) + 1
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return latencies, statuses, time.perf_counter() - started
+
+
+def _wait_ready(base: str, processes: Sequence[subprocess.Popen[bytes]], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            raise click.ClickException("an API process exited while starting; see its log in the work directory")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise click.ClickException(f"the API did not answer within {timeout:.0f} s")
+
+
+def _bench_rest(
+    url: str, nats: NatsServerProcess, workdir: Path, token: str, count: int, clients: int, processes: int
+) -> dict[str, Any]:
+    port = free_port()
+    env = _env(url, nats.url, workdir, port)
+    servers = [_spawn(["serve"], env, workdir / f"api-{i}.log") for i in range(processes)]
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(base, servers)
+        time.sleep(2.0)  # every process listening, not only the first
+        warm = min(200, count)
+        asyncio.run(
+            _rest_load(base, token, warm, clients, "warm-")
+        )  # connections, caches, the fleet check's first read
+        latencies, statuses, elapsed = asyncio.run(_rest_load(base, token, count, clients, "k"))
+    finally:
+        _stop(servers)
+    return {
+        "submits": count,
+        "clients": clients,
+        "api_processes": processes,
+        "seconds": round(elapsed, 3),
+        "submits_per_second": round(count / elapsed, 1) if elapsed else 0.0,
+        "p50_ms": _percentile(latencies, 50),
+        "p95_ms": _percentile(latencies, 95),
+        "p99_ms": _percentile(latencies, 99),
+        "outcomes": dict(sorted(statuses.items())),
+    }
+
+
+async def _publish_submits(nats_url: str, count: int) -> float:
+    nc = await connect(nats_url, "bench-submitter")
+    try:
+        js = nc.jetstream()
+        await ensure_topology(js, PREFIX)
+        started = time.perf_counter()
+        window = 256  # publishes in flight, each acknowledged by JetStream
+        for first in range(0, count, window):
+            await asyncio.gather(
+                *(
+                    js.publish(
+                        f"{PREFIX}.submit.{TEAM}.{QUEUE}",
+                        json.dumps(_body(i)).encode(),
+                        headers={"Gpufleet-Msg-Id": f"m{i}"},
+                    )
+                    for i in range(first, min(first + window, count))
+                )
+            )
+        return time.perf_counter() - started
+    finally:
+        await nc.close()
+
+
+def _bench_nats(
+    url: str, nats: NatsServerProcess, workdir: Path, wiring: Wiring, count: int, timeout: float
+) -> dict[str, Any]:
+    published = asyncio.run(_publish_submits(nats.url, count))
+    env = _env(url, nats.url, workdir, free_port())
+    ingest = _spawn(["run", "ingest"], env, workdir / "ingest.log")
+    try:
+        started = time.perf_counter()
+        landed = 0
+        while time.perf_counter() - started < timeout:
+            with wiring.engine.connect() as conn:
+                landed = conn.scalar(select(func.count()).select_from(WorkloadRow)) or 0
+            if landed >= count or ingest.poll() is not None:
+                break
+            time.sleep(0.2)
+        elapsed = time.perf_counter() - started
+    finally:
+        _stop([ingest])
+    return {
+        "submits": count,
+        "published_seconds": round(published, 3),
+        "landed": landed,
+        "seconds_to_sql": round(elapsed, 3),
+        "submits_per_second_into_sql": round(landed / elapsed, 1) if elapsed else 0.0,
+        "complete": landed >= count,
+    }
+
+
+@click.command("submit")
+@click.option("--via", type=click.Choice(["rest", "nats"]), default="rest", show_default=True)
+@click.option("--count", default=5000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
+@click.option("--clients", default=32, show_default=True, type=click.IntRange(min=1, max=1024), help="REST only")
+@click.option("--api-processes", default=2, show_default=True, type=click.IntRange(min=1, max=64), help="REST only")
+@click.option("--clusters", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--nodes", default=10_000, show_default=True, type=click.IntRange(min=1), help="nodes in the fleet")
+@click.option("--database-url", default=None, help="an empty database (default: a new SQLite file)")
+@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1.0), help="NATS: give up after")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def bench_submit(
+    via: str,
+    count: int,
+    clients: int,
+    api_processes: int,
+    clusters: int,
+    nodes: int,
+    database_url: str | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Submits per second and their latency, by REST or NATS, into a real database."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-submit-") as tmp:
+        workdir = Path(tmp)
+        url = database_url or f"sqlite:///{workdir / 'bench.db'}"
+        upgrade_to_head(url)
+        nats = NatsServerProcess(free_port(), workdir / "nats")
+        nats.start()
+        wiring = Wiring(Settings(database_url=url, nats_url=nats.url, state_dir=workdir, subject_prefix=PREFIX))
+        try:
+            token = _register(wiring, clusters, nodes)
+            if via == "rest":
+                figures = _bench_rest(url, nats, workdir, token, count, clients, api_processes)
+            else:
+                figures = _bench_nats(url, nats, workdir, wiring, count, timeout)
+        finally:
+            wiring.close()
+            nats.stop()
+    result = {
+        "via": via,
+        "database": url.split(":", 1)[0].split("+", 1)[0],
+        "clusters": clusters,
+        "nodes": nodes,
+        **figures,
+    }
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        click.echo(f"{key:>28}: {value}")
