@@ -18,7 +18,7 @@ another sender's message ids.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -137,6 +137,18 @@ def handle(
     return result
 
 
+def handle_batch(
+    uow: UnitOfWork, messages: Sequence[InboundMessage], prefix: str, now: datetime, fit: FleetFit | None = None
+) -> list[Handled]:
+    """Apply several messages in one transaction, each in its own savepoint: what one message does (or
+    refuses) is exactly what `handle` would do alone, and the batch pays one commit instead of one per
+    message. An exception rolls the whole batch back; the caller then applies the messages one by one."""
+    with uow:
+        results = [handle(uow, message, prefix, now, fit) for message in messages]
+        uow.commit()
+    return results
+
+
 def check_pod_report(uow: UnitOfWork, cluster: str, report: PodReport) -> str | None:
     """Why a pod report may not be applied, or None: only the run's own cluster, at the run's epoch."""
     run = uow.runs.status(report.run_id)
@@ -187,12 +199,12 @@ def _submit(
     body.setdefault("idempotency_key", message.msg_id[:100])
     try:
         request = SubmitWorkload.model_validate(body)
-        view, _ = workloads.submit(uow, principal, request, prefix, now, fit)
+        workload_id, _ = workloads.create(uow, principal, request, prefix, now, fit)
     except ValidationError as exc:
         return _reject(uow, team, queue, message, _errors(exc), prefix, now)
     except ServiceError as exc:
         return _reject(uow, team, queue, message, str(exc), prefix, now)
-    return Handled(Outcome.APPLIED, view.id)
+    return Handled(Outcome.APPLIED, workload_id)
 
 
 def _cancel(

@@ -40,6 +40,23 @@ def submit(
 ) -> tuple[WorkloadView, bool]:
     """Returns the workload and whether it was created (False: an idempotent retry). `fit` is the
     process's memo of the fleet check; without one the fleet is read afresh."""
+    workload_id, created = create(uow, principal, request, prefix, now, fit)
+    with uow:
+        view = uow.workloads.view(workload_id)
+    assert view is not None
+    return view, created
+
+
+def create(
+    uow: UnitOfWork,
+    principal: Principal,
+    request: SubmitWorkload,
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None = None,
+) -> tuple[str, bool]:
+    """`submit` without reading the workload back (NATS submits answer no one): its id, and whether it
+    was created."""
     with uow:
         queue = uow.admin.get_tree_node("queue", request.queue)
         if queue is None or (not principal.is_admin and queue.parent_id != principal.team_id):
@@ -50,7 +67,7 @@ def submit(
         if request.idempotency_key:
             existing = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
             if existing is not None:
-                return _replay(uow, request.idempotency_key, existing, fingerprint), False
+                return _replayed(request.idempotency_key, existing, fingerprint), False
         pc = (
             uow.admin.get_priority_class(request.priority_class)
             if request.priority_class
@@ -77,12 +94,10 @@ def submit(
             assert request.idempotency_key is not None
             winner = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
             assert winner is not None
-            return _replay(uow, request.idempotency_key, winner, fingerprint), False
+            return _replayed(request.idempotency_key, winner, fingerprint), False
         emit(uow, prefix, queue.name, "queued", workload.id, now)
         uow.commit()
-        view = uow.workloads.view(workload.id)
-    assert view is not None
-    return view, True
+    return workload.id, True
 
 
 def _fingerprint(request: SubmitWorkload) -> str:
@@ -90,14 +105,12 @@ def _fingerprint(request: SubmitWorkload) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay(uow: UnitOfWork, key: str, existing: tuple[str, str], fingerprint: str) -> WorkloadView:
+def _replayed(key: str, existing: tuple[str, str], fingerprint: str) -> str:
     """The workload a retried submission created, if the retry repeats the same request."""
     workload_id, stored = existing
     if stored != fingerprint:
         raise Conflict(f"idempotency key {key!r} was already used for a different request (workload {workload_id})")
-    view = uow.workloads.view(workload_id)
-    assert view is not None
-    return view
+    return workload_id
 
 
 def _to_domain(

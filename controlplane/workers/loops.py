@@ -326,8 +326,15 @@ async def ingest_loop(
             continue
         waiting = list(deliveries)
         outage = 0
+        # A batch of first deliveries goes in one transaction; redeliveries, and a batch that failed, one by one.
+        batched = len(waiting) > 1 and all(d.attempt == 1 for d in waiting)
         while waiting and not stop.is_set():
             try:
+                if batched:
+                    batched = False
+                    if await handle_deliveries(source, waiting, uow_factory, prefix, clock, fit):
+                        waiting = []
+                        continue
                 await handle_delivery(source, waiting[0], uow_factory, prefix, clock, fit)
             except StoreUnavailable:
                 held = tuple(waiting)
@@ -344,6 +351,39 @@ async def ingest_loop(
         for delivery in waiting:  # stopping: hand the rest back at once rather than after ack_wait
             with contextlib.suppress(Exception):
                 await delivery.retry_later(0.0)
+
+
+async def handle_deliveries(
+    source: InboundSource,
+    deliveries: Sequence[InboundDelivery],
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    fit: FleetFit | None = None,
+) -> bool:
+    """Apply a batch of first deliveries in one transaction (`ingest.handle_batch`), then settle (ack, or
+    dead-letter and ack) each message after the commit. False when the batch failed and nothing was
+    settled: the caller applies its messages one by one (`handle_delivery`), so a poison message costs
+    its batch one retry, never a stop. Raises `StoreUnavailable` before anything was settled."""
+    try:
+        messages = [d.message for d in deliveries]
+        results = await asyncio.to_thread(ingest.handle_batch, uow_factory(), messages, prefix, clock(), fit)
+    except StoreUnavailable:
+        raise
+    except Exception:
+        log.exception("a batch of %d inbound messages failed; applying them one by one", len(deliveries))
+        return False
+    for delivery, result in zip(deliveries, results, strict=True):
+        try:
+            if result.outcome.dead_letter:
+                await source.dead_letter(delivery.message, result.detail)
+                log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
+            await delivery.ack()
+        except Exception:  # NATS trouble: redelivered, then found in the inbox or refused again
+            log.exception("could not settle %s; it will be redelivered", delivery.message.subject)
+            with contextlib.suppress(Exception):
+                await delivery.retry_later(2.0)
+    return True
 
 
 async def handle_delivery(
