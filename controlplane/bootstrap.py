@@ -30,7 +30,8 @@ from adapters.kubernetes import (
     configuration_for,
 )
 from adapters.kubernetes.nodes import observe_node
-from adapters.kubernetes.status import list_node_objects
+from adapters.kubernetes.reserved import reserved_by_node
+from adapters.kubernetes.status import list_live_pod_objects, list_node_objects
 from adapters.nats import secrets as nats_secrets
 from adapters.nats.callout import AuthCallout
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
@@ -418,24 +419,33 @@ class RealFleet:
         if cluster is None:
             return None
         key = record.kube_settings.get("pool_label_key")
-        return [
-            observe_node(n, key if isinstance(key, str) else None) for n in await list_node_objects(cluster.api_client)
-        ]
+        return await self._observe(record.name, cluster.api_client, key if isinstance(key, str) else None)
+
+    async def _observe(self, name: str, api: Any, pool_label_key: str | None) -> list[InventoryNode]:
+        """The cluster's nodes, each with what pods gpufleet did not place request of it. A cluster
+        whose pods cannot be listed (RBAC of an older member deploy) is planned on bare allocatable,
+        with a warning, rather than not at all."""
+        nodes = [observe_node(n, pool_label_key) for n in await list_node_objects(api)][:10_000]
+        try:
+            reserved = reserved_by_node(await list_live_pod_objects(api))
+        except Exception as exc:
+            log.warning(
+                "cluster %s: pods not listed (%s); its pools are planned without what other pods request", name, exc
+            )
+            return nodes
+        return [n.model_copy(update={"reserved": reserved.get(n.name, {})}) for n in nodes]
 
     async def publish_inventory(self) -> int:
         """Publish one `InventoryReport` per cluster with a client; returns the reports published."""
         sent = 0
         for name, cluster in list(self.clusters.items()):
             try:
-                objects = await list_node_objects(cluster.api_client)
-                observed_at = utc_now()
-                key = self.pool_label_keys.get(name)
-                nodes = [observe_node(n, key) for n in objects][:10_000]
-                report = InventoryReport(observed_at=observed_at, nodes=nodes)
+                nodes = await self._observe(name, cluster.api_client, self.pool_label_keys.get(name))
+                report = InventoryReport(observed_at=utc_now(), nodes=nodes)
                 await self.publisher.publish(
                     inventory_subject(self.prefix, name),
                     report.model_dump_json().encode(),
-                    inventory_msg_id(name, observed_at),
+                    inventory_msg_id(name, report.observed_at),
                 )
                 sent += 1
             except Exception as exc:  # one unreachable cluster does not hold up the others

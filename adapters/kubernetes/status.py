@@ -35,6 +35,7 @@ from adapters.kubernetes.manifests import (
     core_pod_index,
 )
 from adapters.kubernetes.nodes import pool_key
+from adapters.kubernetes.reserved import LIVE_POD_FIELD_SELECTOR
 from controlplane.domain.model import Taint
 from controlplane.service.cluster_status import POD_PHASES, PodReport, PodStatus
 
@@ -436,6 +437,31 @@ async def list_node_objects(api: client.ApiClient, *, label_selector: str | None
     body = await asyncio.to_thread(fetch)
     items = [item for item in body.get("items") or [] if isinstance(item, dict)]
     return sorted(items, key=lambda n: str((n.get("metadata") or {}).get("name", "")))
+
+
+async def list_live_pod_objects(api: client.ApiClient, page: int = 500) -> list[dict[str, Any]]:
+    """Every pod of every namespace that is not finished, as the API returns it, read in pages (a
+    large cluster's pod list is too big for one answer)."""
+    core = client.CoreV1Api(api)
+
+    def fetch() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            resp: object = core.list_pod_for_all_namespaces(
+                field_selector=LIVE_POD_FIELD_SELECTOR,
+                limit=page,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=60,
+            )
+            body = json_body(resp)
+            items.extend(item for item in body.get("items") or [] if isinstance(item, dict))
+            token = (body.get("metadata") or {}).get("continue") or None
+            if not token:
+                return items
+
+    return await asyncio.to_thread(fetch)
 
 
 async def list_nodes(

@@ -69,6 +69,9 @@ class InventoryNode(Strict):
     # Quantities as integers: cpu in millicores, everything else in its base unit (memory in bytes).
     allocatable: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
     capacity: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
+    # Requested by live pods gpufleet did not place (DaemonSets, system pods, other tenants), in the
+    # units of `allocatable`: what a gang cannot have of this node. None: not known (pods not listed).
+    reserved: dict[ResourceName, int] | None = Field(default=None, max_length=64)
     instance_type: str = Field(default="", max_length=80)
     spot: bool = False
     taints: list[TaintSpec] = Field(default_factory=list, max_length=32)

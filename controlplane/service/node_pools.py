@@ -1,8 +1,9 @@
 """Pools made from the nodes a cluster reports, joined with what only the cloud knows (pure).
 
 A pool is the set of GPU nodes that share a pool key (`InventoryNode.pool`). Its capacity is what
-every one of its nodes can hold: the smallest allocatable CPU and memory, not the instance type's
-totals. Its GPUs, sharing and resource names are what its nodes say; when they disagree (a MIG
+every one of its nodes can hold: the smallest allocatable CPU and memory less what pods gpufleet did
+not place request there (DaemonSets, other tenants), not the instance type's totals. A node where such
+pods hold GPUs takes no new work. Its GPUs, sharing and resource names are what its nodes say; when they disagree (a MIG
 reconfiguration rolling through the pool, a node with a different driver config) the pool is planned
 as most of its nodes are, the others are held back from new work, and the pool carries an issue that
 says so. Cloud discovery adds what nodes cannot tell: bounds, instance type, scaling, and pools that
@@ -164,8 +165,15 @@ def _pool_from_nodes(
         for issue in node.issues[:2]:
             issues.append(f"pool {name}: node {node.name}: {issue}")
     model, gpus, sharing, resources, shares_per_container = chosen
-    cpu = [n.allocatable["cpu"] for n in agreeing if "cpu" in n.allocatable]
-    memory = [n.allocatable["memory"] // MIB for n in agreeing if "memory" in n.allocatable]
+    # A node whose GPUs are partly held by pods gpufleet did not place cannot take a gang's whole node.
+    occupied = {n.name: held for n in agreeing if (held := _foreign_gpus(n, dict(resources)))}
+    if occupied:
+        issues.append(
+            f"pool {name}: pods gpufleet did not place hold GPUs on {_shown(list(occupied))} "
+            f"({'; '.join(f'{n}: {occupied[n]}' for n in sorted(occupied)[:_SHOWN])}); they take no new work"
+        )
+    cpu = [_available(n, "cpu") for n in agreeing if "cpu" in n.allocatable]
+    memory = [_available(n, "memory") // MIB for n in agreeing if "memory" in n.allocatable]
     if not cpu or not memory:
         issues.append(f"pool {name}: nodes report no allocatable cpu or memory")
         return None, issues, set()
@@ -222,4 +230,15 @@ def _pool_from_nodes(
         resource_names=dict(resources),
         max_shares_per_pod=shares_per_container,
     )
-    return synced, issues, {n.name for n in others}
+    return synced, issues, {n.name for n in others} | set(occupied)
+
+
+def _available(node: InventoryNode, resource: str) -> int:
+    """What gangs can have of a node: its allocatable less what other pods request there."""
+    return max(0, node.allocatable[resource] - (node.reserved or {}).get(resource, 0))
+
+
+def _foreign_gpus(node: InventoryNode, resources: Mapping[str, str]) -> str:
+    """The GPU resources other pods request on `node` ("2 nvidia.com/gpu"), or "" when none."""
+    held = [(n, r) for r in sorted(set(resources.values())) if (n := (node.reserved or {}).get(r, 0)) > 0]
+    return ", ".join(f"{n} {r}" for n, r in held)

@@ -44,6 +44,7 @@ import yaml
 from fastapi.testclient import TestClient
 from moto.server import ThreadedMotoServer
 
+from adapters.kubernetes.nodes import observe_node
 from adapters.kubernetes.status import PodStatusWatcher
 from controlplane.agent.dcgm import AgentConfig, default_resolver, scrape_once
 from controlplane.bootstrap import RealFleet, Wiring, utc_now
@@ -751,11 +752,6 @@ def test_gang_life_on_a_real_cluster_flavour(
         kube.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product gap: pools are planned with the nodes' allocatable, not allocatable minus what "
-    "DaemonSet pods already request, so a gang asking a whole node's CPU is admitted but stays Pending",
-)
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # a capacity question, not a storage one
 def test_gang_asking_a_whole_nodes_allocatable_cpu_is_scheduled_by_the_cluster(
     client: TestClient,
@@ -788,6 +784,8 @@ def test_gang_asking_a_whole_nodes_allocatable_cpu_is_scheduled_by_the_cluster(
             plane.apply(*inventory.messages[0])
             pool = {p["name"]: p for p in client.get(f"/v1/clusters/{flavour.cluster}", headers=admin).json()["pools"]}
             whole = pool[flavour.pool]["cpu_millis"]  # what gpufleet believes one node can give a pod
+            allocatable = min(observe_node(n).allocatable["cpu"] for n in nodes)
+            assert whole == allocatable - 200  # the three DaemonSet pods' 50m + 100m + 50m on every node
             tenant = add_tenant(client, admin, "llm", "llm-train")
             assert client.post(
                 "/v1/priority-classes", json={"name": "batch", "value": 100, "is_default": True}, headers=admin

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from adapters.kubernetes.driver import KubernetesCluster
 from adapters.kubernetes.manifests import KubeSettings
-from adapters.kubernetes.status import PodStatusWatcher, list_nodes
+from adapters.kubernetes.status import PodStatusWatcher, list_live_pod_objects, list_nodes
 from controlplane.service.cluster_status import PodReport
 from tests.kubernetes import kustomize_lite
 from tests.kubernetes.conftest import NAMESPACE, pools, training_order
@@ -169,6 +169,7 @@ async def drive(settings: KubeSettings, api: FakeApiServer, cfg: client.Configur
         await first.reconcile({run_a: 3})
         await first.delete(run_a)
         await list_nodes(first.api_client)
+        await list_live_pod_objects(first.api_client)
     finally:
         first.close()
         second.close()
