@@ -42,6 +42,13 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default_factory=default_state_dir)
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # Prometheus metrics of this process on http://metrics_host:metrics_port/metrics (0: no metrics
+    # port; a process that runs the API also serves them on the API's own /metrics).
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    # The SQL gauges (queues, quota, backlog, leases, idle GPUs) are read at most this often, however
+    # often Prometheus scrapes; only processes that run the API export them.
+    metrics_fleet_interval: float = Field(default=5.0, ge=0)
     scheduler_interval: float = Field(default=1.0, gt=0)
     lease_ttl: float = Field(default=15.0, gt=0)
     dispatcher_interval: float = Field(default=0.3, gt=0)

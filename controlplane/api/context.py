@@ -20,3 +20,5 @@ class ApiContext:
     clock: Callable[[], datetime] = utc_now
     # Named readiness checks (database reachable, NATS connected, ...): each returns None or an error.
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+    # The process's Prometheus exposition (body, content type) for GET /metrics; None: no such route.
+    metrics: Callable[[], tuple[bytes, str]] | None = None

@@ -27,11 +27,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from controlplane.service import workloads
-from controlplane.service.cluster_status import PodReport, apply_pod_report
+from controlplane.service.cluster_status import PodReport, RunStarted, apply_pod_report
 from controlplane.service.commands import CancelWorkload, SubmitWorkload
 from controlplane.service.errors import ServiceError
 from controlplane.service.events import envelope, workload_subject
 from controlplane.service.inventory import InventoryReport, apply_inventory
+from controlplane.service.metrics import NO_METRICS, Metrics, seconds_between
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.safejson import UnsafeJson, decode_object
 from controlplane.service.views import Principal
@@ -90,8 +91,11 @@ def inbox_key(sender: str, msg_id: str) -> str:
     return key if len(key) <= 200 else f"{sender}/sha256:{hashlib.sha256(msg_id.encode()).hexdigest()}"
 
 
-def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime) -> Handled:
+def handle(
+    uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime, metrics: Metrics = NO_METRICS
+) -> Handled:
     parts = message.subject.split(".")
+    started: list[RunStarted] = []
     try:
         body = decode_object(message.data)
     except UnsafeJson as exc:
@@ -118,7 +122,7 @@ def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime)
             refusal = check_pod_report(uow, parts[2], report)
             if refusal is not None:
                 return Handled(Outcome.REFUSED, refusal)
-            result = Handled(Outcome.APPLIED, apply_pod_report(uow, parts[2], report, prefix, now))
+            result = Handled(Outcome.APPLIED, apply_pod_report(uow, parts[2], report, prefix, now, started))
         elif parts[3] == "inventory":
             try:
                 inventory = InventoryReport.model_validate(body)
@@ -130,6 +134,10 @@ def handle(uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime)
         else:
             return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")
         uow.commit()
+    for run in started:
+        waited = seconds_between(run.submitted_at, now)
+        if waited is not None:
+            metrics.started(run.queue, waited)
     return result
 
 
