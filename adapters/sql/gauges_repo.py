@@ -64,8 +64,11 @@ class SqlFleetGauges:
                 row.id: (row.name, row.team_id)
                 for row in s.execute(select(QueueRow.id, QueueRow.name, QueueRow.team_id))
             }
-            teams = dict(s.execute(select(TeamRow.id, TeamRow.name)).tuples().all())
-            clusters = {row.id: row for row in s.scalars(select(ClusterRow))}
+            teams: dict[str, str] = dict(s.execute(select(TeamRow.id, TeamRow.name)).all())
+            clusters: dict[str, tuple[str, str]] = {
+                cid: (name, state)
+                for cid, name, state in s.execute(select(ClusterRow.id, ClusterRow.name, ClusterRow.sync_state))
+            }
             pools = {row.id: pool_from_row(row) for row in s.scalars(select(NodePoolRow))}
             pending = self._pending(s, queues)
             workloads = self._workloads(s, queues)
@@ -80,7 +83,7 @@ class SqlFleetGauges:
                 )
                 for queue_id, name, team_id, guaranteed, limit in s.execute(
                     select(QueueRow.id, QueueRow.name, QueueRow.team_id, QueueRow.guaranteed, QueueRow.limit)
-                ).tuples()
+                )
             )
             gpus = self._gpus(s, clusters, pools, allocated)
             findings = self._findings(s, teams)
@@ -92,7 +95,7 @@ class SqlFleetGauges:
                 LeaseState(name, int(epoch), (expires - now).total_seconds())
                 for name, epoch, expires in s.execute(
                     select(LeaderLeaseRow.name, LeaderLeaseRow.epoch, LeaderLeaseRow.expires_at)
-                ).tuples()
+                )
             )
         return FleetGauges(
             pending=pending,
@@ -103,7 +106,7 @@ class SqlFleetGauges:
             idle_gpus=idle_gpus,
             sm_active=activity,
             measured_gpus=measured,
-            cluster_sync_errors={c.name: int(c.sync_state == "error") for c in clusters.values()},
+            cluster_sync_errors={name: int(state == "error") for name, state in clusters.values()},
             outbox_backlog=int(backlog),
             outbox_oldest_seconds=max(0.0, (now - _aware(oldest, now)).total_seconds()) if oldest else 0.0,
             leases=leases,
@@ -119,7 +122,7 @@ class SqlFleetGauges:
             .where(WorkloadRow.state == "queued")
             .group_by(WorkloadRow.queue_id, head)
             .limit(MAX_ROWS)
-        ).tuples()
+        )
         counts: dict[tuple[str, str], int] = defaultdict(int)
         for queue_id, prefix, count in rows:
             counts[(queues.get(queue_id, ("", ""))[0], pending_reason_kind(prefix or ""))] += int(count)
@@ -131,7 +134,7 @@ class SqlFleetGauges:
             select(WorkloadRow.queue_id, WorkloadRow.state, func.count())
             .where(WorkloadRow.state.in_(UNFINISHED_STATES))
             .group_by(WorkloadRow.queue_id, WorkloadRow.state)
-        ).tuples()
+        )
         return {(queues.get(q, ("", ""))[0], state): int(n) for q, state, n in rows}
 
     @staticmethod
@@ -152,7 +155,7 @@ class SqlFleetGauges:
             .where(RunRow.state.in_(LIVE_RUN_STATES))
             .group_by(WorkloadRow.queue_id, WorkloadRow.team_id, stage, NodeRow.pool_id, shape)
             .limit(MAX_ROWS)
-        ).tuples()
+        )
         used: dict[str, dict[str, Fraction]] = defaultdict(lambda: defaultdict(Fraction))
         allocated: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
         idle: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
@@ -178,23 +181,21 @@ class SqlFleetGauges:
     @staticmethod
     def _gpus(
         s: Session,
-        clusters: Mapping[str, ClusterRow],
+        clusters: Mapping[str, tuple[str, str]],
         pools: Mapping[str, NodePool],
         allocated: Mapping[tuple[str, str], Fraction],
     ) -> tuple[ClusterGpus, ...]:
         capacity: dict[tuple[str, str], int] = defaultdict(int)
         rows = s.execute(
             select(NodeRow.pool_id, func.count()).where(NodeRow.schedulable.is_(True)).group_by(NodeRow.pool_id)
-        ).tuples()
+        )
         for pool_id, nodes in rows:
             pool = pools.get(pool_id)
             if pool is not None:
                 capacity[(pool.cluster_id, pool.gpu_model)] += pool.gpus_per_node * int(nodes)
         keys = sorted(set(capacity) | set(allocated))
         return tuple(
-            ClusterGpus(
-                clusters[c].name, model, float(capacity.get((c, model), 0)), float(allocated.get((c, model), 0))
-            )
+            ClusterGpus(clusters[c][0], model, float(capacity.get((c, model), 0)), float(allocated.get((c, model), 0)))
             for c, model in keys
             if c in clusters
         )
@@ -207,11 +208,11 @@ class SqlFleetGauges:
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .where(RunRow.state.in_(LIVE_RUN_STATES))
             .group_by(IdleFindingRow.stage, WorkloadRow.team_id)
-        ).tuples()
+        )
         return {(stage, teams.get(team_id, "")): int(n) for stage, team_id, n in rows}
 
     def _activity(
-        self, s: Session, clusters: Mapping[str, ClusterRow], now: datetime
+        self, s: Session, clusters: Mapping[str, tuple[str, str]], now: datetime
     ) -> tuple[dict[str, float], dict[str, int]]:
         """Mean DCGM activity of GPUs held by runs over the recent windows, per cluster: SM activity,
         else graphics-engine activity, else GPU utilization, per window, as the idle policy reads it."""
@@ -231,8 +232,8 @@ class SqlFleetGauges:
             .where(and_(w.window_start >= now - self.activity_lookback, w.run_id != ""))
             .group_by(w.cluster)
             .limit(MAX_ROWS)
-        ).tuples()
-        names = {c.name for c in clusters.values()}
+        )
+        names = {name for name, _ in clusters.values()}
         activity: dict[str, float] = {}
         measured: dict[str, int] = {}
         for cluster, summed, n, gpus in rows:

@@ -282,9 +282,10 @@ class SqlWorkloadRepository:
         found: dict[str, datetime] = {}
         for start in range(0, len(ids), 500):  # bounded IN lists, however many a cycle admits
             chunk = ids[start : start + 500]
-            found.update(
-                self.s.execute(select(WorkloadRow.id, WorkloadRow.created_at).where(WorkloadRow.id.in_(chunk))).tuples()
-            )
+            for workload_id, created_at in self.s.execute(
+                select(WorkloadRow.id, WorkloadRow.created_at).where(WorkloadRow.id.in_(chunk))
+            ):
+                found[workload_id] = created_at
         return found
 
     def record_pending(self, reasons: Sequence[PendingReason]) -> int:
