@@ -387,7 +387,7 @@ def fleet_families(g: FleetGauges) -> Iterator[Metric]:
         (([c], v) for c, v in sorted(g.sm_active.items())),
     )
     yield _gauge(
-        "gpufleet_gpus_measured",
+        "gpufleet_measured_gpus",
         "GPUs held by runs with a recent telemetry window",
         ["cluster"],
         (([c], v) for c, v in sorted(g.measured_gpus.items())),

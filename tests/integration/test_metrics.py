@@ -110,7 +110,7 @@ async def test_api_and_worker_metrics_move_with_the_work(settings: Settings) -> 
                 if await state(big) != "running":
                     return False
                 _, samples = await scrape(f"{base}/metrics")
-                return value(samples, "gpufleet_gpus_measured", cluster="sim-h100") > 0
+                return value(samples, "gpufleet_measured_gpus", cluster="sim-h100") > 0
 
             await _until(big_running_and_measured, 90)
             names, fleet = await scrape(f"{base}/metrics")
