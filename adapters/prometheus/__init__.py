@@ -23,7 +23,7 @@ def new_registry() -> CollectorRegistry:
     one test process do not collide)."""
     # No `<name>_created` series beside every counter and histogram: in the text format they are
     # separate gauges that double the series count and that nothing of gpufleet's reads.
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     return CollectorRegistry(auto_describe=False)
 
 
