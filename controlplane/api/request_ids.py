@@ -3,8 +3,8 @@
 A caller's `X-Request-ID` is kept when it is sane (1 to 128 characters of letters, digits and
 `._:-`, so it can neither forge log structure nor grow without bound); otherwise, or without one,
 the API makes a fresh one. Either way the response echoes it in `X-Request-ID`. One access line is
-logged per request (method, path without the query string, status, duration), never headers or
-bodies, which can hold tokens.
+logged per request (method, path without the query string, status, duration; probes and scrapes at
+debug level), never headers or bodies, which can hold tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from controlplane.logs import request_id
 HEADER = "X-Request-ID"
 _SANE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 log = logging.getLogger("gpufleet.api.access")
+# Probes and scrapes come every few seconds: their lines are debug, so `-v` shows them.
+QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def accepted_request_id(value: bytes | None) -> str:
@@ -60,14 +62,17 @@ class RequestIds:
         try:
             await self.app(scope, receive, with_id)
         finally:
-            log.info(
+            # The path is percent-decoded: a %0A in it must not start a forged line in text logs.
+            path = "".join(c if c.isprintable() else "?" for c in str(scope.get("path", ""))[:200])
+            log.log(
+                logging.DEBUG if path in QUIET_PATHS else logging.INFO,
                 "%s %s %d",
                 scope.get("method", ""),
-                scope.get("path", ""),
+                path,
                 status,
                 extra={
                     "method": scope.get("method", ""),
-                    "path": str(scope.get("path", ""))[:200],
+                    "path": path,
                     "status": status,
                     "duration_ms": round((time.perf_counter() - started) * 1000, 2),
                 },

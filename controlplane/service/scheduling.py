@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
-from controlplane.core.snapshot import REBALANCE_PREFIX, Decision, Policy
+from controlplane.core.snapshot import REBALANCE_PREFIX, Decision, Eviction, Policy
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import LostLeadership
 from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, seconds_between
 from controlplane.service.ports import UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
+log = logging.getLogger(__name__)
 LEASE_NAME = "scheduler"
 # Evictions made to rebalance fair share start their message with this; the snapshot reads when
 # the last one happened to rate-limit them across cycles.
@@ -117,7 +119,7 @@ def run_cycle(
         check_decision(snapshot, decision)
         phase_done(CyclePhase.CHECK)
     admitted = 0
-    evicted_kinds: list[str] = []
+    evictions_done: list[Eviction] = []
     admitted_waits: list[tuple[str, float | None]] = []
     with uow_factory() as uow:
         evicted = 0
@@ -165,7 +167,7 @@ def run_cycle(
                 reason=eviction.reason,
             )
             evicted += 1
-            evicted_kinds.append(eviction.kind)
+            evictions_done.append(eviction)
         submitted = uow.workloads.submitted_at([a.workload_id for a in decision.admissions])
         for admission in decision.admissions:
             queue = uow.workloads.admit(admission, epoch, now)
@@ -186,8 +188,15 @@ def run_cycle(
     # Reported once the decision has landed: a deposed leader's cycle counts nothing.
     for phase, seconds in phases:
         metrics.cycle_phase(phase, seconds)
-    for kind in evicted_kinds:
-        metrics.evicted(kind)
+    for eviction in evictions_done:
+        metrics.evicted(eviction.kind)
+        log.info(
+            "evicted run %s (%s): %s",
+            eviction.run_id,
+            eviction.kind,
+            eviction.reason,
+            extra={"run": eviction.run_id, "workload": eviction.workload_id, "epoch": epoch},
+        )
     for queue, waited in admitted_waits:
         metrics.admitted(queue, waited)
     metrics.cycle_done(time.perf_counter() - started, len(decision.pending))

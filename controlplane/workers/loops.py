@@ -413,7 +413,7 @@ async def _handle_delivery(
         if delivery.attempt > ingest.MAX_DELIVERIES:
             reason = f"delivered {delivery.attempt} times without being applied (the consumer failed or died on it)"
             await source.dead_letter(message, reason)
-            log.warning("dead-lettered %s: %s", message.subject, reason)
+            log.warning("dead-lettered %s: %s", message.subject, reason, extra={"consumer": ingest.CONSUMER})
             await delivery.ack()
             return Outcome.MALFORMED
         try:
@@ -425,12 +425,12 @@ async def _handle_delivery(
                 raise
             reason = f"failed on {delivery.attempt} deliveries; last error {type(exc).__name__}: {exc}"
             await source.dead_letter(message, reason[:1000])
-            log.warning("dead-lettered %s: %s", message.subject, reason[:1000])
+            log.warning("dead-lettered %s: %s", message.subject, reason[:1000], extra={"consumer": ingest.CONSUMER})
             await delivery.ack()
             return Outcome.MALFORMED
         if result.outcome.dead_letter:
             await source.dead_letter(message, result.detail)
-            log.warning("dead-lettered %s: %s", message.subject, result.detail)
+            log.warning("dead-lettered %s: %s", message.subject, result.detail, extra={"consumer": ingest.CONSUMER})
         await delivery.ack()
         return result.outcome
     except StoreUnavailable:

@@ -48,7 +48,7 @@ def access_lines() -> Iterator[_Lines]:
     handler = _Lines()
     logger = logging.getLogger("gpufleet.api.access")
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # probes (/healthz) are logged at debug level
     yield handler
     logger.removeHandler(handler)
 
@@ -71,12 +71,17 @@ def test_request_ids_are_kept_when_sane_and_made_otherwise(client: TestClient, a
     missing = client.get("/v1/nothing-here", headers={HEADER: "gone-1"})
     assert missing.status_code == 404
     assert missing.headers[HEADER] == "gone-1"
+    forged = client.get("/v1/x%0A%7B%22level%22:%22error%22%7D", headers={HEADER: "forged-1"})
+    assert forged.status_code == 404
     entries = [json.loads(line) for line in access_lines.lines]
     by_id = {e.get("request_id"): e for e in entries}
     assert by_id["trace-7.a:b_c"]["path"] == "/healthz"
     assert by_id["trace-7.a:b_c"]["status"] == 200
     assert by_id["big-1"]["status"] == 413
     assert by_id["gone-1"]["status"] == 404
+    assert by_id["gone-1"]["level"] == "info"
+    assert by_id["trace-7.a:b_c"]["level"] == "debug"
+    assert "\n" not in by_id["forged-1"]["path"]
     assert all({"ts", "level", "logger", "message", "duration_ms"} <= e.keys() for e in entries)
     assert not any("has space" in line for line in access_lines.lines)
 
