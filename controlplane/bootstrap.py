@@ -512,9 +512,7 @@ async def run_components(
     metrics = PrometheusMetrics(registry)
     if "api" in components:  # the API processes export the fleet's SQL gauges (read when scraped)
         registry.register(FleetCollector(SqlFleetGauges(wiring.engine), utc_now, settings.metrics_fleet_interval))
-    stop_metrics = (
-        serve_metrics(registry, settings.metrics_host, settings.metrics_port) if settings.metrics_port else None
-    )
+    stop_metrics: Callable[[], None] | None = None
     if "api" in components:
         ctx = ApiContext(
             metrics=lambda: exposition(registry),
@@ -647,6 +645,12 @@ async def run_components(
     for coroutine in extra or []:
         tasks.append(asyncio.create_task(coroutine))
     try:
+        if settings.metrics_port:
+            try:
+                stop_metrics = serve_metrics(registry, settings.metrics_host, settings.metrics_port)
+            except OSError:
+                stop.set()  # the port is taken: stop what started, then say why
+                raise
         await stop.wait()
     finally:
         if server is not None:
