@@ -515,7 +515,8 @@ async def run_components(
     stop_metrics: Callable[[], None] | None = None
     if "api" in components:
         ctx = ApiContext(
-            metrics=lambda: exposition(registry),
+            exposition=lambda: exposition(registry),
+            metrics=metrics,
             uow_factory=wiring.uow,
             subject_prefix=prefix,
             readiness={

@@ -29,6 +29,7 @@ from controlplane.service.metrics import (
 
 log = logging.getLogger(__name__)
 MAX_LABEL_VALUES = 1000
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 OVERFLOW = "_other"
 
 CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -181,6 +182,19 @@ class PrometheusMetrics:
             buckets=CALL_BUCKETS,
             registry=r,
         )
+        self.api_requests = Counter(
+            "gpufleet_api_requests_total",
+            "API requests answered, by method, route template and status code",
+            ["method", "route", "code"],
+            registry=r,
+        )
+        self.api_seconds = Histogram(
+            "gpufleet_api_request_duration_seconds",
+            "Time to answer API requests, by method and route template",
+            ["method", "route"],
+            buckets=CALL_BUCKETS,
+            registry=r,
+        )
         self.leases = _LeaseCollector(clock)
         registry.register(self.leases)
 
@@ -243,6 +257,11 @@ class PrometheusMetrics:
         label = self.provider(provider)
         self.cloud_calls.labels(label, operation, outcome).inc()
         self.cloud_seconds.labels(label, operation).observe(seconds)
+
+    def api_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        verb = method if method in HTTP_METHODS else OVERFLOW
+        self.api_requests.labels(verb, route, str(status)).inc()
+        self.api_seconds.labels(verb, route).observe(seconds)
 
 
 class _LeaseCollector(Collector):

@@ -144,7 +144,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(BodyGuard)
     app.add_middleware(SecurityHeaders)  # outside BodyGuard: also on its answers
-    app.add_middleware(RequestIds)  # added last, so outermost: every answer and log line has the id
+    app.add_middleware(
+        RequestIds, metrics=ctx.metrics
+    )  # added last, so outermost: every answer and log line has the id
 
     @app.exception_handler(StoreUnavailable)
     async def _store_unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -196,7 +198,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             return JSONResponse({"status": "not ready", "checks": failures}, status_code=503)
         return JSONResponse({"status": "ready", "checks": dict.fromkeys(ctx.readiness, "ok")})
 
-    exposition = ctx.metrics
+    exposition = ctx.exposition
     if exposition is not None:
         # Sync: it may read SQL (the fleet gauges), so it runs in the thread pool, not on the loop.
         @app.get("/metrics", tags=["health"], include_in_schema=False)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import UnitOfWorkFactory
 
 
@@ -21,4 +22,6 @@ class ApiContext:
     # Named readiness checks (database reachable, NATS connected, ...): each returns None or an error.
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)
     # The process's Prometheus exposition (body, content type) for GET /metrics; None: no such route.
-    metrics: Callable[[], tuple[bytes, str]] | None = None
+    exposition: Callable[[], tuple[bytes, str]] | None = None
+    # Where answered requests are counted and timed.
+    metrics: Metrics = NO_METRICS

@@ -18,6 +18,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.logs import request_id
+from controlplane.service.metrics import NO_METRICS, Metrics
 
 HEADER = "X-Request-ID"
 _SANE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -39,8 +40,12 @@ def accepted_request_id(value: bytes | None) -> str:
 
 
 class RequestIds:
-    def __init__(self, app: ASGIApp) -> None:
+    """Also reports each answered request to `metrics`, by its route's template (bounded: one per
+    route, and `unmatched` for every path no route has)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics = NO_METRICS) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -62,6 +67,11 @@ class RequestIds:
         try:
             await self.app(scope, receive, with_id)
         finally:
+            elapsed = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None)
+            self.metrics.api_request(
+                str(scope.get("method", "")), route if isinstance(route, str) else "unmatched", status, elapsed
+            )
             # The path is percent-decoded: a %0A in it must not start a forged line in text logs.
             path = "".join(c if c.isprintable() else "?" for c in str(scope.get("path", ""))[:200])
             log.log(
@@ -74,7 +84,7 @@ class RequestIds:
                     "method": scope.get("method", ""),
                     "path": path,
                     "status": status,
-                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                    "duration_ms": round(elapsed * 1000, 2),
                 },
             )
             request_id.reset(token)

@@ -115,6 +115,9 @@ class Metrics(Protocol):
         ...
 
     def cloud_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None: ...
+    def api_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One answered API request; `route` is the route's template (`/v1/workloads/{workload_id}`)."""
+        ...
 
 
 class NoMetrics:
@@ -160,6 +163,9 @@ class NoMetrics:
         pass
 
     def cloud_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def api_request(self, method: str, route: str, status: int, seconds: float) -> None:
         pass
 
 

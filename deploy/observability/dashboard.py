@@ -287,6 +287,21 @@ def build() -> dict[str, Any]:
         w=12,
     )
 
+    d.panel(
+        "timeseries",
+        "API requests by route and status",
+        [('sum by (route, code) (rate(gpufleet_api_requests_total{route!="/metrics"}[5m]))', "{{route}} {{code}}")],
+        "reqps",
+        w=12,
+    )
+    d.panel(
+        "timeseries",
+        "API latency (p95) by route",
+        [(quantile(0.95, "gpufleet_api_request_duration_seconds", "route", "5m"), "{{route}}")],
+        "s",
+        w=12,
+    )
+
     d.row("Anti-hoarding")
     d.panel(
         "timeseries",

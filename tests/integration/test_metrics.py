@@ -131,6 +131,10 @@ async def test_api_and_worker_metrics_move_with_the_work(settings: Settings) -> 
             assert {"gpufleet_outbox_backlog_events", "gpufleet_outbox_oldest_unpublished_age_seconds"} <= names
             assert {"gpufleet_idle_findings", "gpufleet_idle_gpus", "gpufleet_fleet_gauges_read_seconds"} <= names
             assert value(fleet, "gpufleet_fleet_gauges_read_failures") == 0
+            posted = value(fleet, "gpufleet_api_requests_total", method="POST", route="/v1/workloads", code="201")
+            assert posted == 3
+            assert value(fleet, "gpufleet_api_requests_total", route="/v1/workloads/{workload_id}", code="200") > 0
+            assert value(fleet, "gpufleet_api_request_duration_seconds_count", method="GET", route="/readyz") > 0
 
             # 3. an urgent gang of the same queue preempts the big one
             urgent = await submit("urgent", replicas=4, gpus=8, duration_seconds=600, priority_class="urgent")

@@ -65,9 +65,10 @@ def exercise(m: Metrics) -> set[str]:
     m.lease("scheduler", 1)
     m.consumer_pending("ingest", 1, 1)
     m.cloud_call("eks", "discover", "ok", 0.1)
+    m.api_request("POST", "/v1/workloads", 201, 0.01)
     return {
         "cycle_phase", "cycle_done", "admitted", "evicted", "started", "dispatched", "dispatch_failed", "torn_down",
-        "ingested", "telemetry_batch", "relayed", "lease", "consumer_pending", "cloud_call",
+        "ingested", "telemetry_batch", "relayed", "lease", "consumer_pending", "cloud_call", "api_request",
     }  # fmt: skip
 
 

@@ -84,6 +84,8 @@ def _exercised() -> tuple[Any, PrometheusMetrics]:
     m.lease("relay", None)
     m.consumer_pending("ingest", 4, 1)
     m.cloud_call("eks", "discover", "ok", 0.3)
+    m.api_request("GET", "/v1/workloads/{workload_id}", 200, 0.01)
+    m.api_request("BREW", "unmatched", 405, 0.01)
     return registry, m
 
 
@@ -131,6 +133,9 @@ def test_names_follow_prometheus_conventions() -> None:
                     "resource",
                     "gpu_model",
                     "stage",
+                    "method",
+                    "route",
+                    "code",
                     "le",
                 }, (name, label)
 
@@ -160,6 +165,9 @@ def test_port_calls_move_the_named_series() -> None:
     assert sample("gpufleet_lease_held_epoch", lease="scheduler") == 7
     assert not [s for s in f["gpufleet_lease_held_epoch"].samples if s.labels["lease"] == "relay"]
     assert sample("gpufleet_cloud_calls_total", "gpufleet_cloud_calls", provider="eks", outcome="ok") == 1
+    requests = "gpufleet_api_requests_total", "gpufleet_api_requests"
+    assert sample(*requests, method="GET", route="/v1/workloads/{workload_id}", code="200") == 1
+    assert sample(*requests, method="_other", route="unmatched", code="405") == 1
 
 
 def test_label_values_are_capped() -> None:
