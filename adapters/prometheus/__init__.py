@@ -13,7 +13,8 @@ from prometheus_client import (
     start_http_server,
 )
 
-from adapters.prometheus.metrics import FleetCollector, PrometheusMetrics
+from adapters.prometheus.fleet import FleetCollector
+from adapters.prometheus.metrics import PrometheusMetrics
 
 __all__ = ["FleetCollector", "PrometheusMetrics", "exposition", "new_registry", "serve_metrics"]
 

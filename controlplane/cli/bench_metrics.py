@@ -20,7 +20,7 @@ from typing import Any
 import click
 from sqlalchemy import Engine, insert
 
-from adapters.prometheus.metrics import fleet_families
+from adapters.prometheus.fleet import fleet_families
 from adapters.sql.engine import make_engine
 from adapters.sql.gauges_repo import SqlFleetGauges
 from adapters.sql.migrate import upgrade_to_head
