@@ -35,13 +35,16 @@ from adapters.kubernetes.status import list_live_pod_objects, list_node_objects
 from adapters.nats import secrets as nats_secrets
 from adapters.nats.callout import AuthCallout
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
+from adapters.nats.consumer_stats import consumer_backlogs
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import as_json as topology_json
 from adapters.nats.topology import ensure_topology
+from adapters.prometheus import FleetCollector, PrometheusMetrics, exposition, new_registry, serve_metrics
 from adapters.sim.cluster import SimCluster
 from adapters.sim.fleet import default_fleet
 from adapters.sql.engine import make_engine, make_session_factory
+from adapters.sql.gauges_repo import SqlFleetGauges
 from adapters.sql.migrate import upgrade_to_head
 from adapters.sql.uow import SqlUnitOfWork
 from controlplane.api.app import create_app
@@ -57,12 +60,16 @@ from controlplane.service.fleet_sync import locator_of, sync_due
 from controlplane.service.gang_timeout import requeue_stalled_gangs, requeue_undispatched
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.kubeconfigs import FileKubeconfigStore
+from controlplane.service.metered_cloud import metered
+from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
 from controlplane.service.scheduling import lease_gap
 from controlplane.workers import loops
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("api", "scheduler", "dispatcher", "ingest", "relay")
+# How often the ingest process asks the broker how far behind its durable consumers are.
+CONSUMER_BACKLOG_SECONDS = 10.0
 
 __all__ = [
     "INBOUND_ID_HEADER",
@@ -325,12 +332,14 @@ class RealFleet:
         publisher: EventPublisher,
         prefix: str,
         providers: Mapping[str, CloudProvider] | None = None,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.wiring = wiring
         self.settings = wiring.settings
         self.publisher = publisher
         self.prefix = prefix
-        self._providers: dict[str, CloudProvider] = dict(providers or {})
+        self.metrics = metrics
+        self._providers: dict[str, CloudProvider] = {k: metered(v, metrics) for k, v in (providers or {}).items()}
         self._provider_lock = threading.Lock()
         self.kubeconfigs = FileKubeconfigStore(self.settings.state_dir / "kubeconfigs")
         self.clusters: dict[str, KubernetesCluster] = {}
@@ -342,7 +351,8 @@ class RealFleet:
     def provider_for(self, name: str) -> CloudProvider:
         with self._provider_lock:
             if name not in self._providers:
-                self._providers[name] = build_provider(name, **self.settings.cloud_endpoints.get(name, {}))
+                built = build_provider(name, **self.settings.cloud_endpoints.get(name, {}))
+                self._providers[name] = metered(built, self.metrics)
             return self._providers[name]
 
     def _configuration(self, record: CloudClusterRecord) -> Any:
@@ -535,8 +545,15 @@ async def run_components(
     policy = settings.scheduling_policy()
     clock = utc_now
     server: uvicorn.Server | None = None
+    registry = new_registry()  # this run's own: two control planes in one process do not mix
+    metrics = PrometheusMetrics(registry)
+    if "api" in components:  # the API processes export the fleet's SQL gauges (read when scraped)
+        registry.register(FleetCollector(SqlFleetGauges(wiring.engine), utc_now, settings.metrics_fleet_interval))
+    stop_metrics: Callable[[], None] | None = None
     if "api" in components:
         ctx = ApiContext(
+            exposition=lambda: exposition(registry),
+            metrics=metrics,
             uow_factory=wiring.uow,
             subject_prefix=prefix,
             readiness={
@@ -551,7 +568,13 @@ async def run_components(
         app = create_app(ctx)
         app.state.kubeconfigs = FileKubeconfigStore(settings.state_dir / "kubeconfigs")
         config = uvicorn.Config(
-            app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="off"
+            # log_config None: uvicorn's lines go through this process's handlers (text or JSON).
+            app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_level="warning",
+            lifespan="off",
+            log_config=None,
         )
         server = _EmbeddedServer(config)
         sockets = [_reuse_port_socket(settings.api_host, settings.api_port)] if settings.api_reuse_port else None
@@ -568,6 +591,7 @@ async def run_components(
                     settings.scheduler_interval,
                     settings.lease_ttl,
                     settings.check_invariants,
+                    metrics,
                 ),
                 name="scheduler",
             )
@@ -589,7 +613,7 @@ async def run_components(
     if "dispatcher" in components:
         fleet = SimFleet(wiring, inbound_publisher, prefix, settings.sim_start_delay, settings.telemetry_interval)
         tasks.append(asyncio.create_task(fleet.run(stop), name="sim-fleet"))
-        real = RealFleet(wiring, inbound_publisher, prefix, providers)
+        real = RealFleet(wiring, inbound_publisher, prefix, providers, metrics)
         tasks.append(asyncio.create_task(real.run(stop), name="real-fleet"))
         tasks.extend(_real_cluster_tasks(wiring, real, settings, prefix, stop))
 
@@ -615,6 +639,7 @@ async def run_components(
                     settings.lease_ttl,
                     fleet.set_active,
                     settings.vanished_run_grace,
+                    metrics,
                 ),
                 name="dispatcher",
             )
@@ -622,12 +647,15 @@ async def run_components(
     if "relay" in components:
         tasks.append(
             asyncio.create_task(
-                loops.relay_loop(wiring.uow, publisher, clock, stop, settings.relay_interval), name="relay"
+                loops.relay_loop(wiring.uow, publisher, clock, stop, settings.relay_interval, metrics=metrics),
+                name="relay",
             )
         )
     if "ingest" in components:
         source = JetStreamInbound(js, prefix)
-        tasks.append(asyncio.create_task(loops.ingest_loop(source, wiring.uow, prefix, clock, stop), name="ingest"))
+        tasks.append(
+            asyncio.create_task(loops.ingest_loop(source, wiring.uow, prefix, clock, stop, metrics), name="ingest")
+        )
         telemetry_source = JetStreamTelemetrySource(nc, prefix)
         tasks.append(
             asyncio.create_task(
@@ -638,13 +666,31 @@ async def run_components(
                     clock,
                     stop,
                     window_seconds=settings.telemetry_window_seconds,
+                    observer=loops.metered_telemetry(metrics),
                 ),
                 name="telemetry",
+            )
+        )
+
+        async def consumer_backlog() -> None:
+            for consumer, (pending, ack_pending) in (await consumer_backlogs(js)).items():
+                metrics.consumer_pending(consumer, pending, ack_pending)
+
+        tasks.append(
+            asyncio.create_task(
+                loops.periodic_loop("consumer backlog", consumer_backlog, stop, CONSUMER_BACKLOG_SECONDS),
+                name="consumer-backlog",
             )
         )
     for coroutine in extra or []:
         tasks.append(asyncio.create_task(coroutine))
     try:
+        if settings.metrics_port:
+            try:
+                stop_metrics = serve_metrics(registry, settings.metrics_host, settings.metrics_port)
+            except OSError:
+                stop.set()  # the port is taken: stop what started, then say why
+                raise
         await stop.wait()
     finally:
         if server is not None:
@@ -658,6 +704,8 @@ async def run_components(
         # close, not drain: every ack was confirmed and SQL holds the truth, so there is nothing
         # to flush, and draining a pull subscription waits out its drain timeout.
         await nc.close()
+        if stop_metrics is not None:
+            stop_metrics()
         wiring.close()
 
 

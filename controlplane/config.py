@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     # Bind the API port with SO_REUSEPORT, so several API processes on one host share it (the kernel
     # spreads connections among them), as several replicas behind a Service would.
     api_reuse_port: bool = False
+    # Prometheus metrics of this process on http://metrics_host:metrics_port/metrics (0: no metrics
+    # port; a process that runs the API also serves them on the API's own /metrics).
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    # The SQL gauges (queues, quota, backlog, leases, idle GPUs) are read at most this often, however
+    # often Prometheus scrapes; only processes that run the API export them.
+    metrics_fleet_interval: float = Field(default=5.0, ge=0)
     scheduler_interval: float = Field(default=1.0, gt=0)
     lease_ttl: float = Field(default=15.0, gt=0)
     dispatcher_interval: float = Field(default=0.3, gt=0)

@@ -43,6 +43,12 @@ class Delivery:
     def attempt(self) -> int:
         return int(self._msg.metadata.num_delivered or 1)
 
+    @property
+    def published_at(self) -> float | None:
+        """Unix seconds at which JetStream stored the message (ingest lag)."""
+        stamp = self._msg.metadata.timestamp
+        return stamp.timestamp() if stamp is not None else None
+
     async def hold(self) -> None:
         await self._msg.in_progress()
 

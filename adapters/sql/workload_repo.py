@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -280,6 +280,17 @@ class SqlWorkloadRepository:
             .join(WorkloadRow, WorkloadRow.queue_id == QueueRow.id)
             .where(WorkloadRow.id == admission.workload_id)
         )
+
+    def submitted_at(self, workload_ids: Collection[str]) -> dict[str, datetime]:
+        ids = list(workload_ids)
+        found: dict[str, datetime] = {}
+        for start in range(0, len(ids), 500):  # bounded IN lists, however many a cycle admits
+            chunk = ids[start : start + 500]
+            for workload_id, created_at in self.s.execute(
+                select(WorkloadRow.id, WorkloadRow.created_at).where(WorkloadRow.id.in_(chunk))
+            ):
+                found[workload_id] = created_at
+        return found
 
     def record_pending(self, reasons: Sequence[PendingReason]) -> int:
         if not reasons:

@@ -6,12 +6,13 @@ import logging
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api import responses, routes_admin, routes_reports, routes_workloads
 from controlplane.api.context import ApiContext
+from controlplane.api.request_ids import RequestIds
 from controlplane.api.text import refuse_nul
 from controlplane.domain.limits import MAX_MESSAGE_BYTES
 from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable
@@ -142,7 +143,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     app.state.ctx = ctx
     app.add_middleware(BodyGuard)
-    app.add_middleware(SecurityHeaders)  # added last, so outermost: also on BodyGuard's answers
+    app.add_middleware(SecurityHeaders)  # outside BodyGuard: also on its answers
+    app.add_middleware(
+        RequestIds, metrics=ctx.metrics
+    )  # added last, so outermost: every answer and log line has the id
 
     @app.exception_handler(StoreUnavailable)
     async def _store_unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -193,6 +197,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
         if failures:
             return JSONResponse({"status": "not ready", "checks": failures}, status_code=503)
         return JSONResponse({"status": "ready", "checks": dict.fromkeys(ctx.readiness, "ok")})
+
+    exposition = ctx.exposition
+    if exposition is not None:
+        # Sync: it may read SQL (the fleet gauges), so it runs in the thread pool, not on the loop.
+        @app.get("/metrics", tags=["health"], include_in_schema=False)
+        def metrics() -> Response:
+            body, content_type = exposition()
+            return Response(body, media_type=content_type)
 
     app.include_router(routes_admin.router)
     app.include_router(routes_workloads.router)

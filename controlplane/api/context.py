@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from controlplane.service.fleet_fit import FleetFit
+from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import UnitOfWorkFactory
 
 
@@ -23,3 +24,7 @@ class ApiContext:
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)
     # The process's memo of the submit-time fleet check ("could this gang ever run here").
     fleet_fit: FleetFit = field(default_factory=FleetFit)
+    # The process's Prometheus exposition (body, content type) for GET /metrics; None: no such route.
+    exposition: Callable[[], tuple[bytes, str]] | None = None
+    # Where answered requests are counted and timed.
+    metrics: Metrics = NO_METRICS

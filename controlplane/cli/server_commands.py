@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from adapters.files import PRIVATE_UMASK, private_dir
-from controlplane import bootstrap
+from controlplane import bootstrap, logs
 from controlplane.cli import demo, seed
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
@@ -30,11 +30,24 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
     return Settings.load(config, **overrides)
 
 
-def _logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("nats").setLevel(logging.WARNING)
+def _logging(verbose: bool, log_format: str = "text") -> None:
+    logs.configure(log_format, verbose)
+
+
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(logs.LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="GPUFLEET_LOG_FORMAT",
+    help="text, or json: one JSON object per line (ts, level, logger, message and context fields)",
+)
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="serve Prometheus metrics on this port at /metrics (default GPUFLEET_METRICS_PORT, 0: off)",
+)
 
 
 def _port_free(port: int) -> bool:
@@ -85,9 +98,11 @@ def _component_command(name: str) -> click.Command:
     @click.command(name=name, help=f"Run the {name} against GPUFLEET_DATABASE_URL and GPUFLEET_NATS_URL.")
     @config_option
     @click.option("-v", "--verbose", is_flag=True)
-    def command(config: Path | None, verbose: bool) -> None:
-        _logging(verbose)
-        settings = _settings(config)
+    @log_format_option
+    @metrics_port_option
+    def command(config: Path | None, verbose: bool, log_format: str, metrics_port: int | None) -> None:
+        _logging(verbose, log_format)
+        settings = _settings(config, metrics_port=metrics_port)
         stop = asyncio.Event()
         _run_until_signal(bootstrap.run_components(settings, (name,), stop), stop)
 
@@ -98,11 +113,15 @@ def _component_command(name: str) -> click.Command:
 @config_option
 @click.argument("components", nargs=-1, required=True, type=click.Choice(bootstrap.COMPONENTS))
 @click.option("-v", "--verbose", is_flag=True)
-def run_many(config: Path | None, components: tuple[str, ...], verbose: bool) -> None:
+@log_format_option
+@metrics_port_option
+def run_many(
+    config: Path | None, components: tuple[str, ...], verbose: bool, log_format: str, metrics_port: int | None
+) -> None:
     """Run several components in one process, e.g. `gpufleet run api ingest relay` (fewer processes
     than one per component; the scheduler and dispatcher still elect one leader each by lease)."""
-    _logging(verbose)
-    settings = _settings(config)
+    _logging(verbose, log_format)
+    settings = _settings(config, metrics_port=metrics_port)
     stop = asyncio.Event()
     _run_until_signal(bootstrap.run_components(settings, tuple(dict.fromkeys(components)), stop), stop)
 
@@ -112,10 +131,14 @@ def run_many(config: Path | None, components: tuple[str, ...], verbose: bool) ->
 @click.option("--host", default=None, help="address to bind (default 127.0.0.1)")
 @click.option("--port", type=int, default=None, help="port to bind (default 8080)")
 @click.option("-v", "--verbose", is_flag=True)
-def serve(config: Path | None, host: str | None, port: int | None, verbose: bool) -> None:
-    """Run the REST API."""
-    _logging(verbose)
-    settings = _settings(config, api_host=host, api_port=port)
+@log_format_option
+@metrics_port_option
+def serve(
+    config: Path | None, host: str | None, port: int | None, verbose: bool, log_format: str, metrics_port: int | None
+) -> None:
+    """Run the REST API (its metrics are also at /metrics on the API port)."""
+    _logging(verbose, log_format)
+    settings = _settings(config, api_host=host, api_port=port, metrics_port=metrics_port)
     stop = asyncio.Event()
     _run_until_signal(bootstrap.run_components(settings, ("api",), stop), stop)
 
@@ -219,9 +242,20 @@ def nats_auth_config(secrets_file: Path, out: Path, host: str, port: int, store_
 @click.option("--nats-port", type=int, default=4333, show_default=True, help="port of the embedded nats-server")
 @click.option("--demo", "demo_flag", is_flag=True, help="also run a workload generator so gangs flow at once")
 @click.option("-v", "--verbose", is_flag=True)
-def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbose: bool) -> None:
-    """Run all of gpufleet on this machine: SQLite, nats-server, API, workers and a simulated fleet."""
-    _logging(verbose)
+@log_format_option
+@metrics_port_option
+def up(
+    state_dir: Path | None,
+    port: int,
+    nats_port: int,
+    demo_flag: bool,
+    verbose: bool,
+    log_format: str,
+    metrics_port: int | None,
+) -> None:
+    """Run all of gpufleet on this machine: SQLite, nats-server, API, workers and a simulated fleet.
+    Prometheus metrics of all of it are at http://127.0.0.1:<port>/metrics."""
+    _logging(verbose, log_format)
     settings = Settings.load(
         None,
         state_dir=state_dir,
@@ -229,6 +263,7 @@ def up(state_dir: Path | None, port: int, nats_port: int, demo_flag: bool, verbo
         api_host="127.0.0.1",
         nats_url=f"nats://127.0.0.1:{nats_port}",
         database_url="",
+        metrics_port=metrics_port,
     )
     state = settings.state_dir
     # Everything `up` creates (database, NATS store, tokens, logs, simulated cluster state) is

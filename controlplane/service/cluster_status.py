@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import Field
@@ -64,8 +65,23 @@ def _verdict(pods: Sequence[PodStatus], min_available: int) -> tuple[str, str] |
     return None
 
 
-def apply_pod_report(uow: UnitOfWork, cluster: str, report: PodReport, prefix: str, now: datetime) -> str:
-    """Returns what happened, for logs and tests."""
+@dataclass(frozen=True)
+class RunStarted:
+    """A run that reached running in this transaction (for the time-to-running metric)."""
+
+    queue: str
+    submitted_at: datetime | None
+
+
+def apply_pod_report(
+    uow: UnitOfWork,
+    cluster: str,
+    report: PodReport,
+    prefix: str,
+    now: datetime,
+    started: list[RunStarted] | None = None,
+) -> str:
+    """Returns what happened, for logs and tests. Runs that reach running are added to `started`."""
     run = uow.runs.status(report.run_id)
     if run is None:
         return "unknown run"
@@ -74,8 +90,10 @@ def apply_pod_report(uow: UnitOfWork, cluster: str, report: PodReport, prefix: s
         return "no change"
     state, message = verdict
     if state == "running":
-        started = _start(uow, run.run_id, run.workload_id, run.queue, cluster, message, prefix, now)
-        return "running" if started else "no change"
+        began = _start(uow, run.run_id, run.workload_id, run.queue, cluster, message, prefix, now)
+        if began and started is not None:
+            started.append(RunStarted(run.queue, uow.workloads.submitted_at([run.workload_id]).get(run.workload_id)))
+        return "running" if began else "no change"
     if state == "succeeded":
         # Pods that ran and finished between two reports (or around a fault) are first seen
         # succeeded: the run did run, so it passes through `running` (event and started_at) first.

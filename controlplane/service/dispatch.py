@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import StoreUnavailable
+from controlplane.service.metrics import NO_METRICS, ClusterOperation, DispatchFailure, Metrics
 from controlplane.service.ports import ClusterDriver, PermanentDispatchError, UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
@@ -30,6 +32,7 @@ async def dispatch_once(
     prefix: str,
     clock: Callable[[], datetime],
     batch: int = 100,
+    metrics: Metrics = NO_METRICS,
 ) -> DispatchStats:
     stats = DispatchStats()
     # Only runs of clusters that have a driver: runs waiting for an unreachable or driverless
@@ -41,6 +44,7 @@ async def dispatch_once(
         driver = drivers.get(order.cluster)
         if driver is None:
             stats.errors.append(f"no driver for cluster {order.cluster}")
+            metrics.dispatch_failed(order.cluster, ClusterOperation.APPLY, DispatchFailure.NO_DRIVER)
             continue
         with uow_factory() as uow:
             if uow.workloads.set_state(
@@ -62,22 +66,29 @@ async def dispatch_once(
                     cluster=order.cluster,
                 )
             uow.commit()
+        where = {"run": order.run_id, "workload": order.workload_id, "cluster": order.cluster, "epoch": order.epoch}
+        called = time.perf_counter()
         try:
             created = await driver.apply(order)
         except PermanentDispatchError as exc:  # retrying the same order cannot help: fail the run
-            log.warning("run %s cannot be dispatched to %s: %s", order.run_id, order.cluster, exc)
+            log.warning("run %s cannot be dispatched to %s: %s", order.run_id, order.cluster, exc, extra=where)
             stats.errors.append(f"{order.run_id}: {exc}")
             _fail_undispatchable(
                 uow_factory, order.run_id, order.workload_id, order.queue, order.cluster, str(exc), prefix, clock()
             )
+            metrics.dispatch_failed(order.cluster, ClusterOperation.APPLY, DispatchFailure.PERMANENT)
             continue
         except Exception as exc:  # a failed call is retried next pass; the run stays pending
-            log.warning("dispatch of run %s to %s failed: %s", order.run_id, order.cluster, exc)
+            log.warning("dispatch of run %s to %s failed: %s", order.run_id, order.cluster, exc, extra=where)
             stats.errors.append(f"{order.run_id}: {exc}")
+            metrics.dispatch_failed(order.cluster, ClusterOperation.APPLY, DispatchFailure.TRANSIENT)
             continue
+        seconds = time.perf_counter() - called
         with uow_factory() as uow:
             uow.runs.set_dispatch_state(order.run_id, "pending", "applied", clock())
             uow.commit()
+        metrics.dispatched(order.cluster, seconds, created)
+        log.debug("run %s applied to %s", order.run_id, order.cluster, extra=where)
         if created:
             stats.applied += 1
         else:
@@ -93,11 +104,13 @@ async def dispatch_once(
             await driver.delete(teardown.run_id)
         except Exception as exc:
             stats.errors.append(f"teardown {teardown.run_id}: {exc}")
+            metrics.dispatch_failed(teardown.cluster, ClusterOperation.TEARDOWN, DispatchFailure.TRANSIENT)
             continue
         with uow_factory() as uow:
             uow.runs.set_dispatch_state(teardown.run_id, "teardown", "removed", clock())
             uow.commit()
         stats.torn_down += 1
+        metrics.torn_down(teardown.cluster)
     return stats
 
 
@@ -122,7 +135,9 @@ def _fail_undispatchable(
         uow.commit()
 
 
-async def collect_orphans(uow_factory: UnitOfWorkFactory, drivers: Mapping[str, ClusterDriver]) -> int:
+async def collect_orphans(
+    uow_factory: UnitOfWorkFactory, drivers: Mapping[str, ClusterDriver], metrics: Metrics = NO_METRICS
+) -> int:
     """Delete objects a cluster holds for runs gpufleet no longer considers live.
 
     Each cluster on its own: one that is deleted, unreachable or failing is logged and skipped,
@@ -140,7 +155,12 @@ async def collect_orphans(uow_factory: UnitOfWorkFactory, drivers: Mapping[str, 
         except StoreUnavailable:
             raise  # nothing can be decided without the database, for any cluster
         except Exception as exc:
+            metrics.dispatch_failed(cluster, ClusterOperation.LIST, DispatchFailure.TRANSIENT)
             log.warning(
-                "orphan collection on %s failed (%s: %s); the other clusters go on", cluster, type(exc).__name__, exc
+                "orphan collection on %s failed (%s: %s); the other clusters go on",
+                cluster,
+                type(exc).__name__,
+                exc,
+                extra={"cluster": cluster},
             )
     return deleted

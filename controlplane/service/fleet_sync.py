@@ -107,7 +107,7 @@ async def sync_cluster(
         discovered = await asyncio.to_thread(provider.discover, locator_of(record))
     except Exception as exc:  # any cloud failure: recorded on the cluster, retried next pass
         error = f"{type(exc).__name__}: {exc}"
-        log.warning("fleet sync of %s failed: %s", record.name, error)
+        log.warning("fleet sync of %s failed: %s", record.name, error, extra={"cluster": record.name})
         with uow_factory() as uow:
             uow.cloud.sync_failed(record.id, error)
             uow.commit()
@@ -122,7 +122,9 @@ async def sync_cluster(
             error = "no Kubernetes API client for the cluster yet"
         if nodes is None:
             # The cloud alone would make up node names that pods cannot be pinned to: keep what we have.
-            log.warning("nodes of %s not readable (%s); sync retried", record.name, error)
+            log.warning(
+                "nodes of %s not readable (%s); sync retried", record.name, error, extra={"cluster": record.name}
+            )
             with uow_factory() as uow:
                 uow.cloud.sync_failed(record.id, f"nodes not readable: {error}")
                 uow.commit()

@@ -27,12 +27,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from controlplane.service import workloads
-from controlplane.service.cluster_status import PodReport, apply_pod_report
+from controlplane.service.cluster_status import PodReport, RunStarted, apply_pod_report
 from controlplane.service.commands import CancelWorkload, SubmitWorkload
 from controlplane.service.errors import ServiceError
 from controlplane.service.events import envelope, workload_subject
 from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.inventory import InventoryReport, apply_inventory
+from controlplane.service.metrics import NO_METRICS, Metrics, seconds_between
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.safejson import UnsafeJson, decode_object
 from controlplane.service.views import Principal
@@ -92,10 +93,16 @@ def inbox_key(sender: str, msg_id: str) -> str:
 
 
 def handle(
-    uow: UnitOfWork, message: InboundMessage, prefix: str, now: datetime, fit: FleetFit | None = None
+    uow: UnitOfWork,
+    message: InboundMessage,
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None = None,
+    metrics: Metrics = NO_METRICS,
 ) -> Handled:
     """Apply one inbound message; `fit` is the process's memo of the submit-time fleet check."""
     parts = message.subject.split(".")
+    started: list[RunStarted] = []
     try:
         body = decode_object(message.data)
     except UnsafeJson as exc:
@@ -122,7 +129,7 @@ def handle(
             refusal = check_pod_report(uow, parts[2], report)
             if refusal is not None:
                 return Handled(Outcome.REFUSED, refusal)
-            result = Handled(Outcome.APPLIED, apply_pod_report(uow, parts[2], report, prefix, now))
+            result = Handled(Outcome.APPLIED, apply_pod_report(uow, parts[2], report, prefix, now, started))
         elif parts[3] == "inventory":
             try:
                 inventory = InventoryReport.model_validate(body)
@@ -134,17 +141,27 @@ def handle(
         else:
             return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")
         uow.commit()
+    for run in started:
+        waited = seconds_between(run.submitted_at, now)
+        if waited is not None:
+            metrics.started(run.queue, waited)
     return result
 
 
 def handle_batch(
-    uow: UnitOfWork, messages: Sequence[InboundMessage], prefix: str, now: datetime, fit: FleetFit | None = None
+    uow: UnitOfWork,
+    messages: Sequence[InboundMessage],
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None = None,
+    metrics: Metrics = NO_METRICS,
 ) -> list[Handled]:
     """Apply several messages in one transaction, each in its own savepoint: what one message does (or
     refuses) is exactly what `handle` would do alone, and the batch pays one commit instead of one per
     message. An exception rolls the whole batch back; the caller then applies the messages one by one."""
     with uow:
-        results = [handle(uow, message, prefix, now, fit) for message in messages]
+        # (a gang seen starting in a batch that then rolls back is counted again when retried alone)
+        results = [handle(uow, message, prefix, now, fit, metrics) for message in messages]
         uow.commit()
     return results
 

@@ -6,13 +6,18 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import EventPublisher, UnitOfWorkFactory
 
 log = logging.getLogger(__name__)
 
 
 async def relay_once(
-    uow_factory: UnitOfWorkFactory, publisher: EventPublisher, clock: Callable[[], datetime], batch: int = 200
+    uow_factory: UnitOfWorkFactory,
+    publisher: EventPublisher,
+    clock: Callable[[], datetime],
+    batch: int = 200,
+    metrics: Metrics = NO_METRICS,
 ) -> int:
     """Publish up to `batch` events; stops at the first failure so no event overtakes another."""
     with uow_factory() as uow:
@@ -33,6 +38,8 @@ async def relay_once(
             uow.outbox.record_failure(*failure)
             log.warning("relay: publish of %s failed: %s", *failure)
         uow.commit()
+    if published or failure:
+        metrics.relayed(len(published), failure is not None)
     return len(published)
 
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
-from controlplane.core.snapshot import REBALANCE_PREFIX, Decision, Policy
+from controlplane.core.snapshot import REBALANCE_PREFIX, Decision, Eviction, Policy
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import LostLeadership
+from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, seconds_between
 from controlplane.service.ports import UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
+log = logging.getLogger(__name__)
 LEASE_NAME = "scheduler"
 # Evictions made to rebalance fair share start their message with this; the snapshot reads when
 # the last one happened to rate-limit them across cycles.
@@ -91,7 +95,16 @@ def run_cycle(
     now: datetime,
     ttl: float,
     check_invariants: bool = False,
+    metrics: Metrics = NO_METRICS,
 ) -> CycleResult:
+    started = mark = time.perf_counter()
+    phases: list[tuple[CyclePhase, float]] = []
+
+    def phase_done(phase: CyclePhase) -> None:
+        nonlocal mark
+        phases.append((phase, time.perf_counter() - mark))
+        mark = time.perf_counter()
+
     with uow_factory() as uow:
         since = None
         if policy.usage_history_weight > 0:
@@ -99,10 +112,15 @@ def run_cycle(
         snapshot = uow.snapshots.load(
             history_since=since, rebalance_marker=REBALANCE_MARKER if policy.rebalance else None
         )
+    phase_done(CyclePhase.SNAPSHOT)
     decision: Decision = schedule(snapshot, policy, now)
+    phase_done(CyclePhase.SCHEDULE)
     if check_invariants:
         check_decision(snapshot, decision)
+        phase_done(CyclePhase.CHECK)
     admitted = 0
+    evictions_done: list[Eviction] = []
+    admitted_waits: list[tuple[str, float | None]] = []
     with uow_factory() as uow:
         evicted = 0
         for eviction in decision.evictions:
@@ -149,11 +167,14 @@ def run_cycle(
                 reason=eviction.reason,
             )
             evicted += 1
+            evictions_done.append(eviction)
+        submitted = uow.workloads.submitted_at([a.workload_id for a in decision.admissions])
         for admission in decision.admissions:
             queue = uow.workloads.admit(admission, epoch, now)
             if queue is None:
                 continue  # cancelled since the snapshot was read
             admitted += 1
+            admitted_waits.append((queue, seconds_between(submitted.get(admission.workload_id), now)))
             emit(uow, prefix, queue, "admitted", admission.workload_id, now, epoch=epoch)
         written = uow.workloads.record_pending(decision.pending)
         # The epoch check and every write of this decision share one transaction: a deposed
@@ -163,4 +184,20 @@ def run_cycle(
         if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
             raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
         uow.commit()
+    phase_done(CyclePhase.APPLY)
+    # Reported once the decision has landed: a deposed leader's cycle counts nothing.
+    for phase, seconds in phases:
+        metrics.cycle_phase(phase, seconds)
+    for eviction in evictions_done:
+        metrics.evicted(eviction.kind)
+        log.info(
+            "evicted run %s (%s): %s",
+            eviction.run_id,
+            eviction.kind,
+            eviction.reason,
+            extra={"run": eviction.run_id, "workload": eviction.workload_id, "epoch": epoch},
+        )
+    for queue, waited in admitted_waits:
+        metrics.admitted(queue, waited)
+    metrics.cycle_done(time.perf_counter() - started, len(decision.pending))
     return CycleResult(epoch, len(decision.pending), admitted, written, evicted)

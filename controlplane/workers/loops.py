@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -21,6 +22,7 @@ from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE, requeue_vanished_runs
 from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome
+from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import ClusterDriver, EventPublisher, UnitOfWorkFactory
 from controlplane.service.relay import housekeeping, relay_once
 from controlplane.service.reports import publish_hourly_report
@@ -52,8 +54,17 @@ class LeaseTerm:
     renewal finds another holder's epoch (deposed) or when `lose`/`release` is called. Renewal only
     narrows overlap: every scheduling write still checks the epoch in its own transaction."""
 
-    def __init__(self, uow_factory: UnitOfWorkFactory, lease: str, holder: str, clock: Clock, ttl: float) -> None:
+    def __init__(
+        self,
+        uow_factory: UnitOfWorkFactory,
+        lease: str,
+        holder: str,
+        clock: Clock,
+        ttl: float,
+        metrics: Metrics = NO_METRICS,
+    ) -> None:
         self.uow_factory, self.lease, self.holder, self.clock, self.ttl = uow_factory, lease, holder, clock, ttl
+        self.metrics = metrics
         self.epoch: int | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._standing_by = False
@@ -67,7 +78,8 @@ class LeaseTerm:
                 acquire_leadership, self.uow_factory, self.holder, self.clock(), self.ttl, self.lease
             )
             if self.epoch is not None:
-                log.info("%s leads %s with epoch %d", self.holder, self.lease, self.epoch)
+                log.info("%s leads %s with epoch %d", self.holder, self.lease, self.epoch, extra={"epoch": self.epoch})
+                self.metrics.lease(self.lease, self.epoch)
                 self._renewer = asyncio.create_task(self._renew(self.epoch), name=f"{self.lease}-lease")
                 self._standing_by = False
             elif not self._standing_by:
@@ -86,12 +98,16 @@ class LeaseTerm:
                 log.warning("%s could not renew its %s lease: %s", self.holder, self.lease, exc)
                 continue
             if not renewed:
-                log.warning("%s lost its %s lease (epoch %d)", self.holder, self.lease, epoch)
+                log.warning("%s lost its %s lease (epoch %d)", self.holder, self.lease, epoch, extra={"epoch": epoch})
+                self.metrics.lease(self.lease, None)
                 return
+            self.metrics.lease(self.lease, epoch)
 
     def lose(self) -> None:
         if self._renewer is not None:
             self._renewer.cancel()
+        if self.epoch is not None:
+            self.metrics.lease(self.lease, None)
         self._renewer, self.epoch = None, None
 
     async def release(self) -> None:
@@ -111,19 +127,29 @@ async def scheduler_loop(
     interval: float,
     lease_ttl: float,
     check_invariants: bool = False,
+    metrics: Metrics = NO_METRICS,
 ) -> None:
-    term = LeaseTerm(uow_factory, LEASE_NAME, holder_id("scheduler"), clock, lease_ttl)
+    term = LeaseTerm(uow_factory, LEASE_NAME, holder_id("scheduler"), clock, lease_ttl, metrics)
     while not stop.is_set():
         try:
             epoch = await term.ensure()
             if epoch is not None:
                 result = await asyncio.to_thread(
-                    run_cycle, uow_factory, term.holder, epoch, policy, prefix, clock(), lease_ttl, check_invariants
+                    run_cycle,
+                    uow_factory,
+                    term.holder,
+                    epoch,
+                    policy,
+                    prefix,
+                    clock(),
+                    lease_ttl,
+                    check_invariants,
+                    metrics,
                 )
                 if result.admitted:
-                    log.info("cycle: admitted %d, %d pending", result.admitted, result.pending)
+                    log.info("cycle: admitted %d, %d pending", result.admitted, result.pending, extra={"epoch": epoch})
         except LostLeadership as exc:
-            log.warning("%s", exc)
+            log.warning("%s", exc, extra={"epoch": term.epoch})
             term.lose()
         except Exception:
             log.exception("scheduler cycle failed; retrying")
@@ -199,13 +225,14 @@ async def dispatcher_loop(
     lease_ttl: float = 15.0,
     on_lead: Callable[[bool], None] | None = None,
     vanished_grace: float = DEFAULT_VANISHED_GRACE,
+    metrics: Metrics = NO_METRICS,
 ) -> None:
     """One dispatcher works at a time (a lease, renewed while it works); others stand by and take
     over when its lease runs out. `on_lead(True/False)` is told when this process starts or stops
     dispatching (the simulated clusters live with the dispatcher that holds the lease). A deposed
     dispatcher that is mid-pass can only repeat applies, which are idempotent (objects are named
     after the run: AlreadyExists is success)."""
-    term = LeaseTerm(uow_factory, DISPATCHER_LEASE, holder_id("dispatcher"), clock, lease_ttl)
+    term = LeaseTerm(uow_factory, DISPATCHER_LEASE, holder_id("dispatcher"), clock, lease_ttl, metrics)
     loop = asyncio.get_running_loop()
     next_gc = loop.time() + min(orphan_interval, 5.0)
     leading = False
@@ -216,11 +243,11 @@ async def dispatcher_loop(
                 on_lead(now_leading)
             leading = now_leading
             if leading:
-                stats = await dispatch_once(uow_factory, drivers(), prefix, clock)
+                stats = await dispatch_once(uow_factory, drivers(), prefix, clock, metrics=metrics)
                 if stats.applied or stats.torn_down:
                     log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
                 if loop.time() >= next_gc:
-                    await collect_orphans(uow_factory, drivers())
+                    await collect_orphans(uow_factory, drivers(), metrics)
                     await requeue_vanished_runs(uow_factory, drivers(), prefix, clock, vanished_grace)
                     next_gc = loop.time() + orphan_interval
         except Exception:
@@ -250,17 +277,18 @@ async def relay_loop(
     stop: asyncio.Event,
     interval: float,
     lease_ttl: float = 15.0,
+    metrics: Metrics = NO_METRICS,
 ) -> None:
     """One relay publishes at a time (a lease, renewed while it works, keeps events in commit
     order even when publishing stalls on a NATS outage); others stand by."""
-    term = LeaseTerm(uow_factory, RELAY_LEASE, holder_id("relay"), clock, lease_ttl)
+    term = LeaseTerm(uow_factory, RELAY_LEASE, holder_id("relay"), clock, lease_ttl, metrics)
     loop = asyncio.get_running_loop()
     next_housekeeping = loop.time()
     while not stop.is_set():
         sent = 0
         try:
             if await term.ensure() is not None:
-                sent = await relay_once(uow_factory, publisher, clock)
+                sent = await relay_once(uow_factory, publisher, clock, metrics=metrics)
                 if loop.time() >= next_housekeeping:
                     pruned = await asyncio.to_thread(housekeeping, uow_factory, clock())
                     log.info("housekeeping: pruned %d outbox and %d inbox rows", *pruned)
@@ -310,7 +338,12 @@ async def wait_for_store(stop: asyncio.Event, attempt: int, hold: Callable[[], A
 
 
 async def ingest_loop(
-    source: InboundSource, uow_factory: UnitOfWorkFactory, prefix: str, clock: Clock, stop: asyncio.Event
+    source: InboundSource,
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    stop: asyncio.Event,
+    metrics: Metrics = NO_METRICS,
 ) -> None:
     failures = 0
     fit = FleetFit()  # this consumer's memo of the submit-time fleet check
@@ -332,10 +365,10 @@ async def ingest_loop(
             try:
                 if batched:
                     batched = False
-                    if await handle_deliveries(source, waiting, uow_factory, prefix, clock, fit):
+                    if await handle_deliveries(source, waiting, uow_factory, prefix, clock, fit, metrics):
                         waiting = []
                         continue
-                await handle_delivery(source, waiting[0], uow_factory, prefix, clock, fit)
+                await handle_delivery(source, waiting[0], uow_factory, prefix, clock, fit, metrics)
             except StoreUnavailable:
                 held = tuple(waiting)
 
@@ -360,6 +393,7 @@ async def handle_deliveries(
     prefix: str,
     clock: Clock,
     fit: FleetFit | None = None,
+    metrics: Metrics = NO_METRICS,
 ) -> bool:
     """Apply a batch of first deliveries in one transaction (`ingest.handle_batch`), then settle (ack, or
     dead-letter and ack) each message after the commit. False when the batch failed and nothing was
@@ -367,7 +401,7 @@ async def handle_deliveries(
     its batch one retry, never a stop. Raises `StoreUnavailable` before anything was settled."""
     try:
         messages = [d.message for d in deliveries]
-        results = await asyncio.to_thread(ingest.handle_batch, uow_factory(), messages, prefix, clock(), fit)
+        results = await asyncio.to_thread(ingest.handle_batch, uow_factory(), messages, prefix, clock(), fit, metrics)
     except StoreUnavailable:
         raise
     except Exception:
@@ -379,6 +413,7 @@ async def handle_deliveries(
                 await source.dead_letter(delivery.message, result.detail)
                 log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
             await delivery.ack()
+            metrics.ingested(ingest.CONSUMER, result.outcome.value, _lag(getattr(delivery, "published_at", None)))
         except Exception:  # NATS trouble: redelivered, then found in the inbox or refused again
             log.exception("could not settle %s; it will be redelivered", delivery.message.subject)
             with contextlib.suppress(Exception):
@@ -393,6 +428,27 @@ async def handle_delivery(
     prefix: str,
     clock: Clock,
     fit: FleetFit | None = None,
+    metrics: Metrics = NO_METRICS,
+) -> Outcome | None:
+    outcome = await _handle_delivery(source, delivery, uow_factory, prefix, clock, fit, metrics)
+    if outcome is not None:
+        metrics.ingested(ingest.CONSUMER, outcome.value, _lag(getattr(delivery, "published_at", None)))
+    return outcome
+
+
+def _lag(published_at: float | None) -> float | None:
+    """Seconds since the stream stored a message (None when the source does not say)."""
+    return None if published_at is None else max(0.0, time.time() - published_at)
+
+
+async def _handle_delivery(
+    source: InboundSource,
+    delivery: InboundDelivery,
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    fit: FleetFit | None,
+    metrics: Metrics,
 ) -> Outcome | None:
     """Apply one message; ack only after the commit; never let one message stop the consumer.
 
@@ -406,11 +462,11 @@ async def handle_delivery(
         if delivery.attempt > ingest.MAX_DELIVERIES:
             reason = f"delivered {delivery.attempt} times without being applied (the consumer failed or died on it)"
             await source.dead_letter(message, reason)
-            log.warning("dead-lettered %s: %s", message.subject, reason)
+            log.warning("dead-lettered %s: %s", message.subject, reason, extra={"consumer": ingest.CONSUMER})
             await delivery.ack()
             return Outcome.MALFORMED
         try:
-            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock(), fit)
+            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock(), fit, metrics)
         except StoreUnavailable:
             raise
         except Exception as exc:
@@ -418,12 +474,12 @@ async def handle_delivery(
                 raise
             reason = f"failed on {delivery.attempt} deliveries; last error {type(exc).__name__}: {exc}"
             await source.dead_letter(message, reason[:1000])
-            log.warning("dead-lettered %s: %s", message.subject, reason[:1000])
+            log.warning("dead-lettered %s: %s", message.subject, reason[:1000], extra={"consumer": ingest.CONSUMER})
             await delivery.ack()
             return Outcome.MALFORMED
         if result.outcome.dead_letter:
             await source.dead_letter(message, result.detail)
-            log.warning("dead-lettered %s: %s", message.subject, result.detail)
+            log.warning("dead-lettered %s: %s", message.subject, result.detail, extra={"consumer": ingest.CONSUMER})
         await delivery.ack()
         return result.outcome
     except StoreUnavailable:
@@ -463,6 +519,26 @@ TELEMETRY_GATHER_SECONDS = 2.0
 TELEMETRY_PRUNE_SECONDS = 600.0
 # Told after each committed batch: the deliveries and what became of them (metrics, benchmarks).
 BatchObserver = Callable[[Sequence[TelemetryDelivery], telemetry.BatchResult], None]
+
+
+def metered_telemetry(metrics: Metrics, then: BatchObserver | None = None) -> BatchObserver:
+    """A `BatchObserver` that reports each committed batch (outcomes, samples, windows, the lag of
+    its oldest message) to `metrics`, then tells `then`."""
+
+    def observe(deliveries: Sequence[TelemetryDelivery], result: telemetry.BatchResult) -> None:
+        counts: dict[str, int] = {}
+        for outcome, _ in result.outcomes:
+            counts[outcome.value] = counts.get(outcome.value, 0) + 1
+        stamps = [d.published_at for d in deliveries if d.published_at is not None]
+        lag = _lag(min(stamps)) if stamps else None
+        for outcome_name, count in sorted(counts.items()):
+            metrics.ingested(telemetry.CONSUMER, outcome_name, lag, count)
+            lag = None  # once per batch
+        metrics.telemetry_batch(len(deliveries), result.samples, result.windows)
+        if then is not None:
+            then(deliveries, result)
+
+    return observe
 
 
 async def telemetry_loop(

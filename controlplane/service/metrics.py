@@ -1,0 +1,229 @@
+"""What gpufleet tells its operators about itself: the metrics port the loops and services report to.
+
+The service layer knows no metrics library: it calls a `Metrics` (a Protocol) and the composition root
+hands it the Prometheus adapter (`adapters/prometheus`), or nothing (`NO_METRICS`, the default of every
+call site, for tests, simulators and benchmarks). Every call reports a committed fact: callers observe
+after their transaction commits, never for a decision that may still be rolled back.
+
+Label values are bounded by construction: queues, clusters and providers are names an administrator
+registered; kinds, phases and outcomes are small enums; no workload id, run id or free text is ever a
+label value (the adapter also caps the number of distinct values per label, as a backstop).
+
+Gauges that come from SQL state (backlogs, quota, pending gangs, leases, idle findings) are not
+pushed by the hot path: a `FleetGaugeReader` reads them with a few bounded aggregate queries when
+Prometheus scrapes, and the adapter turns the `FleetGauges` it returns into metric families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+
+class CyclePhase(StrEnum):
+    """The parts of one scheduling cycle, timed separately (`gpufleet_scheduler_cycle_seconds`)."""
+
+    SNAPSHOT = "snapshot"  # read the fleet, queues and workloads in one read transaction
+    SCHEDULE = "schedule"  # the pure core decides
+    CHECK = "check"  # invariant check of the decision (only when `check_invariants` is on)
+    APPLY = "apply"  # write evictions, admissions and pending reasons under the epoch
+
+
+class DispatchFailure(StrEnum):
+    TRANSIENT = "transient"  # the call failed; retried next pass
+    PERMANENT = "permanent"  # the cluster can never take the run as ordered; the run failed
+    NO_DRIVER = "no-driver"  # no client for the cluster (unreachable, credentials missing)
+
+
+class ClusterOperation(StrEnum):
+    APPLY = "apply"
+    TEARDOWN = "teardown"
+    LIST = "list"  # orphan collection lists what the cluster holds
+
+
+EVICTION_KINDS = ("preempt", "reclaim", "idle", "rebalance")
+
+# Pending reasons start with their kind and a colon ("no-fit: needs 4 pods ..."). Reasons are prose
+# today; this is the ONE place that turns them into a bounded label, so it can become a typed kind
+# later without touching the metrics. A reason whose prefix is not listed counts as "other"; a gang
+# the scheduler has not looked at yet has no reason ("unscheduled").
+PENDING_REASON_KINDS = (
+    "no-fit",
+    "quota",
+    "fair-share",
+    "reservation",
+    "error",
+    "preempted",
+    "reclaimed",
+    "reclaimed-idle",
+    "rebalanced",
+    "gang-start-timeout",
+    "dispatch-timeout",
+)
+UNSCHEDULED = "unscheduled"
+OTHER = "other"
+# A reader may group reasons by their first characters only (a bounded number of distinct
+# prefixes); this many always hold the longest kind and its colon.
+REASON_KIND_PREFIX_CHARS = max(len(kind) for kind in PENDING_REASON_KINDS) + 2
+
+
+def pending_reason_kind(reason: str) -> str:
+    """The label value for a pending reason: its kind, `unscheduled`, or `other`."""
+    text = reason.strip()
+    if not text:
+        return UNSCHEDULED
+    head, colon, _ = text.partition(":")
+    if colon and head in PENDING_REASON_KINDS:
+        return head
+    return OTHER
+
+
+def eviction_kind(kind: str) -> str:
+    return kind if kind in EVICTION_KINDS else OTHER
+
+
+class Metrics(Protocol):
+    """Counters and timings of one process; see `docs/operating.md` for the metric names."""
+
+    def cycle_phase(self, phase: CyclePhase, seconds: float) -> None: ...
+    def cycle_done(self, seconds: float, pending: int) -> None: ...
+    def admitted(self, queue: str, since_submit_seconds: float | None) -> None: ...
+    def evicted(self, kind: str) -> None: ...
+    def started(self, queue: str, since_submit_seconds: float) -> None:
+        """A run's gang reached `running` (time from the workload's submission)."""
+        ...
+
+    def dispatched(self, cluster: str, seconds: float, created: bool) -> None: ...
+    def dispatch_failed(self, cluster: str, operation: ClusterOperation, failure: DispatchFailure) -> None: ...
+    def torn_down(self, cluster: str) -> None: ...
+    def ingested(self, consumer: str, outcome: str, lag_seconds: float | None, count: int = 1) -> None:
+        """`count` inbound messages handled with `outcome`; lag: now minus when the stream stored
+        the (oldest) one, observed once per call."""
+        ...
+
+    def telemetry_batch(self, messages: int, samples: int, windows: int) -> None: ...
+    def relayed(self, published: int, failed: bool) -> None: ...
+    def lease(self, lease: str, epoch: int | None) -> None:
+        """This process holds `lease` at `epoch` (just acquired or renewed), or no longer holds it."""
+        ...
+
+    def consumer_pending(self, consumer: str, pending: int, ack_pending: int) -> None:
+        """The broker's count of messages a durable consumer has not delivered / not seen acked."""
+        ...
+
+    def cloud_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None: ...
+    def api_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One answered API request; `route` is the route's template (`/v1/workloads/{workload_id}`)."""
+        ...
+
+
+class NoMetrics:
+    """Reports nothing: the default wherever no metrics adapter is wired."""
+
+    def cycle_phase(self, phase: CyclePhase, seconds: float) -> None:
+        pass
+
+    def cycle_done(self, seconds: float, pending: int) -> None:
+        pass
+
+    def admitted(self, queue: str, since_submit_seconds: float | None) -> None:
+        pass
+
+    def evicted(self, kind: str) -> None:
+        pass
+
+    def started(self, queue: str, since_submit_seconds: float) -> None:
+        pass
+
+    def dispatched(self, cluster: str, seconds: float, created: bool) -> None:
+        pass
+
+    def dispatch_failed(self, cluster: str, operation: ClusterOperation, failure: DispatchFailure) -> None:
+        pass
+
+    def torn_down(self, cluster: str) -> None:
+        pass
+
+    def ingested(self, consumer: str, outcome: str, lag_seconds: float | None, count: int = 1) -> None:
+        pass
+
+    def telemetry_batch(self, messages: int, samples: int, windows: int) -> None:
+        pass
+
+    def relayed(self, published: int, failed: bool) -> None:
+        pass
+
+    def lease(self, lease: str, epoch: int | None) -> None:
+        pass
+
+    def consumer_pending(self, consumer: str, pending: int, ack_pending: int) -> None:
+        pass
+
+    def cloud_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def api_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        pass
+
+
+NO_METRICS: Metrics = NoMetrics()
+
+
+def seconds_between(start: datetime | None, end: datetime) -> float | None:
+    """Non-negative seconds from `start` to `end` (clocks of two writers may disagree a little)."""
+    if start is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+# -- gauges read from SQL at scrape time ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueQuota:
+    queue: str
+    team: str
+    # By resource ("gpu-eq" or a GPU model): GPU-equivalents held by live runs, and the quota.
+    used: Mapping[str, float] = field(default_factory=dict)
+    guaranteed: Mapping[str, float] = field(default_factory=dict)
+    limit: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterGpus:
+    cluster: str
+    gpu_model: str
+    capacity: float  # GPUs on the cluster's schedulable nodes
+    allocated: float  # GPU-equivalents held by live runs
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    lease: str
+    epoch: int
+    expires_in_seconds: float  # negative once expired: nobody holds it
+
+
+@dataclass(frozen=True)
+class FleetGauges:
+    """State the operators watch, read from SQL in one go (see `FleetGaugeReader`)."""
+
+    pending: Mapping[tuple[str, str], int]  # (queue, reason kind) -> gangs waiting
+    workloads: Mapping[tuple[str, str], int]  # (queue, state) -> workloads not finished
+    quotas: tuple[QueueQuota, ...]
+    gpus: tuple[ClusterGpus, ...]
+    idle_findings: Mapping[tuple[str, str], int]  # (stage, team) -> live runs with that finding
+    idle_gpus: Mapping[tuple[str, str], float]  # (stage, team) -> GPU-equivalents those runs hold
+    sm_active: Mapping[str, float]  # cluster -> mean DCGM SM activity (0..1) over recent windows
+    measured_gpus: Mapping[str, int]  # cluster -> GPUs with a recent telemetry window
+    cluster_sync_errors: Mapping[str, int]  # cluster -> 1 when its last fleet sync failed
+    outbox_backlog: int
+    outbox_oldest_seconds: float  # age of the oldest unpublished event (0 with none)
+    leases: tuple[LeaseState, ...]
+
+
+class FleetGaugeReader(Protocol):
+    def read(self, now: datetime) -> FleetGauges: ...
