@@ -34,7 +34,7 @@ from adapters.nats import secrets as nats_secrets
 from adapters.nats.callout import AuthCallout
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from adapters.nats.inbound import JetStreamInbound
-from adapters.nats.server import NatsServerProcess
+from adapters.nats.server import NatsClusterMember, NatsServerProcess
 from adapters.nats.topology import as_json as topology_json
 from adapters.nats.topology import ensure_topology
 from adapters.sim.cluster import SimCluster
@@ -64,6 +64,7 @@ COMPONENTS = ("api", "scheduler", "dispatcher", "ingest", "relay")
 
 __all__ = [
     "INBOUND_ID_HEADER",
+    "NatsClusterMember",
     "NatsServerProcess",
     "Settings",
     "Wiring",
@@ -491,7 +492,7 @@ async def run_components(
         password=secrets.control_password if secrets else None,
     )
     js = nc.jetstream()
-    await ensure_topology(js, prefix)
+    await ensure_topology(js, prefix, settings.nats_replicas)
     publisher = JetStreamPublisher(js)
     inbound_publisher = JetStreamPublisher(js, id_header=INBOUND_ID_HEADER)  # reports as a cluster would send them
     tasks: list[asyncio.Task[None]] = []

@@ -32,6 +32,7 @@ DLQ_STREAM = "GPUFLEET_DLQ"
 INGEST_CONSUMER = "ingest"
 TELEMETRY_STREAM = "GPUFLEET_TELEMETRY"
 TELEMETRY_CONSUMER = "telemetry"
+MAX_REPLICAS = 5  # JetStream's own limit on stream replicas
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,11 @@ class Topology:
     consumers: tuple[tuple[str, ConsumerConfig], ...]
 
 
-def topology(prefix: str = "gpufleet") -> Topology:
+def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
+    """`replicas`: copies of every stream and consumer in a JetStream cluster (`GPUFLEET_NATS_REPLICAS`;
+    3 on a three-server cluster survives the loss of any one server; 1 on a single server)."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"JetStream replicas must be 1..{MAX_REPLICAS}, not {replicas}")
     streams = (
         StreamConfig(
             name=INBOUND_STREAM,
@@ -63,7 +68,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             # sender of the stream, so one team could have another's message dropped. Senders put
             # their id in Gpufleet-Msg-Id, which the ingest inbox de-duplicates per sender.
             duplicate_window=0.1,
-            num_replicas=1,
+            num_replicas=replicas,
         ),
         StreamConfig(
             name=EVENTS_STREAM,
@@ -74,7 +79,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             max_age=7 * DAY,
             discard=DiscardPolicy.OLD,
             duplicate_window=300.0,
-            num_replicas=1,
+            num_replicas=replicas,
         ),
         StreamConfig(
             name=DLQ_STREAM,
@@ -87,7 +92,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             max_bytes=1 << 30,
             discard=DiscardPolicy.OLD,
             duplicate_window=120.0,
-            num_replicas=1,
+            num_replicas=replicas,
         ),
         StreamConfig(
             name=TELEMETRY_STREAM,
@@ -104,7 +109,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             discard=DiscardPolicy.OLD,
             max_bytes=8 << 30,
             duplicate_window=0.1,  # as GPUFLEET_IN: the server's minimum; the inbox de-duplicates per cluster
-            num_replicas=1,
+            num_replicas=replicas,
         ),
     )
     consumers = (
@@ -120,6 +125,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
                 # stops redelivering and sends a max-deliveries advisory).
                 max_deliver=ingest.MAX_DELIVERIES + 5,
                 max_ack_pending=1000,
+                num_replicas=replicas,
             ),
         ),
         (
@@ -132,14 +138,17 @@ def topology(prefix: str = "gpufleet") -> Topology:
                 max_deliver=telemetry.MAX_DELIVERIES + 5,
                 # Room for several fetches of thousands of batches in flight, or the pull stalls.
                 max_ack_pending=50_000,
+                num_replicas=replicas,
             ),
         ),
     )
     return Topology(streams, consumers)
 
 
-async def ensure_topology(js: JetStreamContext, prefix: str = "gpufleet") -> None:
-    plan = topology(prefix)
+async def ensure_topology(js: JetStreamContext, prefix: str = "gpufleet", replicas: int = 1) -> None:
+    """Create or update every stream and consumer. An existing stream or consumer is brought to
+    `replicas` too: a JetStream cluster scales a stream up or down in place."""
+    plan = topology(prefix, replicas)
     for stream in plan.streams:
         assert stream.name
         try:
@@ -153,8 +162,8 @@ async def ensure_topology(js: JetStreamContext, prefix: str = "gpufleet") -> Non
         await js.add_consumer(stream_name, consumer)
 
 
-def as_json(prefix: str = "gpufleet") -> dict[str, Any]:
-    plan = topology(prefix)
+def as_json(prefix: str = "gpufleet", replicas: int = 1) -> dict[str, Any]:
+    plan = topology(prefix, replicas)
     return {
         "streams": [s.as_dict() for s in plan.streams],
         "consumers": [{"stream": name, "config": c.as_dict()} for name, c in plan.consumers],

@@ -39,10 +39,11 @@ SUBMIT_TIMEOUT = 2.0
 
 
 async def nats_connect(url: str, **credentials: str) -> Client:
-    """`token` (a team's, with `inbox_prefix` `_INBOX.team-<team>`) or the control plane's `user`
-    and `password`; a server without authentication ignores them."""
+    """`url`: one server or a cluster's, comma-separated. `token` (a team's, with `inbox_prefix`
+    `_INBOX.team-<team>`) or the control plane's `user` and `password`; a server without
+    authentication ignores them."""
     return await nats.connect(
-        url, name="faults-client", max_reconnect_attempts=-1, reconnect_time_wait=0.2, **credentials
+        url.split(","), name="faults-client", max_reconnect_attempts=-1, reconnect_time_wait=0.2, **credentials
     )
 
 
@@ -103,7 +104,7 @@ def gang_body(name: str, queue: str) -> dict[str, Any]:
 
 
 class Load:
-    """Two submitters in threads: REST every `rest_every` s, NATS every `nats_every` s."""
+    """Two submitters in threads: REST every `rest_every` s (None: no REST), NATS every `nats_every` s."""
 
     def __init__(
         self,
@@ -113,7 +114,7 @@ class Load:
         nats_url: str,
         prefix: str,
         figures: Figures,
-        rest_every: float = 0.4,
+        rest_every: float | None = 0.4,
         nats_every: float = 0.5,
         team: str = "llm",
     ) -> None:
@@ -125,10 +126,9 @@ class Load:
         self.rest_acks: list[float] = []  # monotonic times of REST acknowledgements
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._rest, name="rest-load", daemon=True),
-            threading.Thread(target=lambda: asyncio.run(self._nats()), name="nats-load", daemon=True),
-        ]
+        self._threads = [threading.Thread(target=lambda: asyncio.run(self._nats()), name="nats-load", daemon=True)]
+        if rest_every is not None:
+            self._threads.append(threading.Thread(target=self._rest, name="rest-load", daemon=True))
 
     def start(self) -> None:
         for t in self._threads:
@@ -168,7 +168,7 @@ class Load:
                     except httpx.HTTPError as exc:
                         self.figures.rest[type(exc).__name__] += 1
                     time.sleep(0.2)
-                time.sleep(self.rest_every)
+                time.sleep(self.rest_every or 0.0)
 
     async def _nats(self) -> None:
         nc = await nats_connect(self.nats_url, token=self.token, inbox_prefix=f"_INBOX.team-{self.team}")
