@@ -1,36 +1,53 @@
 """More than one machine, on a three-server JetStream cluster: gpufleet's streams and consumers
 replicated three times (`GPUFLEET_NATS_REPLICAS=3`), two control-plane processes each running
-`gpufleet run ingest relay` (two ingest workers sharing the one durable consumer, two auth-callout
-responders in one queue group, two relays of which one holds the lease) against all three servers,
-with gpufleet's NATS authentication. A team submits over NATS steadily, each submission retried
-with its id until JetStream acknowledges it; mid-run the server leading the inbound stream is
-SIGKILLed. Then: every acknowledged submission is in SQL exactly once, the inbound consumer has
-nothing left, every outbox event is in the replicated events stream exactly once, and the server
-started again on its store catches up."""
+`gpufleet run api ingest relay` against all three servers with gpufleet's NATS authentication: two
+API replicas behind one PostgreSQL, two ingest and two telemetry workers sharing the durable
+consumers, two auth-callout responders in one queue group, two relays of which one holds the
+lease. A team submits steadily over NATS and over REST (each attempt to the other API replica),
+and a cluster agent publishes DCGM batches, each retried with its id until acknowledged; mid-run
+the server leading the inbound stream is SIGKILLed. Then: every acknowledged submission is in SQL
+exactly once, every acknowledged telemetry batch folded exactly once, the consumers have nothing
+left, every outbox event is in the replicated events stream exactly once, and the server started
+again on its store catches up."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
+import nats.errors
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from adapters.nats import secrets as nats_secrets
-from adapters.nats.topology import EVENTS_STREAM, INBOUND_STREAM, INGEST_CONSUMER
-from controlplane.bootstrap import Wiring
+from adapters.nats.server import free_port
+from adapters.nats.topology import (
+    EVENTS_STREAM,
+    INBOUND_STREAM,
+    INGEST_CONSUMER,
+    TELEMETRY_CONSUMER,
+    TELEMETRY_STREAM,
+)
+from controlplane.bootstrap import Wiring, utc_now
 from controlplane.cli import seed
 from controlplane.config import Settings
-from tests.faults.harness import Figures, Load, eventually, read_events, workload_states
+from controlplane.service import nats_identity
+from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
+from tests.faults.harness import Figures, Load, eventually, nats_connect, read_events, workload_states
 from tests.faults.nats_cluster import NatsCluster
 from tests.integration.fleet import Tenant
 
@@ -60,10 +77,13 @@ class Processes:
         self.env, self.logs = env, logs
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
-    def run(self, name: str, *args: str) -> None:
+    def run(self, name: str, *args: str, **env: str) -> None:
         log = (self.logs / f"{name}.log").open("ab")
         self.running[name] = subprocess.Popen(
-            [sys.executable, "-m", "controlplane.cli.main", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "controlplane.cli.main", *args],
+            env={**self.env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
     def log(self, name: str) -> str:
@@ -87,6 +107,62 @@ class Processes:
                 process.kill()
 
 
+class TelemetryLoad:
+    """A cluster agent: a DCGM batch of `SAMPLES` GPU samples every 0.1 s on its own credential,
+    each retried with the same `Gpufleet-Msg-Id` until JetStream acknowledges it."""
+
+    SAMPLES = 2
+
+    def __init__(self, url: str, prefix: str, cluster: str, credential: str, figures: Figures) -> None:
+        self.url, self.prefix, self.cluster, self.credential = url, prefix, cluster, credential
+        self.figures = figures
+        self.acked: list[str] = []
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="telemetry-load", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def batch(self) -> bytes:
+        now = time.time()
+        samples = [
+            GpuSample(self.cluster, "node-1", f"GPU-{i}", i, now, {"sm_active": 0.5}) for i in range(self.SAMPLES)
+        ]
+        return encode_batch(self.cluster, samples)
+
+    async def _run(self) -> None:
+        nc = await nats_connect(self.url, token=self.credential, inbox_prefix=f"_INBOX.cluster-{self.cluster}")
+        js = nc.jetstream()
+        try:
+            for n in itertools.count(1):
+                if self.stopping.is_set():
+                    break
+                msg_id, payload = f"t-{n}", self.batch()
+                while not self.stopping.is_set():
+                    try:
+                        await js.publish(
+                            telemetry_subject(self.prefix, self.cluster),
+                            payload,
+                            timeout=2.0,
+                            headers={"Gpufleet-Msg-Id": msg_id},
+                        )
+                        self.figures.nats["telemetry acked"] += 1
+                        self.acked.append(msg_id)
+                        break
+                    except Exception as exc:
+                        self.figures.nats[f"telemetry {type(exc).__name__}"] += 1
+                        await asyncio.sleep(0.2)
+                await asyncio.sleep(0.1)
+        finally:
+            with contextlib.suppress(OSError, nats.errors.Error):
+                await nc.close()
+
+
 async def _jetstream(cluster: NatsCluster, what: str) -> Any:
     nc = await nats.connect(cluster.live_url().split(","), connect_timeout=2, **cluster.credentials())
     try:
@@ -95,10 +171,30 @@ async def _jetstream(cluster: NatsCluster, what: str) -> Any:
             return (await js.stream_info(INBOUND_STREAM)).cluster
         if what == "ingest consumer":
             return await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
+        if what == "telemetry consumer":
+            return await js.consumer_info(TELEMETRY_STREAM, TELEMETRY_CONSUMER)
         streams = [await js.stream_info(name) for name in (INBOUND_STREAM, EVENTS_STREAM)]
         return [(s.config.name, s.config.num_replicas, s.cluster) for s in streams]
     finally:
         await nc.close()
+
+
+def _telemetry(url: str, cluster: str) -> tuple[set[str], int]:
+    """(ids of the cluster's batches in the telemetry inbox, samples folded into its windows)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            ids = conn.execute(
+                text("SELECT msg_id FROM inbox WHERE consumer = :c AND msg_id LIKE :p"),
+                {"c": "telemetry", "p": f"cluster:{cluster}/%"},
+            ).scalars()
+            inbox = {str(i).removeprefix(f"cluster:{cluster}/") for i in ids}
+            samples = conn.execute(
+                text("SELECT coalesce(sum(samples), 0) FROM telemetry_windows WHERE cluster = :c"), {"c": cluster}
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    return inbox, int(samples)
 
 
 def _outbox(url: str) -> list[tuple[str, dict[str, Any], bool]]:
@@ -111,16 +207,19 @@ def _outbox(url: str) -> list[tuple[str, dict[str, Any], bool]]:
     return [(str(r.id), json.loads(r.payload), r.published_at is not None) for r in rows]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledged(
     cluster: NatsCluster, settings: Settings, wiring: Wiring, client: TestClient, tenant: Tenant, tmp_path: Path
 ) -> None:
     seed.seed_defaults(wiring)
+    [agent_cluster] = [c["name"] for c in client.get("/v1/clusters", headers=tenant.headers).json()]
+    _, credential = nats_identity.rotate_cluster_credential(wiring.uow(), agent_cluster, "test", utc_now())
     secrets_file = tmp_path / "nats-secrets.json"
     prefix = settings.subject_prefix
+    db = settings.database_url
     env = {
         **os.environ,
-        "GPUFLEET_DATABASE_URL": settings.database_url,
+        "GPUFLEET_DATABASE_URL": db,
         "GPUFLEET_NATS_URL": cluster.url,
         "GPUFLEET_NATS_REPLICAS": str(REPLICAS),
         "GPUFLEET_NATS_SECRETS_FILE": str(secrets_file),
@@ -130,49 +229,73 @@ def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledge
         "GPUFLEET_RELAY_INTERVAL": "0.1",
     }
     processes = Processes(env, tmp_path)
+    apis = {name: free_port() for name in ("a", "b")}
     figures = Figures()
     load: Load | None = None
+    agent: TelemetryLoad | None = None
     try:
-        processes.run("a", "run", "ingest", "relay")
-        processes.run("b", "run", "ingest", "relay")
+        for name, port in apis.items():
+            processes.run(name, "run", "api", "ingest", "relay", GPUFLEET_API_PORT=str(port))
         # Slow on a busy 2-core machine: each process imports the Kubernetes and cloud SDKs.
         eventually(lambda: processes.serving("a") and processes.serving("b"), 150, "both processes serving")
+        for port in apis.values():
+            eventually(lambda port=port: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200, 60, "API")
         for name, replicas, info in asyncio.run(_jetstream(cluster, "streams")):
             assert replicas == REPLICAS, name
             assert info is not None, name
             assert 1 + len(info.replicas or []) == REPLICAS, (name, info)
 
-        load = Load(lambda: "", tenant.token, tenant.queue, cluster.url, prefix, figures, None, 0.1, tenant.team)
+        # Each REST attempt goes to the other API replica, so a retry of a key meets the replica
+        # that did not see the first attempt.
+        bases = itertools.cycle(f"http://127.0.0.1:{port}" for port in apis.values())
+        load = Load(
+            lambda: next(bases), tenant.token, tenant.queue, cluster.url, prefix, figures, 0.2, 0.1, tenant.team
+        )
+        agent = TelemetryLoad(cluster.url, prefix, agent_cluster, credential, figures)
         load.start()
-        eventually(lambda: load is not None and len(load.acked) >= 15, 60, "15 acknowledged submissions")
+        agent.start()
+        eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
 
         # SIGKILL the server leading the inbound stream (and so its ingest consumer's leader, usually).
         leader = asyncio.run(_jetstream(cluster, "inbound leader")).leader
+        killed_at = time.monotonic()
         cluster.kill(leader)
         before_kill = len(load.acked)
-        eventually(
+        figures.recovery["kill to a new inbound stream leader"] = eventually(
             lambda: asyncio.run(_jetstream(cluster, "inbound leader")).leader not in (None, leader),
             30,
             "a new leader of the inbound stream",
         )
-        eventually(lambda: load is not None and len(load.acked) >= before_kill + 15, 60, "15 more acknowledgements")
+        eventually(lambda: load is not None and len(load.acked) > before_kill, 30, "an acknowledgement after the kill")
+        figures.recovery["kill to the next acknowledged submission"] = time.monotonic() - killed_at
+        eventually(lambda: load is not None and len(load.acked) >= before_kill + 20, 60, "20 more acknowledgements")
         load.stop()
+        agent.stop()
         acked = dict(load.acked)
+        batches = set(agent.acked)
+        assert set(acked.values()) == {"rest", "nats"}
+        assert batches
 
         # Every acknowledged submission is in SQL exactly once.
-        db = settings.database_url
         eventually(lambda: set(acked) <= set(workload_states(db)), 60, "every acknowledged submission in SQL")
         states = workload_states(db)
         doubled = {name: rows for name, rows in states.items() if len(rows) > 1}
         assert not doubled, f"one submission became several workloads: {doubled}"
         unexpected = set(states) - set(acked)
-        assert len(unexpected) <= 1, f"workloads nobody submitted: {unexpected}"  # at most the one in flight at stop
+        assert len(unexpected) <= 2, f"workloads nobody submitted: {unexpected}"  # at most one in flight per path
 
-        def consumed() -> bool:
-            info = asyncio.run(_jetstream(cluster, "ingest consumer"))
+        # Every acknowledged telemetry batch is folded exactly once: its inbox row, and no sample twice.
+        eventually(lambda: batches <= _telemetry(db, agent_cluster)[0], 60, "every acknowledged batch folded")
+        inbox, samples = _telemetry(db, agent_cluster)
+        assert len(inbox - batches) <= 1, f"batches nobody acknowledged: {inbox - batches}"  # one in flight at stop
+        assert samples == TelemetryLoad.SAMPLES * len(inbox), f"{samples} samples from {len(inbox)} batches"
+
+        def consumed(what: str) -> bool:
+            info = asyncio.run(_jetstream(cluster, what))
             return bool(info.num_pending == 0 and info.num_ack_pending == 0)
 
-        eventually(consumed, 30, "the ingest consumer has nothing left")
+        eventually(lambda: consumed("ingest consumer"), 30, "the ingest consumer has nothing left")
+        eventually(lambda: consumed("telemetry consumer"), 30, "the telemetry consumer has nothing left")
 
         # Every outbox event is published, and in the replicated events stream exactly once.
         eventually(lambda: all(published for _, _, published in _outbox(db)), 30, "relay idle")
@@ -192,12 +315,17 @@ def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledge
                 for _, _, info in asyncio.run(_jetstream(cluster, "streams"))
             )
 
-        eventually(caught_up, 60, f"{leader} current again")
+        figures.recovery["restart of the killed server to all replicas current"] = eventually(
+            caught_up, 60, f"{leader} current again"
+        )
         print(
             f"\n3-server JetStream cluster, {leader} killed: {len(acked)} acknowledged submissions "
-            f"({before_kill} before the kill), {len(wanted)} events\n" + figures.render()
+            f"({before_kill} before the kill; {Counter(acked.values())}), {len(batches)} telemetry batches, "
+            f"{len(wanted)} events\n" + figures.render()
         )
     finally:
         if load is not None:
             load.stop()
+        if agent is not None:
+            agent.stop()
         processes.stop()
