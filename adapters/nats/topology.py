@@ -6,10 +6,12 @@ who manage streams with their own tooling; a test keeps the two in step.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -19,7 +21,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from controlplane.service import ingest, telemetry
 
@@ -42,8 +44,10 @@ class Topology:
 
 
 def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
-    """`replicas`: copies of every stream and consumer in a JetStream cluster (`GPUFLEET_NATS_REPLICAS`;
-    3 on a three-server cluster survives the loss of any one server; 1 on a single server)."""
+    """`replicas`: copies of every stream in a JetStream cluster (`GPUFLEET_NATS_REPLICAS`; 3 on a
+    three-server cluster survives the loss of any one server; 1 on a single server). Consumers
+    set no replica count of their own: they inherit their stream's, and so follow it when an
+    existing stream is scaled (an explicit count is refused while the stream is still catching up)."""
     if not 1 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"JetStream replicas must be 1..{MAX_REPLICAS}, not {replicas}")
     streams = (
@@ -125,7 +129,6 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
                 # stops redelivering and sends a max-deliveries advisory).
                 max_deliver=ingest.MAX_DELIVERIES + 5,
                 max_ack_pending=1000,
-                num_replicas=replicas,
             ),
         ),
         (
@@ -138,17 +141,40 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
                 max_deliver=telemetry.MAX_DELIVERIES + 5,
                 # Room for several fetches of thousands of batches in flight, or the pull stalls.
                 max_ack_pending=50_000,
-                num_replicas=replicas,
             ),
         ),
     )
     return Topology(streams, consumers)
 
 
-async def ensure_topology(js: JetStreamContext, prefix: str = "gpufleet", replicas: int = 1) -> None:
-    """Create or update every stream and consumer. An existing stream or consumer is brought to
-    `replicas` too: a JetStream cluster scales a stream up or down in place."""
+# While a JetStream cluster elects its meta leader or a stream's leader (at start-up, with several
+# processes declaring at once, or while a server restarts), an API request times out or is answered
+# 503. Declaring is idempotent, so those are retried; a config the server refuses is raised at once.
+_NOT_READY = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+
+
+async def ensure_topology(
+    js: JetStreamContext, prefix: str = "gpufleet", replicas: int = 1, patience: float = 120.0
+) -> None:
+    """Create or update every stream and consumer, waiting up to `patience` seconds for JetStream to
+    answer. An existing stream is brought to `replicas` too: a JetStream cluster scales it in place
+    (it takes a few seconds) and its consumers follow."""
     plan = topology(prefix, replicas)
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + patience, 0.5
+    while True:
+        try:
+            await _declare(js, plan)
+            return
+        except _NOT_READY as exc:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("JetStream not ready (%s); declaring streams again in %.1f s", type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 5.0)
+
+
+async def _declare(js: JetStreamContext, plan: Topology) -> None:
     for stream in plan.streams:
         assert stream.name
         try:
