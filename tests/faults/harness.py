@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -30,6 +31,8 @@ import nats
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
 from sqlalchemy import create_engine, text
+
+from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 SUBMIT_TIMEOUT = 2.0
@@ -198,6 +201,62 @@ class Load:
                 await asyncio.sleep(self.nats_every)
         finally:
             # the server may have just been killed: a reset while closing is not a test failure
+            with contextlib.suppress(OSError, nats.errors.Error):
+                await nc.close()
+
+
+class TelemetryLoad:
+    """A cluster agent: a DCGM batch of `SAMPLES` GPU samples every 0.1 s on its own credential,
+    each retried with the same `Gpufleet-Msg-Id` until JetStream acknowledges it."""
+
+    SAMPLES = 2
+
+    def __init__(self, url: str, prefix: str, cluster: str, credential: str, figures: Figures) -> None:
+        self.url, self.prefix, self.cluster, self.credential = url, prefix, cluster, credential
+        self.figures = figures
+        self.acked: list[str] = []
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="telemetry-load", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def batch(self) -> bytes:
+        now = time.time()
+        samples = [
+            GpuSample(self.cluster, "node-1", f"GPU-{i}", i, now, {"sm_active": 0.5}) for i in range(self.SAMPLES)
+        ]
+        return encode_batch(self.cluster, samples)
+
+    async def _run(self) -> None:
+        nc = await nats_connect(self.url, token=self.credential, inbox_prefix=f"_INBOX.cluster-{self.cluster}")
+        js = nc.jetstream()
+        try:
+            for n in itertools.count(1):
+                if self.stopping.is_set():
+                    break
+                msg_id, payload = f"t-{n}", self.batch()
+                while not self.stopping.is_set():
+                    try:
+                        await js.publish(
+                            telemetry_subject(self.prefix, self.cluster),
+                            payload,
+                            timeout=2.0,
+                            headers={"Gpufleet-Msg-Id": msg_id},
+                        )
+                        self.figures.nats["telemetry acked"] += 1
+                        self.acked.append(msg_id)
+                        break
+                    except Exception as exc:
+                        self.figures.nats[f"telemetry {type(exc).__name__}"] += 1
+                        await asyncio.sleep(0.2)
+                await asyncio.sleep(0.1)
+        finally:
             with contextlib.suppress(OSError, nats.errors.Error):
                 await nc.close()
 

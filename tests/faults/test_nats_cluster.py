@@ -5,21 +5,20 @@ API replicas behind one PostgreSQL, two ingest and two telemetry workers sharing
 consumers, two auth-callout responders in one queue group, two relays of which one holds the
 lease. A team submits steadily over NATS and over REST (each attempt to the other API replica),
 and a cluster agent publishes DCGM batches, each retried with its id until acknowledged; mid-run
-the server leading the inbound stream is SIGKILLed. Then: every acknowledged submission is in SQL
+the server leading the inbound stream is SIGKILLed, and later the process holding the relay lease
+(with its API, ingest and telemetry workers). Then: every acknowledged submission is in SQL
 exactly once, every acknowledged telemetry batch folded exactly once, the consumers have nothing
 left, every outbox event is in the replicated events stream exactly once, and the server started
-again on its store catches up."""
+again on its store catches up; the surviving relay took the lease with the next epoch."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -48,8 +47,7 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.cli import seed
 from controlplane.config import Settings
 from controlplane.service import nats_identity
-from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
-from tests.faults.harness import Figures, Load, eventually, nats_connect, read_events, workload_states
+from tests.faults.harness import Figures, Load, TelemetryLoad, eventually, read_events, workload_states
 from tests.faults.nats_cluster import NatsCluster
 from tests.integration.fleet import Tenant
 
@@ -99,6 +97,14 @@ class Processes:
         log = self.log(name)
         return "another holder has the relay lease" in log or "leads relay with epoch" in log
 
+    def by_pid(self, pid: int) -> str:
+        [name] = [n for n, p in self.running.items() if p.pid == pid]
+        return name
+
+    def kill(self, name: str) -> None:
+        self.running[name].kill()
+        self.running[name].wait(10)
+
     def stop(self) -> None:
         for process in self.running.values():
             if process.poll() is None:
@@ -108,62 +114,6 @@ class Processes:
                 process.wait(20)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-class TelemetryLoad:
-    """A cluster agent: a DCGM batch of `SAMPLES` GPU samples every 0.1 s on its own credential,
-    each retried with the same `Gpufleet-Msg-Id` until JetStream acknowledges it."""
-
-    SAMPLES = 2
-
-    def __init__(self, url: str, prefix: str, cluster: str, credential: str, figures: Figures) -> None:
-        self.url, self.prefix, self.cluster, self.credential = url, prefix, cluster, credential
-        self.figures = figures
-        self.acked: list[str] = []
-        self.stopping = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="telemetry-load", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
-
-    def batch(self) -> bytes:
-        now = time.time()
-        samples = [
-            GpuSample(self.cluster, "node-1", f"GPU-{i}", i, now, {"sm_active": 0.5}) for i in range(self.SAMPLES)
-        ]
-        return encode_batch(self.cluster, samples)
-
-    async def _run(self) -> None:
-        nc = await nats_connect(self.url, token=self.credential, inbox_prefix=f"_INBOX.cluster-{self.cluster}")
-        js = nc.jetstream()
-        try:
-            for n in itertools.count(1):
-                if self.stopping.is_set():
-                    break
-                msg_id, payload = f"t-{n}", self.batch()
-                while not self.stopping.is_set():
-                    try:
-                        await js.publish(
-                            telemetry_subject(self.prefix, self.cluster),
-                            payload,
-                            timeout=2.0,
-                            headers={"Gpufleet-Msg-Id": msg_id},
-                        )
-                        self.figures.nats["telemetry acked"] += 1
-                        self.acked.append(msg_id)
-                        break
-                    except Exception as exc:
-                        self.figures.nats[f"telemetry {type(exc).__name__}"] += 1
-                        await asyncio.sleep(0.2)
-                await asyncio.sleep(0.1)
-        finally:
-            with contextlib.suppress(OSError, nats.errors.Error):
-                await nc.close()
 
 
 async def _jetstream(cluster: NatsCluster, what: str) -> Any:
@@ -198,6 +148,15 @@ def _telemetry(url: str, cluster: str) -> tuple[set[str], int]:
     finally:
         engine.dispose()
     return inbox, int(samples)
+
+
+def _sql(url: str, query: str) -> list[tuple[Any, ...]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(query)).all()]
+    finally:
+        engine.dispose()
 
 
 def _outbox(url: str) -> list[tuple[str, dict[str, Any], bool]]:
@@ -260,7 +219,7 @@ def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledge
         agent = TelemetryLoad(cluster.url, prefix, agent_cluster, credential, figures)
         load.start()
         agent.start()
-        eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
+        eventually(lambda: load is not None and len(load.acked) >= 15, 60, "15 acknowledged submissions")
 
         # SIGKILL the server leading the inbound stream (and so its ingest consumer's leader, usually).
         leader = asyncio.run(_jetstream(cluster, "inbound leader")).leader
@@ -276,7 +235,23 @@ def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledge
         # REST submits never stopped (they need only PostgreSQL); NATS ones wait for the election.
         eventually(lambda: figures.nats["acked"] > nats_acks, 30, "a NATS acknowledgement after the kill")
         figures.recovery["kill to the next JetStream-acknowledged submit"] = time.monotonic() - killed_at
-        eventually(lambda: load is not None and len(load.acked) >= before_kill + 20, 60, "20 more acknowledgements")
+        eventually(lambda: load is not None and len(load.acked) >= before_kill + 15, 60, "15 more acknowledgements")
+
+        # Then the control-plane process that holds the relay lease, SIGKILLed with whatever it held:
+        # the other's API takes every REST retry, its ingest and telemetry workers get the dead
+        # one's unacknowledged messages back, and its relay takes the lease when it runs out.
+        [(holder, relay_epoch)] = _sql(db, "SELECT holder, epoch FROM leader_leases WHERE name = 'relay'")
+        relay_leader = processes.by_pid(int(str(holder).split(":")[1]))  # holder: relay@host:pid:nonce
+        processes.kill(relay_leader)
+        figures.recovery["kill of the relay leader's process to the standby's lease"] = eventually(
+            lambda: _sql(db, "SELECT holder FROM leader_leases WHERE name = 'relay'")[0][0] != holder,
+            40,
+            "the standby relay leads",
+        )
+        before_process_kill = len(load.acked)
+        eventually(
+            lambda: load is not None and len(load.acked) >= before_process_kill + 10, 60, "10 acknowledgements more"
+        )
         load.stop()
         agent.stop()
         acked = dict(load.acked)
@@ -317,7 +292,10 @@ def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledge
         assert samples_after == TelemetryLoad.SAMPLES * len(inbox_after), "a redelivered batch was folded twice"
 
         # Every outbox event is published, and in the replicated events stream exactly once.
-        eventually(lambda: all(published for _, _, published in _outbox(db)), 30, "relay idle")
+        eventually(lambda: all(published for _, _, published in _outbox(db)), 60, "relay idle")
+        [(new_holder, new_epoch)] = _sql(db, "SELECT holder, epoch FROM leader_leases WHERE name = 'relay'")
+        assert new_holder != holder
+        assert int(str(new_epoch)) > int(str(relay_epoch))
         events = asyncio.run(read_events(cluster.live_url(), prefix, secrets_file))
         counts = Counter(e["id"] for e in events)
         assert not [i for i, c in counts.items() if c > 1], "events published more than once"
