@@ -37,7 +37,7 @@ from adapters.nats.callout import AuthCallout
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from adapters.nats.consumer_stats import consumer_backlogs
 from adapters.nats.inbound import JetStreamInbound
-from adapters.nats.server import NatsServerProcess
+from adapters.nats.server import NatsClusterMember, NatsServerProcess
 from adapters.nats.topology import as_json as topology_json
 from adapters.nats.topology import ensure_topology
 from adapters.prometheus import FleetCollector, PrometheusMetrics, exposition, new_registry, serve_metrics
@@ -73,6 +73,7 @@ CONSUMER_BACKLOG_SECONDS = 10.0
 
 __all__ = [
     "INBOUND_ID_HEADER",
+    "NatsClusterMember",
     "NatsServerProcess",
     "Settings",
     "Wiring",
@@ -538,7 +539,7 @@ async def run_components(
         password=secrets.control_password if secrets else None,
     )
     js = nc.jetstream()
-    await ensure_topology(js, prefix)
+    await ensure_topology(js, prefix, settings.nats_replicas)
     publisher = JetStreamPublisher(js)
     inbound_publisher = JetStreamPublisher(js, id_header=INBOUND_ID_HEADER)  # reports as a cluster would send them
     tasks: list[asyncio.Task[None]] = []

@@ -27,7 +27,12 @@ class Settings(BaseSettings):
     database_url: str = Field(
         default="", description="postgresql://... or sqlite:///path; default: SQLite in the state dir"
     )
+    # One URL, or several separated by commas (the servers of a NATS cluster: any one reachable
+    # at start is enough; the client learns the others from the server and fails over to them).
     nats_url: str = "nats://127.0.0.1:4222"
+    # Copies of each JetStream stream and consumer: 3 on a three-server JetStream cluster (any one
+    # server may fail with nothing lost), 1 on a single server (which refuses more).
+    nats_replicas: int = Field(default=1, ge=1, le=5)
     # The control plane's own NATS secrets (fixed users' passwords, the callout signing key), a
     # 0600 JSON file; `up` creates it in the state dir. Unset: connect without credentials (a NATS
     # that is secured some other way, or a test's open server).

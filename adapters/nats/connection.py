@@ -23,7 +23,8 @@ async def connect(
     token: str | None = None,
     inbox_prefix: str = "_INBOX",
 ) -> Client:
-    """`token` is a gpufleet credential (auth callout); `inbox_prefix` must then be the identity's own
+    """`url`: one server, or the servers of a cluster separated by commas. `token` is a gpufleet
+    credential (auth callout); `inbox_prefix` must then be the identity's own
     (`_INBOX.<kind>-<name>`), the only inboxes it may subscribe to."""
 
     async def on_error(exc: Exception) -> None:
@@ -36,7 +37,7 @@ async def connect(
         log.info("nats %s: reconnected", name)
 
     return await nats.connect(
-        url,
+        server_list(url),
         name=name,
         max_reconnect_attempts=-1,  # the default gives up after 60 tries and closes for good
         reconnect_time_wait=1,
@@ -49,6 +50,14 @@ async def connect(
         token=token,
         inbox_prefix=inbox_prefix,
     )
+
+
+def server_list(url: str) -> list[str]:
+    """The servers of `GPUFLEET_NATS_URL`: nats-py takes a list, not a comma-separated string."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("no NATS server URL given")
+    return servers
 
 
 class JetStreamPublisher:

@@ -46,6 +46,46 @@ SYSTEM_ACCOUNT = "SYS"
 
 
 @dataclass(frozen=True)
+class NatsClusterMember:
+    """One server of a JetStream cluster: its unique name, where it listens for routes, and the
+    route URLs of every member (`nats-route://host:port`; its own is allowed and ignored by the
+    server). JetStream needs a unique `server_name` per server and the same `cluster` name on all.
+    A stream of R replicas survives the loss of any minority of its R servers (R=3: one)."""
+
+    server_name: str
+    route_port: int
+    routes: tuple[str, ...]
+    cluster: str = "gpufleet"
+    route_host: str = "127.0.0.1"
+
+    def config(self) -> list[str]:
+        routes = ", ".join(json.dumps(r) for r in self.routes)
+        return [
+            f"server_name: {json.dumps(self.server_name)}",
+            "cluster {",
+            f"  name: {json.dumps(self.cluster)}",
+            f"  listen: {json.dumps(f'{self.route_host}:{self.route_port}')}",
+            f"  routes: [{routes}]",
+            "}",
+        ]
+
+
+def server_config(
+    port: int,
+    store_dir: Path,
+    host: str = "127.0.0.1",
+    auth: NatsServerAuth | None = None,
+    member: NatsClusterMember | None = None,
+) -> str:
+    """A nats-server config: JetStream on `store_dir`, gpufleet's authentication when `auth` is
+    given, and membership of a cluster when `member` is."""
+    if auth is not None:
+        return auth.config(port, store_dir, host, member)
+    lines = [f"listen: {json.dumps(f'{host}:{port}')}", f"jetstream {{ store_dir: {json.dumps(str(store_dir))} }}"]
+    return "\n".join([*lines, *(member.config() if member else []), ""])
+
+
+@dataclass(frozen=True)
 class NatsServerAuth:
     """Authentication for an embedded nats-server: three fixed users and auth callout for the rest.
 
@@ -63,7 +103,9 @@ class NatsServerAuth:
     callout_user: str = "gpufleet-auth"
     system_user: str = "gpufleet-sys"
 
-    def config(self, port: int, store_dir: Path, host: str = "127.0.0.1") -> str:
+    def config(
+        self, port: int, store_dir: Path, host: str = "127.0.0.1", member: NatsClusterMember | None = None
+    ) -> str:
         def user(name: str, password: str) -> str:
             return f"users: [{{user: {json.dumps(name)}, password: {json.dumps(password)}}}]"
 
@@ -81,6 +123,10 @@ class NatsServerAuth:
                 "authorization {",
                 f"  auth_callout {{ issuer: {self.issuer}, account: {AUTH_ACCOUNT}, auth_users: [{fixed}] }}",
                 "}",
+                # Every server of a cluster has the same accounts and callout issuer: a client may
+                # connect to any of them, and the callout request reaches the control plane
+                # through whichever server its callout connection is on.
+                *(member.config() if member else []),
                 "",
             ]
         )
@@ -88,12 +134,18 @@ class NatsServerAuth:
 
 class NatsServerProcess:
     def __init__(
-        self, port: int, store_dir: Path, log_file: Path | None = None, auth: NatsServerAuth | None = None
+        self,
+        port: int,
+        store_dir: Path,
+        log_file: Path | None = None,
+        auth: NatsServerAuth | None = None,
+        member: NatsClusterMember | None = None,
     ) -> None:
         self.port = port
         self.store_dir = store_dir
         self.log_file = log_file
         self.auth = auth
+        self.member = member
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -103,12 +155,12 @@ class NatsServerProcess:
     def start(self, timeout: float = 20.0) -> None:
         private_dir(self.store_dir)
         args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
-        if self.auth is not None:
-            # The config holds passwords: private to this user, like the store.
+        if self.auth is not None or self.member is not None:
+            # The config may hold passwords: private to this user, like the store.
             config = self.store_dir / "gpufleet-nats.conf"
             config.touch(mode=0o600, exist_ok=True)
             config.chmod(0o600)
-            config.write_text(self.auth.config(self.port, self.store_dir))
+            config.write_text(server_config(self.port, self.store_dir, auth=self.auth, member=self.member))
             args = [find_binary(), "-c", str(config)]
         if self.log_file is not None:
             args += ["-l", str(self.log_file)]

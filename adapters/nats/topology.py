@@ -6,10 +6,12 @@ who manage streams with their own tooling; a test keeps the two in step.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -19,7 +21,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from controlplane.service import ingest, telemetry
 
@@ -32,6 +34,7 @@ DLQ_STREAM = "GPUFLEET_DLQ"
 INGEST_CONSUMER = "ingest"
 TELEMETRY_STREAM = "GPUFLEET_TELEMETRY"
 TELEMETRY_CONSUMER = "telemetry"
+MAX_REPLICAS = 5  # JetStream's own limit on stream replicas
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,13 @@ class Topology:
     consumers: tuple[tuple[str, ConsumerConfig], ...]
 
 
-def topology(prefix: str = "gpufleet") -> Topology:
+def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
+    """`replicas`: copies of every stream in a JetStream cluster (`GPUFLEET_NATS_REPLICAS`; 3 on a
+    three-server cluster survives the loss of any one server; 1 on a single server). Consumers
+    set no replica count of their own: they inherit their stream's, and so follow it when an
+    existing stream is scaled (an explicit count is refused while the stream is still catching up)."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"JetStream replicas must be 1..{MAX_REPLICAS}, not {replicas}")
     streams = (
         StreamConfig(
             name=INBOUND_STREAM,
@@ -63,7 +72,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             # sender of the stream, so one team could have another's message dropped. Senders put
             # their id in Gpufleet-Msg-Id, which the ingest inbox de-duplicates per sender.
             duplicate_window=0.1,
-            num_replicas=1,
+            num_replicas=replicas,
         ),
         StreamConfig(
             name=EVENTS_STREAM,
@@ -74,7 +83,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             max_age=7 * DAY,
             discard=DiscardPolicy.OLD,
             duplicate_window=300.0,
-            num_replicas=1,
+            num_replicas=replicas,
         ),
         StreamConfig(
             name=DLQ_STREAM,
@@ -87,7 +96,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             max_bytes=1 << 30,
             discard=DiscardPolicy.OLD,
             duplicate_window=120.0,
-            num_replicas=1,
+            num_replicas=replicas,
         ),
         StreamConfig(
             name=TELEMETRY_STREAM,
@@ -104,7 +113,7 @@ def topology(prefix: str = "gpufleet") -> Topology:
             discard=DiscardPolicy.OLD,
             max_bytes=8 << 30,
             duplicate_window=0.1,  # as GPUFLEET_IN: the server's minimum; the inbox de-duplicates per cluster
-            num_replicas=1,
+            num_replicas=replicas,
         ),
     )
     consumers = (
@@ -138,8 +147,34 @@ def topology(prefix: str = "gpufleet") -> Topology:
     return Topology(streams, consumers)
 
 
-async def ensure_topology(js: JetStreamContext, prefix: str = "gpufleet") -> None:
-    plan = topology(prefix)
+# While a JetStream cluster elects its meta leader or a stream's leader (at start-up, with several
+# processes declaring at once, or while a server restarts), an API request times out or is answered
+# 503. Declaring is idempotent, so those are retried; a config the server refuses is raised at once.
+_NOT_READY = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+
+
+async def ensure_topology(
+    js: JetStreamContext, prefix: str = "gpufleet", replicas: int = 1, patience: float = 120.0
+) -> None:
+    """Create or update every stream and consumer, waiting up to `patience` seconds for JetStream to
+    answer. An existing stream is brought to `replicas` too: a JetStream cluster scales it in place
+    (it takes a few seconds) and its consumers follow."""
+    plan = topology(prefix, replicas)
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + patience, 0.5
+    while True:
+        try:
+            await _declare(js, plan)
+            return
+        except _NOT_READY as exc:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("JetStream not ready (%s); declaring streams again in %.1f s", type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 5.0)
+
+
+async def _declare(js: JetStreamContext, plan: Topology) -> None:
     for stream in plan.streams:
         assert stream.name
         try:
@@ -153,8 +188,8 @@ async def ensure_topology(js: JetStreamContext, prefix: str = "gpufleet") -> Non
         await js.add_consumer(stream_name, consumer)
 
 
-def as_json(prefix: str = "gpufleet") -> dict[str, Any]:
-    plan = topology(prefix)
+def as_json(prefix: str = "gpufleet", replicas: int = 1) -> dict[str, Any]:
+    plan = topology(prefix, replicas)
     return {
         "streams": [s.as_dict() for s in plan.streams],
         "consumers": [{"stream": name, "config": c.as_dict()} for name, c in plan.consumers],

@@ -192,14 +192,21 @@ def create_admin_token(config: Path | None, name: str) -> None:
 @click.command(name="nats-topology")
 @click.option("--prefix", default="gpufleet", show_default=True)
 @click.option(
+    "--replicas",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="copies of each stream and consumer (GPUFLEET_NATS_REPLICAS; 3 on a three-server JetStream cluster)",
+)
+@click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
     help="write streams.json into this directory instead of printing",
 )
-def nats_topology(prefix: str, out: Path | None) -> None:
+def nats_topology(prefix: str, replicas: int, out: Path | None) -> None:
     """Print the JetStream streams and consumers gpufleet declares."""
-    text = json.dumps(bootstrap.topology_json(prefix), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(bootstrap.topology_json(prefix, replicas), indent=2, sort_keys=True) + "\n"
     if out is None:
         click.echo(text, nl=False)
         return
@@ -221,13 +228,36 @@ def nats_topology(prefix: str, out: Path | None) -> None:
 @click.option("--host", default="0.0.0.0", show_default=True, help="address nats-server listens on")  # noqa: S104
 @click.option("--port", type=int, default=4222, show_default=True)
 @click.option("--store-dir", type=click.Path(path_type=Path), default=Path("/data"), show_default=True)
-def nats_auth_config(secrets_file: Path, out: Path, host: str, port: int, store_dir: Path) -> None:
-    """Write a nats-server config with gpufleet's users and auth callout, for an external server."""
+@click.option("--server-name", default=None, help="this server's unique name in a JetStream cluster")
+@click.option("--cluster-name", default="gpufleet", show_default=True, help="the JetStream cluster's name")
+@click.option("--cluster-port", type=int, default=6222, show_default=True, help="port for cluster routes")
+@click.option(
+    "--route",
+    "routes",
+    multiple=True,
+    help="nats-route://host:port of a cluster member (repeat for each; with --server-name)",
+)
+def nats_auth_config(
+    secrets_file: Path,
+    out: Path,
+    host: str,
+    port: int,
+    store_dir: Path,
+    server_name: str | None,
+    cluster_name: str,
+    cluster_port: int,
+    routes: tuple[str, ...],
+) -> None:
+    """Write a nats-server config with gpufleet's users and auth callout, for an external server
+    (one of a JetStream cluster with --server-name and --route; the same secrets on every member)."""
+    if bool(server_name) != bool(routes):
+        raise click.UsageError("a cluster member needs both --server-name and its --route list")
+    member = bootstrap.NatsClusterMember(server_name, cluster_port, routes, cluster_name, host) if server_name else None
     auth = bootstrap.nats_secrets.load_or_create(secrets_file).server_auth()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.touch(mode=0o600, exist_ok=True)
     out.chmod(0o600)  # it holds the fixed users' passwords
-    out.write_text(auth.config(port, store_dir, host))
+    out.write_text(auth.config(port, store_dir, host, member))
     click.echo(f"wrote {out} (auth callout issuer {auth.issuer}); secrets in {secrets_file}")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -31,6 +32,8 @@ from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
 from sqlalchemy import create_engine, text
 
+from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
+
 TERMINAL = {"succeeded", "failed", "cancelled"}
 SUBMIT_TIMEOUT = 2.0
 
@@ -39,10 +42,11 @@ SUBMIT_TIMEOUT = 2.0
 
 
 async def nats_connect(url: str, **credentials: str) -> Client:
-    """`token` (a team's, with `inbox_prefix` `_INBOX.team-<team>`) or the control plane's `user`
-    and `password`; a server without authentication ignores them."""
+    """`url`: one server or a cluster's, comma-separated. `token` (a team's, with `inbox_prefix`
+    `_INBOX.team-<team>`) or the control plane's `user` and `password`; a server without
+    authentication ignores them."""
     return await nats.connect(
-        url, name="faults-client", max_reconnect_attempts=-1, reconnect_time_wait=0.2, **credentials
+        url.split(","), name="faults-client", max_reconnect_attempts=-1, reconnect_time_wait=0.2, **credentials
     )
 
 
@@ -103,7 +107,7 @@ def gang_body(name: str, queue: str) -> dict[str, Any]:
 
 
 class Load:
-    """Two submitters in threads: REST every `rest_every` s, NATS every `nats_every` s."""
+    """Two submitters in threads: REST every `rest_every` s (None: no REST), NATS every `nats_every` s."""
 
     def __init__(
         self,
@@ -113,7 +117,7 @@ class Load:
         nats_url: str,
         prefix: str,
         figures: Figures,
-        rest_every: float = 0.4,
+        rest_every: float | None = 0.4,
         nats_every: float = 0.5,
         team: str = "llm",
     ) -> None:
@@ -125,10 +129,9 @@ class Load:
         self.rest_acks: list[float] = []  # monotonic times of REST acknowledgements
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._rest, name="rest-load", daemon=True),
-            threading.Thread(target=lambda: asyncio.run(self._nats()), name="nats-load", daemon=True),
-        ]
+        self._threads = [threading.Thread(target=lambda: asyncio.run(self._nats()), name="nats-load", daemon=True)]
+        if rest_every is not None:
+            self._threads.append(threading.Thread(target=self._rest, name="rest-load", daemon=True))
 
     def start(self) -> None:
         for t in self._threads:
@@ -168,7 +171,7 @@ class Load:
                     except httpx.HTTPError as exc:
                         self.figures.rest[type(exc).__name__] += 1
                     time.sleep(0.2)
-                time.sleep(self.rest_every)
+                time.sleep(self.rest_every or 0.0)
 
     async def _nats(self) -> None:
         nc = await nats_connect(self.nats_url, token=self.token, inbox_prefix=f"_INBOX.team-{self.team}")
@@ -198,6 +201,62 @@ class Load:
                 await asyncio.sleep(self.nats_every)
         finally:
             # the server may have just been killed: a reset while closing is not a test failure
+            with contextlib.suppress(OSError, nats.errors.Error):
+                await nc.close()
+
+
+class TelemetryLoad:
+    """A cluster agent: a DCGM batch of `SAMPLES` GPU samples every 0.1 s on its own credential,
+    each retried with the same `Gpufleet-Msg-Id` until JetStream acknowledges it."""
+
+    SAMPLES = 2
+
+    def __init__(self, url: str, prefix: str, cluster: str, credential: str, figures: Figures) -> None:
+        self.url, self.prefix, self.cluster, self.credential = url, prefix, cluster, credential
+        self.figures = figures
+        self.acked: list[str] = []
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="telemetry-load", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def batch(self) -> bytes:
+        now = time.time()
+        samples = [
+            GpuSample(self.cluster, "node-1", f"GPU-{i}", i, now, {"sm_active": 0.5}) for i in range(self.SAMPLES)
+        ]
+        return encode_batch(self.cluster, samples)
+
+    async def _run(self) -> None:
+        nc = await nats_connect(self.url, token=self.credential, inbox_prefix=f"_INBOX.cluster-{self.cluster}")
+        js = nc.jetstream()
+        try:
+            for n in itertools.count(1):
+                if self.stopping.is_set():
+                    break
+                msg_id, payload = f"t-{n}", self.batch()
+                while not self.stopping.is_set():
+                    try:
+                        await js.publish(
+                            telemetry_subject(self.prefix, self.cluster),
+                            payload,
+                            timeout=2.0,
+                            headers={"Gpufleet-Msg-Id": msg_id},
+                        )
+                        self.figures.nats["telemetry acked"] += 1
+                        self.acked.append(msg_id)
+                        break
+                    except Exception as exc:
+                        self.figures.nats[f"telemetry {type(exc).__name__}"] += 1
+                        await asyncio.sleep(0.2)
+                await asyncio.sleep(0.1)
+        finally:
             with contextlib.suppress(OSError, nats.errors.Error):
                 await nc.close()
 

@@ -1,9 +1,10 @@
-"""The subset of Kustomize that `deploy/member` and `deploy/dcgm-exporter` use, in Python, for
-machines without kubectl 1.27+ (kustomize v5): `resources` (files and kustomization
-directories), `namespace`, `labels` (metadata only, as `includeSelectors: false`), `images`,
-`configMapGenerator` (files, `disableNameSuffixHash`, labels) and inline JSON 6902 `patches` with
-a kind/name target. Anything else in a kustomization is refused rather than ignored. When
-kubectl is installed the tests check this renderer against it, object for object."""
+"""The subset of Kustomize that `deploy/member`, `deploy/control-plane` and `deploy/dcgm-exporter`
+use, in Python, for machines without kubectl 1.27+ (kustomize v5): `resources` (files and
+kustomization directories), `namespace`, `labels` (metadata only, as `includeSelectors: false`),
+`images`, `replicas` (by name), `configMapGenerator` (files, `disableNameSuffixHash`, labels) and
+inline JSON 6902 `patches` with a kind/name target. Anything else in a kustomization is refused
+rather than ignored. When kubectl is installed the tests check this renderer against it, object
+for object."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ from typing import Any
 
 import yaml
 
-KNOWN = {"apiVersion", "kind", "resources", "namespace", "labels", "images", "configMapGenerator", "patches"}
+KNOWN = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "labels",
+    "images",
+    "replicas",
+    "configMapGenerator",
+    "patches",
+}
+_SCALABLE = {"Deployment", "ReplicaSet", "ReplicationController", "StatefulSet"}
 _CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "Node"}
 
 
@@ -41,6 +53,10 @@ def render(directory: Path) -> list[dict[str, Any]]:
             obj["metadata"].setdefault("labels", {}).update(entry["pairs"])
         for image in kustomization.get("images", []):
             _set_image(obj, image)
+    for entry in kustomization.get("replicas", []):
+        for obj in objects:
+            if obj["kind"] in _SCALABLE and obj["metadata"]["name"] == entry["name"]:
+                obj["spec"]["replicas"] = entry["count"]
     for patch in kustomization.get("patches", []):
         target = patch["target"]
         for obj in objects:

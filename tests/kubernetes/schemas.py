@@ -47,6 +47,7 @@ CRD_FILES = {
     ("scheduling.volcano.sh", "podgroups"): "volcano_podgroups.yaml",
     ("scheduling.x-k8s.io", "podgroups"): "coscheduling_podgroups.yaml",
     ("jobset.x-k8s.io", "jobsets"): "jobset_jobsets.yaml",
+    ("monitoring.coreos.com", "servicemonitors"): "monitoring_servicemonitors.yaml",
 }
 
 _MAX_ERRORS = 5
