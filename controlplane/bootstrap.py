@@ -648,7 +648,9 @@ async def run_components(
     if "relay" in components:
         tasks.append(
             asyncio.create_task(
-                loops.relay_loop(wiring.uow, publisher, clock, stop, settings.relay_interval, metrics=metrics),
+                loops.relay_loop(
+                    wiring.uow, publisher, clock, stop, settings.relay_interval, settings.lease_ttl, metrics=metrics
+                ),
                 name="relay",
             )
         )

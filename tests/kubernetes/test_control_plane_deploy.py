@@ -32,7 +32,6 @@ DEPLOYMENTS = {f"gpufleet-{c}": c for c in ("api", "scheduler", "dispatcher", "i
 LEASED = ("scheduler", "dispatcher", "relay")  # one works, the others stand by
 # The metrics port of each worker is the observability work's setting (issue 14, deliverable 1);
 # the workers' probes and ServiceMonitor use it.
-PENDING_SETTINGS = {"metrics_port"}
 METRICS_PORT = 9090
 
 
@@ -120,12 +119,13 @@ def test_every_container_runs_a_real_gpufleet_command_with_valid_settings(target
     objects = render(target)
     config = find(objects, "ConfigMap", "gpufleet-config")["data"]
     assert all(key.startswith("GPUFLEET_") for key in config)
-    unknown = {k.removeprefix("GPUFLEET_").lower() for k in config} - set(Settings.model_fields) - PENDING_SETTINGS
+    unknown = {k.removeprefix("GPUFLEET_").lower() for k in config} - set(Settings.model_fields)
     assert not unknown, f"settings gpufleet does not know: {unknown}"
     secrets = {"database_url": "postgresql://gpufleet@postgres:5432/gpufleet", "nats_secrets_file": "/x"}
     values = {k.removeprefix("GPUFLEET_").lower(): v for k, v in config.items()}
-    settings = Settings(**{k: v for k, v in values.items() if k not in PENDING_SETTINGS}, **secrets)
+    settings = Settings(**values, **secrets)
     assert int(values["metrics_port"]) == METRICS_PORT
+    assert settings.metrics_host == "0.0.0.0"
 
     commands: dict[str, str] = {}
     for name, template in pod_templates(objects).items():
