@@ -81,6 +81,7 @@ class SqlReportRepository:
                     cluster=cluster,
                     state=run.state,
                     message=run.message,
+                    end_cause=run.end_cause,
                     admitted_at=run.created_at,
                     finished_at=run.finished_at,
                     slices=slices,

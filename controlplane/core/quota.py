@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
+from controlplane.core.decision import BorrowingLimit, QuotaLimit
 from controlplane.domain.model import GPU_EQ, QueueNode
 
 Usage = dict[str, Fraction]
@@ -27,10 +28,6 @@ ZERO = Fraction(0)
 
 def as_fraction(value: float) -> Fraction:
     return Fraction(value).limit_denominator(10**6)
-
-
-def fmt(value: Fraction) -> str:
-    return f"{float(value):g}"
 
 
 class Ledger:
@@ -71,18 +68,16 @@ class Ledger:
 
     # -- rules ---------------------------------------------------------------------------------
 
-    def limit_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
+    def limit_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> QuotaLimit | None:
         for node in self.chain(queue_id):
             for key, bound in self.limits[node.id].items():
                 want = amounts.get(key, ZERO)
                 if want and self.used(node.id, key) + want > bound:
-                    return (
-                        f"quota: {node.name} limit is {node.limit.amounts[key]:g} {key}, "
-                        f"{fmt(self.used(node.id, key))} in use, this gang needs {fmt(want)}"
-                    )
+                    used = float(self.used(node.id, key))
+                    return QuotaLimit(node.name, key, node.limit.amounts[key], used, float(want))
         return None
 
-    def borrowing_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
+    def borrowing_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> BorrowingLimit | None:
         for node in self.chain(queue_id):
             for key, bound in self.borrowing_limits[node.id].items():
                 want = amounts.get(key, ZERO)
@@ -91,10 +86,7 @@ class Ledger:
                 guaranteed = self.guarantees[node.id].get(key, ZERO)
                 borrowed = max(ZERO, self.used(node.id, key) + want - guaranteed)
                 if borrowed > bound:
-                    return (
-                        f"quota: {node.name} may borrow at most {node.borrowing_limit.amounts[key]:g} {key} "
-                        "above its guarantee"
-                    )
+                    return BorrowingLimit(node.name, key, node.borrowing_limit.amounts[key])
         return None
 
     def within_guarantee(self, queue_id: str, amounts: Mapping[str, Fraction], queue_only: bool = False) -> bool:

@@ -25,6 +25,24 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from fractions import Fraction
 
+from controlplane.core.decision import (
+    Admission,
+    Decision,
+    Eviction,
+    EvictionKind,
+    FairShareTurn,
+    IsolationOnlyTimeSliced,
+    NoFit,
+    NotConsidered,
+    NotLent,
+    OutsideGuarantee,
+    PendingKind,
+    PendingReason,
+    ReservationNote,
+    SchedulingFailed,
+    UnusableQuota,
+    Why,
+)
 from controlplane.core.fragmentation import gang_fragmentation_cost, workload_mix
 from controlplane.core.history import decayed_gpu_hours, history_shares
 from controlplane.core.placement import (
@@ -38,20 +56,8 @@ from controlplane.core.placement import (
     place_gang,
     placements_in_cluster,
 )
-from controlplane.core.quota import ZERO, Ledger, Usage, fmt
-from controlplane.core.snapshot import (
-    IDLE_RECLAIM_PREFIX,
-    REBALANCE_PREFIX,
-    Admission,
-    Decision,
-    Eviction,
-    LiveRun,
-    PendingReason,
-    Policy,
-    Snapshot,
-    gpu_eq_of_demand,
-    usage_of,
-)
+from controlplane.core.quota import ZERO, Ledger, Usage
+from controlplane.core.snapshot import LiveRun, Policy, Snapshot, gpu_eq_of_demand, usage_of
 from controlplane.domain.limits import MAX_QUOTA_AMOUNT
 from controlplane.domain.model import GPU_EQ, Cluster, Node, NodePool, PodAssignment, QueueNode, Quota, Workload
 from controlplane.domain.sharing import mig_gpu_eq
@@ -60,8 +66,9 @@ from controlplane.domain.sharing import mig_gpu_eq
 # it (the cycle's working state may be half-updated by then); after this many such gangs in one
 # cycle, the cycle keeps what it decided before the last failure and the rest wait for the next.
 MAX_FAILED_GANGS_PER_CYCLE = 3
-ERROR_PREFIX = "error:"
-UNUSABLE_QUOTA_PREFIX = "quota: unusable"
+
+# Why a gang waits, and the reservation it holds or waits behind (if any).
+Verdict = tuple[Why, ReservationNote | None]
 
 
 def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
@@ -70,7 +77,7 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
     keeps its gangs pending with that reason, and a gang whose scheduling raises gets an `error:`
     reason while the rest of the fleet is scheduled."""
     snapshot, held = _quarantine_queues(snapshot)
-    failed: dict[str, tuple[Workload, str]] = {}
+    failed: dict[str, tuple[Workload, Why]] = {}
     while True:
         todo = tuple(w for w in snapshot.pending if w.id not in failed)
         cycle = _Cycle(replace(snapshot, pending=todo), policy, now)
@@ -78,23 +85,15 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
         if failure is None:
             break
         workload, exc = failure
-        failed[workload.id] = (
-            workload,
-            f"{ERROR_PREFIX} scheduling this gang raised {type(exc).__name__}: {str(exc)[:200]}; "
-            "it is set aside each cycle until the cause is fixed, the rest of the fleet is scheduled",
-        )
+        failed[workload.id] = (workload, SchedulingFailed(type(exc).__name__, str(exc)[:200]))
         if len(failed) >= MAX_FAILED_GANGS_PER_CYCLE:
             decided = {a.workload_id for a in cycle.admissions} | {p.workload_id for p in cycle.pending}
             for rest in todo:
                 if rest.id not in decided and rest.id not in failed:
-                    cycle.leave_pending(
-                        rest,
-                        f"{ERROR_PREFIX} not considered this cycle: {len(failed)} gangs failed to schedule "
-                        "before its turn; it is considered again next cycle",
-                    )
+                    cycle.leave_pending(rest, (NotConsidered(len(failed)), None))
             break
-    for workload, reason in [*failed.values(), *held]:
-        cycle.leave_pending(workload, reason)
+    for workload, why in [*failed.values(), *held]:
+        cycle.leave_pending(workload, (why, None))
     return Decision(
         admissions=tuple(cycle.admissions),
         pending=tuple(cycle.pending),
@@ -118,19 +117,19 @@ def _harmless(quota: Quota) -> Quota:
     return Quota({key: value if _usable(value) else 0.0 for key, value in quota.amounts.items()})
 
 
-def _unusable(node: QueueNode) -> str | None:
+def _unusable(node: QueueNode) -> UnusableQuota | None:
     """What in the node's quota no arithmetic can use, or None."""
     if not _usable(node.weight, positive=True):
-        return f"weight {node.weight!r}"
+        return UnusableQuota(node.name, "weight", None, repr(node.weight))
     for name in ("guaranteed", "limit", "borrowing_limit", "lending_limit"):
         quota: Quota = getattr(node, name)
         for key, value in quota.amounts.items():
             if not _usable(value):
-                return f"{name} {key}={value!r}"
+                return UnusableQuota(node.name, name, key, repr(value))
     return None
 
 
-def _quarantine_queues(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[Workload, str]]]:
+def _quarantine_queues(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[Workload, Why]]]:
     """Set aside the pending gangs of queues under a node with an unusable quota (it got into the
     database before the API bounded it, or by hand), and make that node's quota harmless for the
     cycle: unusable amounts become 0, so its live runs still count and nothing more is admitted."""
@@ -157,21 +156,14 @@ def _quarantine_queues(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[Workloa
             current = tree[current].parent_id
         return None
 
-    held: list[tuple[Workload, str]] = []
+    held: list[tuple[Workload, Why]] = []
     pending: list[Workload] = []
     for workload in snapshot.pending:
         found = culprit(workload.queue_id)
         if found is None:
             pending.append(workload)
             continue
-        node_id, name = found, tree[found].name
-        held.append(
-            (
-                workload,
-                f"{UNUSABLE_QUOTA_PREFIX} {problems[node_id]} on {name}; its gangs wait until an admin sets a "
-                f"finite amount between 0 and {MAX_QUOTA_AMOUNT:g}",
-            )
-        )
+        held.append((workload, problems[found]))
     return replace(snapshot, queue_tree=tree, pending=tuple(pending)), held
 
 
@@ -266,7 +258,7 @@ class _Cycle:
         )
         self.budget = self.policy.disruption_budget
         # Shapes that found no room this cycle, with the reason: room only shrinks until an eviction.
-        self.unplaceable: dict[tuple[object, ...], str] = {}
+        self.unplaceable: dict[tuple[object, ...], Why] = {}
         self.positions: dict[str, int] = {}
         self.failed_evictions: set[tuple[object, ...]] = set()
         self.shares: dict[str, tuple[int, Fraction]] = {}
@@ -279,7 +271,7 @@ class _Cycle:
                 for queue_id, part in history_shares(decayed).items()
             }
         self.rebalanced = 0
-        self.pending_memo: dict[tuple[object, ...], str] = {}
+        self.pending_memo: dict[tuple[object, ...], Verdict] = {}
         self.mix = workload_mix(snapshot.pending[:MIX_SAMPLE])
         self.fragmentation_memo: dict[tuple[object, ...], tuple[float, int]] = {}
         # Free capacity as the cycle found it: a gang that would have fit there but not after this
@@ -288,7 +280,7 @@ class _Cycle:
         self.fit_at_start: dict[tuple[object, ...], bool] = {}
         self.admitted_queues: list[str] = []
         self.reservations: list[_Reservation] = []
-        self.reserved_queues: dict[str, str] = {}
+        self.reserved_queues: dict[str, ReservationNote] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -352,17 +344,17 @@ class _Cycle:
         for workload in self.order():
             marks = (len(self.admissions), len(self.pending), len(self.evictions))
             try:
-                reason = self.try_admit(workload)
-                if reason is not None:
-                    self.leave_pending(workload, reason)
+                verdict = self.try_admit(workload)
+                if verdict is not None:
+                    self.leave_pending(workload, verdict)
             except Exception as exc:  # one gang must never fail the cycle for the fleet
                 del self.admissions[marks[0] :], self.pending[marks[1] :], self.evictions[marks[2] :]
                 return workload, exc
         return None
 
-    def leave_pending(self, workload: Workload, reason: str) -> None:
+    def leave_pending(self, workload: Workload, verdict: Verdict) -> None:
         position = self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1
-        self.pending.append(PendingReason(workload.id, reason, position))
+        self.pending.append(PendingReason(workload.id, verdict[0], position, verdict[1]))
 
     # -- order ---------------------------------------------------------------------------------
 
@@ -430,7 +422,7 @@ class _Cycle:
 
     # -- admission -----------------------------------------------------------------------------
 
-    def try_admit(self, workload: Workload) -> str | None:
+    def try_admit(self, workload: Workload) -> Verdict | None:
         """Admit the gang (maybe after evictions); the pending reason when it cannot be.
 
         Within a cycle free capacity only shrinks and usage only grows until an eviction, so a
@@ -449,20 +441,17 @@ class _Cycle:
         known = self.pending_memo.get(key)
         if known is not None:
             return known
-        reason = self._try_admit(workload)
+        verdict = self._try_admit(workload)
         # A fair-share reason names the queues that went ahead, which grow during the cycle.
-        if reason is not None and not reason.startswith("fair-share"):
-            self.pending_memo[key] = reason
-        return reason
+        if verdict is not None and verdict[0].kind is not PendingKind.FAIR_SHARE:
+            self.pending_memo[key] = verdict
+        return verdict
 
-    def _try_admit(self, workload: Workload) -> str | None:
+    def _try_admit(self, workload: Workload) -> Verdict | None:
         wanted = {GPU_EQ: _least_gpu_eq(workload)}
-        blocked = self.ledger.limit_block(workload.queue_id, wanted)
+        blocked: Why | None = self.ledger.limit_block(workload.queue_id, wanted)
         if not workload.preemptible and not self.ledger.within_guarantee(workload.queue_id, wanted):
-            blocked = blocked or (
-                "quota: non-preemptible work runs only within its queue's guarantee, and "
-                f"{fmt(wanted[GPU_EQ])} gpu-eq more would exceed it"
-            )
+            blocked = blocked or OutsideGuarantee(float(wanted[GPU_EQ]))
         if blocked is None:
             outcome = self._place(workload, self.free)
             if isinstance(outcome, Placement):
@@ -473,24 +462,24 @@ class _Cycle:
             reason = outcome
         else:
             reason = blocked
+        no_fit = blocked is None and isinstance(reason, NoFit)
         if not workload.may_evict:
-            return self._reserve(workload, reason) if blocked is None and reason.startswith("no-fit") else reason
-        if blocked is None and self._evict_for(workload, "idle"):
+            return self._reserve(workload, reason) if no_fit else (reason, None)
+        if blocked is None and self._evict_for(workload, EvictionKind.IDLE):
             return None
         # Ancestors are checked with the victims gone (their usage counts there too).
         reclaimable = blocked is None and self.ledger.within_guarantee(workload.queue_id, wanted, queue_only=True)
-        if self.policy.reclaim and reclaimable and self._evict_for(workload, "reclaim"):
+        if self.policy.reclaim and reclaimable and self._evict_for(workload, EvictionKind.RECLAIM):
             return None
-        if self.policy.preemption and self._evict_for(workload, "preempt"):
+        if self.policy.preemption and self._evict_for(workload, EvictionKind.PREEMPT):
             return None
-        if blocked is None and self._rebalance_open() and self._evict_for(workload, "rebalance"):
+        if blocked is None and self._rebalance_open() and self._evict_for(workload, EvictionKind.REBALANCE):
             return None
-        if blocked is None and reason.startswith("no-fit"):
-            reason = self._fair_share_reason(workload) or reason
-            reason = self._reserve(workload, reason)
-        return reason
+        if no_fit:
+            return self._reserve(workload, self._fair_share_reason(workload) or reason)
+        return reason, None
 
-    def _fair_share_reason(self, workload: Workload) -> str | None:
+    def _fair_share_reason(self, workload: Workload) -> FairShareTurn | None:
         """When the gang fitted the free capacity at the start of the cycle and queues ordered ahead
         of it by fair share took that capacity, say so: it waits its turn, the fleet is not too small."""
         others = [q for q in dict.fromkeys(self.admitted_queues) if q != workload.queue_id]
@@ -506,23 +495,19 @@ class _Cycle:
         if not self.fit_at_start[shape]:
             return None
         tree = self.snapshot.queue_tree
-        names = ", ".join(tree[q].name if q in tree else q for q in others[:3])
-        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        names = tuple(tree[q].name if q in tree else q for q in others[:3])
         own = tree[workload.queue_id].name if workload.queue_id in tree else workload.queue_id
-        return (
-            f"fair-share: queue {own} (share {float(self._share(workload.queue_id)):.3f}) waits its turn; "
-            f"queues ordered ahead of it by fair share ({names}{more}) took the capacity it fits this cycle"
-        )
+        return FairShareTurn(own, float(self._share(workload.queue_id)), names, max(0, len(others) - 3))
 
     # -- reservations --------------------------------------------------------------------------
 
-    def _reserve(self, workload: Workload, reason: str) -> str:
+    def _reserve(self, workload: Workload, reason: Why) -> Verdict:
         """Let the head-of-line gang of a queue hold the nodes it waits for (those that free up
         first); work behind it backfills there only if it declares it will be gone in time."""
         if workload.queue_id in self.reserved_queues:
-            return reason + "; " + self.reserved_queues[workload.queue_id]
+            return reason, self.reserved_queues[workload.queue_id]
         if len(self.reservations) >= self.policy.max_reservations:
-            return reason
+            return reason, None
         best: tuple[bool, datetime, int, str, Placement] | None = None
         for cluster in self.snapshot.clusters:
             runs = sorted(
@@ -531,7 +516,7 @@ class _Cycle:
             )
             trial: FreeCapacity = {n: dict(self.free[n]) for n in self.nodes_by_cluster.get(cluster.id, [])}
             released: list[LiveRun] = []
-            found: Placement | str = "none"
+            found: Placement | Why | None = None
             for run in runs:
                 self._hold(run.assignments, run.queue_id, -1, free=trial)
                 released.append(run)
@@ -547,7 +532,7 @@ class _Cycle:
             if best is None or candidate[:4] < best[:4]:
                 best = candidate
         if best is None:
-            return reason
+            return reason, None
         unknown, due, _, cluster_id, placement = best
         nodes = sorted({a.node_id for a in placement.assignments})
         held = {node_id: dict(self.free[node_id]) for node_id in nodes}
@@ -555,10 +540,10 @@ class _Cycle:
             for key in held[node_id]:
                 self.free[node_id][key] = 0
         self.reservations.append(_Reservation(workload.id, cluster_id, held, None if unknown else due))
-        when = "when running work ends" if unknown else f"by {due.isoformat()}"
-        note = f"reservation: {len(nodes)} node(s) of cluster {cluster_id} held for {workload.name}, due {when}"
+        cluster_name = next((c.name for c in self.snapshot.clusters if c.id == cluster_id), cluster_id)
+        note = ReservationNote(len(nodes), cluster_name, workload.name, None if unknown else due)
         self.reserved_queues[workload.queue_id] = note
-        return f"{reason}; {note}"
+        return reason, note
 
     def _backfill(self, workload: Workload) -> bool:
         """Place a gang on reserved nodes when its declared runtime ends before they are due."""
@@ -588,7 +573,7 @@ class _Cycle:
         free: FreeCapacity,
         clusters: tuple[Cluster, ...] | None = None,
         use_cache: bool = True,
-    ) -> Placement | str:
+    ) -> Placement | Why:
         """The best placement that also passes every quota rule, or why there is none."""
         shape = _shape(workload)
         use_cache = use_cache and free is self.free and clusters is None
@@ -612,7 +597,7 @@ class _Cycle:
             if use_cache:
                 self.unplaceable[shape] = no_fit
             return no_fit
-        first_reason = ""
+        first_reason: Why | None = None
         for placement in self._ranked(placements, workload):
             assignments = placement.assignments
             while True:
@@ -624,6 +609,7 @@ class _Cycle:
                 # An elastic gang may start with fewer pods: drop the last one and ask again.
                 assignments = assignments[:-1]
             first_reason = first_reason or blocked
+        assert first_reason is not None
         return first_reason
 
     def _ranked(self, placements: list[Placement], workload: Workload) -> list[Placement]:
@@ -698,14 +684,12 @@ class _Cycle:
             + policy.spot_weight * spot
         )
 
-    def _no_fit(self, workload: Workload, miss: Miss | None) -> str:
+    def _no_fit(self, workload: Workload, miss: Miss | None) -> Why:
         if workload.requires_isolation and self._only_time_sliced(workload):
-            return (
-                "isolation: this workload requires isolation, and only time-sliced pools offer what it asks for; "
-                "use MIG or whole GPUs, or set requires_isolation: false"
-            )
-        best = f"best cluster {miss.detail} has room for {miss.placed}" if miss else "no cluster has room for any"
-        return f"no-fit: needs {workload.min_available} pods placed at once in one cluster; {best}"
+            return IsolationOnlyTimeSliced()
+        if miss is None:
+            return NoFit(workload.min_available, None)
+        return NoFit(workload.min_available, miss.detail, miss.placed)
 
     def _only_time_sliced(self, workload: Workload) -> bool:
         """Whether some pod set could be served by time-sliced pools and by nothing else."""
@@ -716,8 +700,8 @@ class _Cycle:
                 return True
         return False
 
-    def _quota_block(self, workload: Workload, held: Usage) -> str | None:
-        reason = self.ledger.limit_block(workload.queue_id, held) or self.ledger.borrowing_block(
+    def _quota_block(self, workload: Workload, held: Usage) -> Why | None:
+        reason: Why | None = self.ledger.limit_block(workload.queue_id, held) or self.ledger.borrowing_block(
             workload.queue_id, held
         )
         if reason is not None:
@@ -725,12 +709,12 @@ class _Cycle:
         if self.ledger.within_guarantee(workload.queue_id, held):
             return None
         if not workload.preemptible:
-            return "quota: non-preemptible work runs only within its queue's guarantee"
+            return OutsideGuarantee()
         protected = self.ledger.protected(self.lenders, excluding=workload.queue_id)
         for key, keep in protected.items():
             want = held.get(key, ZERO)
             if want and self.free_eq.get(key, ZERO) - want < keep:
-                return f"quota: the rest of the free {key} is guarantee other queues do not lend"
+                return NotLent(key)
         return None
 
     def _admit(self, workload: Workload, placement: Placement) -> None:
@@ -754,7 +738,7 @@ class _Cycle:
         last = self.snapshot.last_rebalance_at
         return last is None or (self.now - last).total_seconds() >= policy.rebalance_interval_seconds
 
-    def _candidates(self, workload: Workload, kind: str) -> list[LiveRun]:
+    def _candidates(self, workload: Workload, kind: EvictionKind) -> list[LiveRun]:
         if kind == "preempt":
             pool = list(self.live_by_queue.get(workload.queue_id, {}).values())
         elif kind == "idle":
@@ -792,7 +776,7 @@ class _Cycle:
         )
         return runs
 
-    def _evict_for(self, workload: Workload, kind: str) -> bool:
+    def _evict_for(self, workload: Workload, kind: EvictionKind) -> bool:
         if self.budget <= 0:
             return False
         # Within a cycle, capacity and candidates only shrink until an eviction happens: an attempt
@@ -825,7 +809,7 @@ class _Cycle:
         return True
 
     def _victims_in_cluster(
-        self, workload: Workload, kind: str, candidates: list[LiveRun]
+        self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun]
     ) -> tuple[list[LiveRun], Placement] | None:
         cluster_id = candidates[0].cluster_id
         trial: FreeCapacity = {
@@ -833,7 +817,7 @@ class _Cycle:
         }
         only = tuple(c for c in self.snapshot.clusters if c.id == cluster_id)
         chosen: list[LiveRun] = []
-        placement: Placement | str = "no candidates"
+        placement: Placement | Why | None = None
         limit = self.budget
         if kind == "rebalance":
             limit = min(limit, self.policy.rebalance_max_per_cycle - self.rebalanced)
@@ -865,7 +849,9 @@ class _Cycle:
             for run in chosen:
                 self._restore_trial(run, trial)
 
-    def _may_evict_for(self, workload: Workload, kind: str, placement: Placement, victims: list[LiveRun]) -> bool:
+    def _may_evict_for(
+        self, workload: Workload, kind: EvictionKind, placement: Placement, victims: list[LiveRun]
+    ) -> bool:
         """Reclaim only restores a guarantee: with the victims gone, the gang must fit within the
         guarantee of its queue and of every ancestor that declares one. Nobody evicts to borrow."""
         if kind in ("preempt", "idle"):
@@ -887,35 +873,26 @@ class _Cycle:
         self._hold(run.assignments, run.queue_id, +1, free=trial)
         self.ledger.charge(run.queue_id, usage_of(run.assignments, self.pool_of_node), +1)
 
-    def _evict(self, victim: LiveRun, beneficiary: Workload, kind: str) -> None:
+    def _evict(self, victim: LiveRun, beneficiary: Workload, kind: EvictionKind) -> None:
         self._hold(victim.assignments, victim.queue_id, -1)
         del self.live[victim.run_id or victim.workload_id]
         del self.live_by_queue[victim.queue_id][victim.run_id or victim.workload_id]
         self.budget -= 1
-        victim_queue = self.snapshot.queue_tree.get(victim.queue_id)
-        own_queue = self.snapshot.queue_tree.get(beneficiary.queue_id)
-        if kind == "idle":
-            reason = (
-                f"{IDLE_RECLAIM_PREFIX} the idle policy found this run's GPUs idle and workload {beneficiary.name} "
-                f"(queue {own_queue.name if own_queue else beneficiary.queue_id}) is waiting for them"
-            )
-        elif kind == "rebalance":
+        if kind is EvictionKind.REBALANCE:
             self.rebalanced += 1
-            reason = (
-                f"{REBALANCE_PREFIX} queue {victim_queue.name if victim_queue else victim.queue_id} runs above its "
-                f"fair share and queue {own_queue.name if own_queue else beneficiary.queue_id} below it; workload "
-                f"{beneficiary.name} (priority {beneficiary.priority}) takes this priority {victim.priority} gang's "
-                "capacity"
+        tree = self.snapshot.queue_tree
+        victim_queue = tree[victim.queue_id].name if victim.queue_id in tree else victim.queue_id
+        own_queue = tree[beneficiary.queue_id].name if beneficiary.queue_id in tree else beneficiary.queue_id
+        self.evictions.append(
+            Eviction(
+                victim.workload_id,
+                victim.run_id,
+                kind,
+                beneficiary.id,
+                beneficiary_name=beneficiary.name,
+                beneficiary_queue=own_queue,
+                beneficiary_priority=beneficiary.priority,
+                victim_queue=victim_queue,
+                victim_priority=victim.priority,
             )
-        elif kind == "reclaim":
-            reason = (
-                f"reclaimed: queue {own_queue.name if own_queue else beneficiary.queue_id} takes back its guarantee "
-                f"from capacity queue {victim_queue.name if victim_queue else victim.queue_id} borrowed, "
-                f"for workload {beneficiary.name}"
-            )
-        else:
-            reason = (
-                f"preempted: workload {beneficiary.name} (priority {beneficiary.priority}) needs the capacity "
-                f"of this priority {victim.priority} gang in queue {own_queue.name if own_queue else victim.queue_id}"
-            )
-        self.evictions.append(Eviction(victim.workload_id, victim.run_id, kind, reason, beneficiary.id))
+        )

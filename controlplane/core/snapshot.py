@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from fractions import Fraction
 
+from controlplane.core.decision import Admission, Decision, Eviction, PendingReason
 from controlplane.core.history import UsageInterval
 from controlplane.domain.model import (
     Cluster,
@@ -17,6 +18,19 @@ from controlplane.domain.model import (
     Workload,
 )
 from controlplane.domain.sharing import mig_gpu_eq
+
+# Decision types live in `decision.py`; re-exported for callers that know them from here.
+__all__ = [
+    "Admission",
+    "Decision",
+    "Eviction",
+    "LiveRun",
+    "PendingReason",
+    "Policy",
+    "Snapshot",
+    "gpu_eq_of_demand",
+    "usage_of",
+]
 
 
 @dataclass(frozen=True)
@@ -98,46 +112,6 @@ class Policy:
     rebalance: bool = False
     rebalance_max_per_cycle: int = 1
     rebalance_interval_seconds: float = 600.0
-
-
-@dataclass(frozen=True)
-class Admission:
-    workload_id: str
-    cluster_id: str
-    assignments: tuple[PodAssignment, ...]
-
-
-# Every eviction reason starts with the prefix of its kind; the service layer reads them back
-# from stored run messages (rebalancing rate limit, no evictions after an idle reclaim, reports).
-IDLE_RECLAIM_PREFIX = "reclaimed-idle:"
-REBALANCE_PREFIX = "rebalanced:"
-NODE_LOST_PREFIX = "node-lost:"  # ended because a node it held left its cluster (service/inventory.py)
-
-
-@dataclass(frozen=True)
-class Eviction:
-    """A live run the decision stops, and why; its workload goes back to its queue."""
-
-    workload_id: str
-    run_id: str
-    kind: str  # idle | preempt | reclaim | rebalance
-    reason: str
-    beneficiary: str  # the workload that needs the capacity
-
-
-@dataclass(frozen=True)
-class PendingReason:
-    workload_id: str
-    reason: str
-    queue_position: int
-
-
-@dataclass(frozen=True)
-class Decision:
-    admissions: tuple[Admission, ...] = ()
-    pending: tuple[PendingReason, ...] = ()
-    evictions: tuple[Eviction, ...] = ()
-    stats: Mapping[str, int] = field(default_factory=dict)
 
 
 def usage_of(assignments: tuple[PodAssignment, ...], pools_by_node: Mapping[str, NodePool]) -> dict[str, Fraction]:

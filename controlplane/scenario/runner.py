@@ -30,6 +30,7 @@ from controlplane.scenario.result import (
     WorkloadResult,
 )
 from controlplane.scenario.validate import ScenarioInvalid, reference_problems
+from controlplane.service.wording import eviction_text, pending_text
 
 # Virtual time zero. Any fixed instant would do; the core only compares instants.
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
@@ -296,7 +297,7 @@ class _Simulation:
             track.state = "queued"
             if eviction.kind == "idle":
                 track.workload = replace(track.workload, may_evict=False)
-            track.preemptions.append(Preemption(t, eviction.beneficiary, eviction.kind, eviction.reason))
+            track.preemptions.append(Preemption(t, eviction.beneficiary, eviction.kind, eviction_text(eviction)))
             beneficiary = self.tracks.get(eviction.beneficiary)
             if beneficiary is not None:
                 beneficiary.preempted_others += 1
@@ -327,9 +328,10 @@ class _Simulation:
         for pending in decision.pending:
             track = self.tracks[pending.workload_id]
             track.queue_position = pending.queue_position
-            if pending.reason != track.last_reason:
-                track.reasons.append(ReasonAt(t, pending.reason))
-                track.last_reason = pending.reason
+            reason = pending_text(pending)
+            if reason != track.last_reason:
+                track.reasons.append(ReasonAt(t, reason))
+                track.last_reason = reason
 
     def _record_usage(self, t: Seconds) -> None:
         pool_of_node = {node_id: self.pools[node.pool_id] for node_id, node in self.nodes.items()}

@@ -1,6 +1,6 @@
 """Cloud pool autoscaling: buy nodes for gangs that wait for room, give back nodes nobody uses.
 
-`decide` is pure. A queued gang whose pending reason is `no-fit` is tried on a hypothetical fleet: the
+`decide` is pure. A queued gang whose pending reason is of kind `no-fit` is tried on a hypothetical fleet: the
 real free capacity (live runs subtracted), nodes already on their way (a pool's `scale_target` above
 its size) and k extra empty nodes in one cloud pool, k = 1 .. what its `max_size` allows. Of the pools
 where the gang then fits, the cheapest per GPU-hour wins, then the one needing the fewest nodes; the
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from controlplane.core.decision import PendingKind
 from controlplane.core.placement import FreeCapacity, Placement, empty_capacity, place_in_cluster
 from controlplane.core.snapshot import Snapshot
 from controlplane.domain.model import Cluster, Node, NodePool, Workload
@@ -138,7 +139,7 @@ def decide(
     decisions: list[ScaleDecision] = []
     wanted: set[str] = set()  # pools a waiting gang counts on
     for workload in snapshot.pending:
-        if not reasons.get(workload.id, "").startswith("no-fit"):
+        if reasons.get(workload.id) != PendingKind.NO_FIT:
             continue
         fits_now = _place_anywhere(workload, clusters.values(), nodes_by_pool, free)
         if fits_now is not None:
@@ -328,7 +329,7 @@ async def autoscale_once(
 ) -> list[ScaleOutcome]:
     with uow_factory() as uow:
         snapshot = uow.snapshots.load()
-        reasons = uow.cloud.pending_reasons()
+        reasons = uow.cloud.pending_kinds()
         pools = uow.cloud.cloud_pools()
         records: dict[str, CloudClusterRecord] = {r.name: r for r in uow.cloud.real_clusters()}
     now = clock()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_state import StalledRun
 from controlplane.service.ports import UnitOfWorkFactory
@@ -32,10 +33,10 @@ def requeue_stalled_gangs(
     for run in stalled:
         waited = (now - run.dispatched_at).total_seconds()
         reason = (
-            f"gang-start-timeout: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
+            f"{EndCause.GANG_START_TIMEOUT}: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
             f" (limit {timeout:g}s)"
         )
-        if _requeue(uow_factory, prefix, run, reason, now):
+        if _requeue(uow_factory, prefix, run, reason, EndCause.GANG_START_TIMEOUT, now):
             ended.append(run.run_id)
     return ended
 
@@ -53,19 +54,21 @@ def requeue_undispatched(
     for run in stuck:
         waited = (now - run.dispatched_at).total_seconds()
         reason = (
-            f"dispatch-timeout: cluster {run.cluster} did not take the run {waited:.0f}s after admission"
+            f"{EndCause.DISPATCH_TIMEOUT}: cluster {run.cluster} did not take the run {waited:.0f}s after admission"
             f" (limit {timeout:g}s; no driver for it, or it is unreachable)"
         )
-        if _requeue(uow_factory, prefix, run, reason, now):
+        if _requeue(uow_factory, prefix, run, reason, EndCause.DISPATCH_TIMEOUT, now):
             ended.append(run.run_id)
     return ended
 
 
-def _requeue(uow_factory: UnitOfWorkFactory, prefix: str, run: StalledRun, reason: str, now: datetime) -> bool:
+def _requeue(
+    uow_factory: UnitOfWorkFactory, prefix: str, run: StalledRun, reason: str, cause: EndCause, now: datetime
+) -> bool:
     """End one run and requeue its workload in one transaction, announcing `requeued` with the reason;
     False when the run was no longer waiting (a pod report or the dispatcher got there first)."""
     with uow_factory() as uow:
-        if not uow.cloud.requeue_run(run.run_id, reason, now):
+        if not uow.cloud.requeue_run(run.run_id, reason, cause, now):
             return False
         uow.workloads.set_state(run.workload_id, NOT_RUNNING, WorkloadState.QUEUED, reason, now)
         emit(

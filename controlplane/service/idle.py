@@ -26,13 +26,9 @@ from controlplane.core.idle import (
     WorkingHours,
     evaluate,
 )
-from controlplane.core.snapshot import IDLE_RECLAIM_PREFIX
 from controlplane.service.events import envelope
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory
 from controlplane.service.telemetry import TelemetryWindow, WindowQuery
-
-# Eviction messages of runs reclaimed for idleness start with this (the core's reason does).
-IDLE_MARKER = IDLE_RECLAIM_PREFIX
 
 
 @dataclass(frozen=True)

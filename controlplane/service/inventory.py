@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, Field
 
-from controlplane.core.snapshot import NODE_LOST_PREFIX
+from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.cloud_state import PoolChanges
@@ -193,8 +193,8 @@ def apply_node_plan(
     vanished = sorted(set(known) - present)
     requeued: list[str] = []
     for lost in uow.cloud.live_runs_on_nodes(cluster_id, vanished):
-        reason = f"{NODE_LOST_PREFIX} node {lost.node} left cluster {cluster}"
-        if not uow.runs.set_state(lost.run_id, LIVE_RUN_STATES, "preempted", reason, now):
+        reason = f"{EndCause.NODE_LOST}: node {lost.node} left cluster {cluster}"
+        if not uow.runs.set_state(lost.run_id, LIVE_RUN_STATES, "preempted", reason, now, cause=EndCause.NODE_LOST):
             continue
         uow.workloads.set_state(lost.workload_id, LIVE_WORKLOAD_STATES, WorkloadState.QUEUED, reason, now)
         emit(

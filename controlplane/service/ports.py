@@ -11,7 +11,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from controlplane.core.snapshot import Admission, PendingReason, Snapshot
+from controlplane.core.decision import Admission, EndCause
+from controlplane.core.snapshot import Snapshot
 from controlplane.domain.model import Cluster, Node, Workload
 from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.views import (
@@ -50,6 +51,17 @@ class WorkloadHead:
     state: str
     version: int
     live_run_id: str | None
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    """A pending reason as stored: the sentence for people, the kind and fields for machines."""
+
+    workload_id: str
+    text: str
+    kind: str  # controlplane.core.decision.PendingKind
+    detail: Mapping[str, Any]
+    queue_position: int
 
 
 @dataclass(frozen=True)
@@ -161,7 +173,10 @@ class WorkloadRepository(Protocol):
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool: ...
     def admit(self, admission: Admission, epoch: int, now: datetime) -> str | None: ...
-    def record_pending(self, reasons: Sequence[PendingReason]) -> int: ...
+    def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
+        """Store the reasons of queued workloads whose reason or position changed; returns how many."""
+        ...
+
     def event_data(self, workload_id: str) -> dict[str, Any]: ...
 
 
@@ -174,8 +189,18 @@ class RunRepository(Protocol):
     def set_dispatch_state(self, run_id: str, from_state: str, to_state: str, now: datetime) -> bool: ...
     def status(self, run_id: str) -> RunStatus | None: ...
     def set_state(
-        self, run_id: str, from_states: Sequence[str], to_state: str, message: str, now: datetime
-    ) -> bool: ...
+        self,
+        run_id: str,
+        from_states: Sequence[str],
+        to_state: str,
+        message: str,
+        now: datetime,
+        cause: EndCause | None = None,
+    ) -> bool:
+        """Move the run from one of `from_states`; a run that ends records `cause` (by default the
+        one its terminal state implies: succeeded, failed, cancelled, preempted)."""
+        ...
+
     def live_run_ids(self, cluster: str) -> set[str]: ...
     def clusters_of(self, run_ids: Collection[str]) -> dict[str, str]:
         """Cluster name by run id, for those of `run_ids` that exist."""
@@ -227,10 +252,10 @@ class AuditLog(Protocol):
 
 
 class SnapshotReader(Protocol):
-    def load(self, history_since: datetime | None = None, rebalance_marker: str | None = None) -> Snapshot:
+    def load(self, history_since: datetime | None = None, last_rebalance: bool = False) -> Snapshot:
         """The scheduling snapshot; with `history_since`, also the consumption of runs that ran
-        since then (fair-share history); with `rebalance_marker`, when a run was last evicted with
-        a message starting with it (the rebalancing rate limit)."""
+        since then (fair-share history); with `last_rebalance`, when a run last ended rebalanced
+        (the rebalancing rate limit)."""
         ...
 
 

@@ -34,10 +34,10 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from controlplane.core.decision import EndCause
 from controlplane.domain.sharing import InvalidSharingMode, mig_gpu_eq
 from controlplane.service.errors import Invalid
 from controlplane.service.events import envelope
-from controlplane.service.idle import IDLE_MARKER
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory
 from controlplane.service.telemetry import TelemetryWindow, WindowQuery
 from controlplane.service.views import Principal
@@ -89,6 +89,7 @@ class RunRecord:
     admitted_at: datetime
     finished_at: datetime | None
     slices: tuple[RunSlice, ...]
+    end_cause: str = ""  # EndCause; "" while live
 
     @property
     def gpu_eq(self) -> float:
@@ -96,7 +97,7 @@ class RunRecord:
 
     @property
     def reclaimed_idle(self) -> bool:
-        return self.state == "preempted" and self.message.startswith(IDLE_MARKER) and self.finished_at is not None
+        return self.end_cause == EndCause.RECLAIMED_IDLE and self.finished_at is not None
 
 
 class ReportRepository(Protocol):
