@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from fractions import Fraction
 
 from controlplane.core.decision import Admission, Decision, Eviction, PendingReason
+from controlplane.core.gpu_eq import gpu_eq_of_demand, usage_of
 from controlplane.core.history import UsageInterval
 from controlplane.domain.model import (
     Cluster,
@@ -17,7 +17,6 @@ from controlplane.domain.model import (
     QueueNode,
     Workload,
 )
-from controlplane.domain.sharing import mig_gpu_eq
 
 # Decision types live in `decision.py`; re-exported for callers that know them from here.
 __all__ = [
@@ -112,25 +111,3 @@ class Policy:
     rebalance: bool = False
     rebalance_max_per_cycle: int = 1
     rebalance_interval_seconds: float = 600.0
-
-
-def usage_of(assignments: tuple[PodAssignment, ...], pools_by_node: Mapping[str, NodePool]) -> dict[str, Fraction]:
-    """GPU-equivalents (and per GPU model) that a set of pod assignments holds."""
-    usage: dict[str, Fraction] = {}
-    for assignment in assignments:
-        pool = pools_by_node[assignment.node_id]
-        amount = gpu_eq_of_demand(assignment.demand, pool)
-        if amount:
-            usage["gpu-eq"] = usage.get("gpu-eq", Fraction(0)) + amount
-            usage[pool.gpu_model] = usage.get(pool.gpu_model, Fraction(0)) + amount
-    return usage
-
-
-def gpu_eq_of_demand(demand: Mapping[str, int], pool: NodePool) -> Fraction:
-    total = Fraction(demand.get("gpu", 0))
-    if demand.get("share"):
-        total += Fraction(demand["share"], pool.sharing.replicas)
-    for key, count in demand.items():
-        if key.startswith("mig:"):
-            total += mig_gpu_eq(key[4:]) * count
-    return total

@@ -9,12 +9,15 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import Any, Protocol, Self
 
 from controlplane.core.decision import Admission, EndCause
 from controlplane.core.snapshot import Snapshot
 from controlplane.domain.model import Cluster, Node, Workload
 from controlplane.service.cloud_state import CloudRepository
+from controlplane.service.idle_records import IdleRepository
+from controlplane.service.report_records import ReportRepository
+from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import (
     ClusterCredential,
     ClusterView,
@@ -23,12 +26,6 @@ from controlplane.service.views import (
     TreeNodeView,
     WorkloadView,
 )
-
-if TYPE_CHECKING:
-    # Only for annotations: the telemetry module imports this one at run time.
-    from controlplane.service.idle import IdleRepository
-    from controlplane.service.reports import ReportRepository
-    from controlplane.service.telemetry import TelemetryWindow, WindowQuery
 
 
 @dataclass(frozen=True)
