@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
-from fractions import Fraction
 
 from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session, aliased, selectinload
@@ -13,9 +12,10 @@ from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.convert import workload_from_row
 from adapters.sql.tables import CohortRow, IdleFindingRow, PriorityClassRow, QueueRow, RunRow, TeamRow, WorkloadRow
 from controlplane.core.decision import EndCause
+from controlplane.core.gpu_eq import held_gpu_eq
 from controlplane.core.history import UsageInterval
-from controlplane.core.snapshot import LiveRun, Snapshot, usage_of
-from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, QueueNode, Quota, Workload, WorkloadState
+from controlplane.core.snapshot import LiveRun, Snapshot
+from controlplane.domain.model import Node, NodePool, PodAssignment, QueueNode, Quota, Workload, WorkloadState
 
 LIVE = ("admitted", "dispatching", "running")
 
@@ -167,7 +167,7 @@ class SqlSnapshotReader:
                 for a in run.assignments
                 if a.node_id in pool_of_node  # a node since removed from the fleet no longer counts
             )
-            gpu_eq = usage_of(known, pool_of_node).get(GPU_EQ, Fraction(0))
+            gpu_eq = held_gpu_eq(known, pool_of_node)
             if gpu_eq:
                 intervals.append(UsageInterval(queue_id, float(gpu_eq), start, run.finished_at))
         return tuple(intervals)

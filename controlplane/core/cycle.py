@@ -31,7 +31,6 @@ from controlplane.core.decision import (
 from controlplane.core.eviction import Evictor
 from controlplane.core.fit import Fitter, Shape, shape_of
 from controlplane.core.fragmentation import workload_mix
-from controlplane.core.gpu_eq import least_gpu_eq
 from controlplane.core.ordering import FairShare
 from controlplane.core.placement import FreeCapacity, Placement, copy_capacity
 from controlplane.core.reservation import Reservations
@@ -120,10 +119,10 @@ class Cycle:
 
     def _decide(self, workload: Workload) -> Verdict | None:
         ledger = self.state.ledger
-        wanted = {GPU_EQ: least_gpu_eq(workload)}
+        wanted = {GPU_EQ: self.state.unit.least(workload)}
         blocked: Why | None = ledger.limit_block(workload.queue_id, wanted)
         if not workload.preemptible and not ledger.within_guarantee(workload.queue_id, wanted):
-            blocked = blocked or OutsideGuarantee(float(wanted[GPU_EQ]))
+            blocked = blocked or OutsideGuarantee(self.state.unit.gpus(wanted[GPU_EQ]))
         if blocked is None:
             outcome = self.fitter.place(workload)
             if isinstance(outcome, Placement):

@@ -14,7 +14,6 @@ from datetime import datetime, timedelta
 
 from controlplane.core.decision import Eviction, EvictionKind
 from controlplane.core.fit import Fitter, Shape, shape_of
-from controlplane.core.gpu_eq import usage_of
 from controlplane.core.ordering import FairShare
 from controlplane.core.placement import Placement
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
@@ -176,7 +175,7 @@ class Evictor:
         guarantee of its queue and of every ancestor that declares one. Nobody evicts to borrow."""
         if kind in (EvictionKind.PREEMPT, EvictionKind.IDLE):
             return True  # the gang's own placement already passed every quota rule
-        held = usage_of(placement.assignments, self.state.pool_of_node)
+        held = self.state.unit.usage(placement.assignments, self.state.pool_of_node)
         if kind is EvictionKind.RECLAIM:
             return self.state.ledger.within_guarantee(workload.queue_id, held)
         # Rebalance: afterwards the preemptor's queue must not have a higher share than any queue

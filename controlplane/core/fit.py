@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from controlplane.core.capacity import fits
 from controlplane.core.decision import IsolationOnlyTimeSliced, NoFit, NotLent, OutsideGuarantee, Why
-from controlplane.core.gpu_eq import usage_of
-from controlplane.core.placement import FreeCapacity, Miss, Placement, placements_in_cluster
+from controlplane.core.placement import FreeCapacity, Miss, Placement
 from controlplane.core.quota import ZERO, Usage
 from controlplane.core.scoring import Scorer
 from controlplane.core.snapshot import Policy, Snapshot
@@ -62,22 +62,18 @@ class Fitter:
         use_cache = use_cache and free is state.free and clusters is None
         if use_cache and shape in self.unplaceable:
             return self.unplaceable[shape]
-        placements: list[Placement] = []
-        best_miss: Miss | None = None
         scorer = self.scorer
-        for cluster in self.clusters if clusters is None else clusters:
-            found = placements_in_cluster(workload, cluster, state.nodes_by_pool, free, self.policy.prefer_same_pool)
-            if isinstance(found, Miss):
-                if best_miss is None or found.placed > best_miss.placed:
-                    best_miss = found
-            elif workload.same_pool == "required":
-                placements.extend(p for p in found if scorer.pools_used(p) == 1)
-            else:
-                placements.extend(found)
-                if all(scorer.pools_used(p) > 1 for p in found):
-                    placements.extend(scorer.zone_placements(workload, cluster, free))
+        answer = fits(
+            workload,
+            self.clusters if clusters is None else clusters,
+            state.nodes_by_pool,
+            state.pool_of_node,
+            free,
+            self.policy.prefer_same_pool,
+        )
+        placements = answer.placements
         if not placements:
-            no_fit = self.no_fit(workload, best_miss)
+            no_fit = self.no_fit(workload, answer.best_miss)
             if use_cache:
                 self.unplaceable[shape] = no_fit
             return no_fit
@@ -85,7 +81,7 @@ class Fitter:
         for placement in scorer.ranked(placements, workload):
             assignments = placement.assignments
             while True:
-                blocked = self.quota_block(workload, usage_of(assignments, state.pool_of_node))
+                blocked = self.quota_block(workload, state.unit.usage(assignments, state.pool_of_node))
                 if blocked is None:
                     return replace(placement, assignments=assignments)
                 if len(assignments) <= workload.min_available:

@@ -88,7 +88,8 @@ class FairShare:
             keys = [GPU_EQ]
         else:
             keys = model_keys or [GPU_EQ]
-        dominant = ZERO
+        # A share is a ratio (exact, of integer units), not a quota amount.
+        dominant = Fraction(0)
         capacity = self.state.capacity
         for key in keys:
             used = usage.get(key, ZERO)
@@ -97,5 +98,5 @@ class FairShare:
                 continue
             above = used - guaranteed.get(key, ZERO)
             if above > 0:
-                dominant = max(dominant, above / total)
+                dominant = max(dominant, Fraction(above, total))
         return (dominant + self.history.get(queue_id, ZERO)) / weight

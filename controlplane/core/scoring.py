@@ -8,20 +8,16 @@ gang's spot preference.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from controlplane.core.capacity import TOPOLOGY_LABELS
 from controlplane.core.fragmentation import WorkloadMix, gang_fragmentation_cost
 from controlplane.core.gpu_eq import gpu_eq_float
-from controlplane.core.placement import FreeCapacity, Placement, candidate_pools, gpu_slots, place_gang
+from controlplane.core.placement import Placement, gpu_slots
 from controlplane.core.snapshot import Policy
 from controlplane.core.state import CycleState
-from controlplane.domain.model import Cluster, NodePool, Workload
+from controlplane.domain.model import Workload
 
 # How many of the best placements by the cheap terms also get the fragmentation term.
 FRAGMENTATION_CANDIDATES = 6
-
-# Node labels that name a failure or network domain; the scorer keeps a gang inside one of each.
-TOPOLOGY_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/rack", "cloud.google.com/gke-placement-group")
 
 
 class Scorer:
@@ -51,25 +47,6 @@ class Scorer:
         return gang_fragmentation_cost(
             self.mix, workload, placement.assignments, state.free, state.pool_of_node, self.fragmentation_memo
         )
-
-    def pools_used(self, placement: Placement) -> int:
-        return len({self.state.pool_of_node[a.node_id].id for a in placement.assignments})
-
-    def zone_placements(self, workload: Workload, cluster: Cluster, free: FreeCapacity) -> list[Placement]:
-        """A gang no single pool can hold may still stay inside one zone or rack: offer those too."""
-        pools = candidate_pools(workload, cluster)
-        found = []
-        for label in TOPOLOGY_LABELS:
-            groups: dict[str, list[NodePool]] = {}
-            for pool in pools:
-                if label in pool.labels:
-                    groups.setdefault(pool.labels[label], []).append(pool)
-            for _, group in sorted(groups.items()):
-                if 1 < len(group) < len(pools):
-                    placed = place_gang(workload, cluster, group, self.state.nodes_by_pool, free)
-                    if isinstance(placed, Placement):
-                        found.append(replace(placed, spread=False))
-        return found
 
     def score(self, placement: Placement, workload: Workload | None = None, fragmentation: bool = True) -> float:
         """Lower is better: free GPU slots left on the nodes it touches (fit), nodes it leaves

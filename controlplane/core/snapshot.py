@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane.core.decision import Admission, Decision, Eviction, PendingReason
-from controlplane.core.gpu_eq import gpu_eq_of_demand, usage_of
 from controlplane.core.history import UsageInterval
 from controlplane.domain.model import (
     Cluster,
@@ -27,8 +26,6 @@ __all__ = [
     "PendingReason",
     "Policy",
     "Snapshot",
-    "gpu_eq_of_demand",
-    "usage_of",
 ]
 
 

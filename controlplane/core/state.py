@@ -12,11 +12,11 @@ A scheduler that keeps this state across cycles applies its changes through the 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from fractions import Fraction
 from typing import Any
 
-from controlplane.core.gpu_eq import gpu_eq_of_demand, usage_of
-from controlplane.core.placement import FreeCapacity, empty_capacity
+from controlplane.core.capacity import FleetCapacity
+from controlplane.core.gpu_eq import GpuEqUnit, quota_amounts
+from controlplane.core.placement import FreeCapacity
 from controlplane.core.quota import ZERO, Ledger, Usage
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment
@@ -38,24 +38,25 @@ class CycleState:
     def __init__(self, snapshot: Snapshot, policy: Policy) -> None:
         self._journal: list[_Entry] = []
         self._open = 0  # checkpoints open: changes are journaled while > 0
-        self.pools: dict[str, NodePool] = snapshot.pools_by_id()
-        self.pool_of_node = {node.id: self.pools[node.pool_id] for node in snapshot.nodes}
-        schedulable = [node for node in snapshot.nodes if node.schedulable]
-        self.nodes_by_pool: dict[str, list[Node]] = {}
-        for node in schedulable:
-            self.nodes_by_pool.setdefault(node.pool_id, []).append(node)
-        self.nodes_by_cluster: dict[str, list[str]] = {}
-        for node in schedulable:
-            self.nodes_by_cluster.setdefault(node.cluster_id, []).append(node.id)
-        self.free: FreeCapacity = empty_capacity(schedulable, self.pools)
+        # The one capacity model (capacity.py), shared with submit validation and the autoscaler.
+        fleet = self.fleet = FleetCapacity(snapshot.clusters, snapshot.nodes)
+        self.pools: dict[str, NodePool] = fleet.pools
+        self.pool_of_node = fleet.pool_of_node
+        self.nodes_by_pool: dict[str, list[Node]] = fleet.nodes_by_pool
+        self.nodes_by_cluster: dict[str, list[str]] = fleet.nodes_by_cluster
+        self.free: FreeCapacity = fleet.free
+        schedulable = [node for nodes in fleet.nodes_by_pool.values() for node in nodes]
+        # Quota amounts are integers in this unit (see gpu_eq.py).
+        self.unit = GpuEqUnit.for_fleet(self.pools.values(), quota_amounts(snapshot.queue_tree))
+        per_pool = {pool.id: self.unit.of_demand(pool.node_capacity(), pool) for pool in self.pools.values()}
         self.capacity: Usage = {}
         for node in schedulable:
             pool = self.pools[node.pool_id]
-            amount = gpu_eq_of_demand(pool.node_capacity(), pool)
+            amount = per_pool[pool.id]
             self.capacity[GPU_EQ] = self.capacity.get(GPU_EQ, ZERO) + amount
             self.capacity[pool.gpu_model] = self.capacity.get(pool.gpu_model, ZERO) + amount
         self.free_eq: Usage = dict(self.capacity)
-        self.ledger = Ledger(snapshot.queue_tree)
+        self.ledger = Ledger(snapshot.queue_tree, self.unit)
         self.live: dict[str, LiveRun] = {}
         self.live_by_queue: dict[str, dict[str, LiveRun]] = {}
         for run in snapshot.live_runs:
@@ -117,7 +118,7 @@ class CycleState:
                     if journal is not None:
                         journal.append((_FREE, node_free, key, before))
                     node_free[key] = (before or 0) - sign * amount
-        held = usage_of(assignments, self.pool_of_node)
+        held = self.unit.usage(assignments, self.pool_of_node)
         if quota:
             self._charge(queue_id, held, sign)
         return held
@@ -132,12 +133,11 @@ class CycleState:
     def hold_live(self, runs: Iterable[LiveRun]) -> None:
         """`take` for every live run at once: capacity per node, then quota once per queue.
 
-        Every cycle starts here, so it avoids per-run Fraction arithmetic: a demand's gpu-eq is
-        worked out once per (pool, demand) and summed as an int while it is whole.
-        """
-        free, pool_of_node = self.free, self.pool_of_node
-        eq_of: dict[tuple[str, tuple[tuple[str, int], ...]], int | Fraction] = {}
-        per_queue: dict[str, dict[str, int | Fraction]] = {}
+        Every cycle starts here: a demand's units are worked out once per (pool, demand)."""
+        free, pool_of_node, unit = self.free, self.pool_of_node, self.unit
+        whole_gpu = unit.per_gpu
+        units_of: dict[tuple[str, tuple[tuple[str, int], ...]], int] = {}
+        per_queue: dict[str, Usage] = {}
         for run in runs:
             totals = per_queue.setdefault(run.queue_id, {})
             for a in run.assignments:
@@ -149,20 +149,19 @@ class CycleState:
                 pool = pool_of_node[a.node_id]
                 whole = demand.get("gpu", 0)
                 if whole and len(demand) == 3:  # cpu, mem and whole GPUs: the common case
-                    amount_eq: int | Fraction | None = whole
+                    amount_eq = whole * whole_gpu
                 else:
                     signature = (pool.id, tuple(demand.items()))
-                    amount_eq = eq_of.get(signature)
-                    if amount_eq is None:
-                        exact = gpu_eq_of_demand(demand, pool)
-                        amount_eq = eq_of[signature] = exact.numerator if exact.denominator == 1 else exact
+                    found = units_of.get(signature)
+                    if found is None:
+                        found = units_of[signature] = unit.of_demand(demand, pool)
+                    amount_eq = found
                 if amount_eq:
                     totals[GPU_EQ] = totals.get(GPU_EQ, 0) + amount_eq
                     totals[pool.gpu_model] = totals.get(pool.gpu_model, 0) + amount_eq
         for queue_id, totals in per_queue.items():
-            held = {key: Fraction(value) for key, value in totals.items()}
-            if held:
-                self._charge(queue_id, held, +1)
+            if totals:
+                self._charge(queue_id, totals, +1)
 
     # -- journal -------------------------------------------------------------------------------
 

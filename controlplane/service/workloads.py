@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.core.placement import why_never_fits
+from controlplane.core.capacity import why_never_fits
 from controlplane.domain.model import (
     NodePool,
     PodSet,

@@ -28,7 +28,6 @@ of the per-pod scan: tests/bench/test_placement_equivalence.py checks that again
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from controlplane.core.placement.search import search_context
 from controlplane.core.placement.tracking import NodeFree, TrackedCapacity
@@ -47,7 +46,6 @@ __all__ = [
     "place_in_cluster",
     "placements_in_cluster",
     "placements_in_fleet",
-    "why_never_fits",
 ]
 
 
@@ -142,33 +140,3 @@ def copy_capacity(free: FreeCapacity, node_ids: Iterable[str] | None = None) -> 
     for node_id in free if node_ids is None else node_ids:
         dict.__setitem__(capacity, node_id, NodeFree(free[node_id], node_id, dirty))
     return capacity
-
-
-def why_never_fits(workload: Workload, clusters: tuple[Cluster, ...], nodes: tuple[Node, ...]) -> str | None:
-    """None if some cluster of the fleet, empty, could hold the gang; else a reason for people."""
-    if not clusters:
-        return "the fleet has no clusters"
-    pools_by_id = {pool.id: pool for cluster in clusters for pool in cluster.pools}
-    # A cordon is temporary: a gang that fits the fleet once its nodes come back is not refused.
-    whole_fleet = [replace(node, schedulable=True) for node in nodes]
-    nodes_by_pool: dict[str, list[Node]] = {}
-    for node in whole_fleet:
-        nodes_by_pool.setdefault(node.pool_id, []).append(node)
-    free = empty_capacity(whole_fleet, pools_by_id)
-    pool_of = {node.id: node.pool_id for node in whole_fleet}
-    best: Miss | None = None
-    for cluster in clusters:
-        result = place_in_cluster(workload, cluster, nodes_by_pool, free)
-        if not isinstance(result, Miss):
-            # place_in_cluster offers a single-pool placement first whenever one exists.
-            if workload.same_pool != "required" or len({pool_of[a.node_id] for a in result.assignments}) == 1:
-                return None
-            continue
-        if best is None or result.placed > best.placed:
-            best = result
-    if best is None:
-        return "same_pool is required, but only several node pools together could ever hold this gang"
-    return (
-        f"no cluster in the fleet could ever hold this gang: it needs {workload.min_available} pods "
-        f"placed at once and the best cluster ({best.detail}) holds at most {best.placed} even when empty"
-    )
