@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from controlplane.core.decision import Decision, EvictionKind
 from controlplane.core.invariants import check_decision
@@ -79,6 +80,20 @@ def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int, 
     with uow_factory() as uow:
         uow.leases.release(lease, holder, epoch)
         uow.commit()
+
+
+def _pending_records(decision: Decision) -> list[PendingRecord]:
+    """The pending reasons as stored. Look-alike gangs share one reason object in a decision, so
+    each distinct reason is worded once, not once per waiting gang."""
+    worded: dict[tuple[object, object], tuple[str, dict[str, Any]]] = {}
+    records = []
+    for p in decision.pending:
+        key = (p.why, p.reservation)
+        found = worded.get(key)
+        if found is None:
+            found = worded[key] = (pending_text(p), pending_fields(p))
+        records.append(PendingRecord(p.workload_id, found[0], str(p.kind), found[1], p.queue_position))
+    return records
 
 
 def run_cycle(
@@ -160,12 +175,7 @@ def run_cycle(
                 continue  # cancelled since the snapshot was read
             admitted += 1
             emit(uow, prefix, queue, "admitted", admission.workload_id, now, epoch=epoch)
-        written = uow.workloads.record_pending(
-            [
-                PendingRecord(p.workload_id, pending_text(p), str(p.kind), pending_fields(p), p.queue_position)
-                for p in decision.pending
-            ]
-        )
+        written = uow.workloads.record_pending(_pending_records(decision))
         # The epoch check and every write of this decision share one transaction: a deposed
         # leader's decision can never land. Checked last, so the lease row is locked only for
         # the commit, never while the decision is written (the background renewal and a standby
