@@ -100,7 +100,18 @@ class PendingKind(StrEnum):
 
     @property
     def is_quota(self) -> bool:
-        return self.value.startswith("quota-")
+        return self in _QUOTA_KINDS
+
+
+_QUOTA_KINDS = frozenset(
+    {
+        PendingKind.QUOTA_LIMIT,
+        PendingKind.QUOTA_BORROWING,
+        PendingKind.QUOTA_GUARANTEE,
+        PendingKind.QUOTA_NOT_LENT,
+        PendingKind.QUOTA_UNUSABLE,
+    }
+)
 
 
 @dataclass(frozen=True)

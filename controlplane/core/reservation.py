@@ -93,9 +93,13 @@ class Reservations:
             if reservation.due is None or ends > reservation.due:
                 continue
             trial = state.checkpoint()
-            for node_id, amounts in reservation.held.items():
-                state.unhold_node(node_id, amounts)
-            placement = self.fitter.place(workload, use_cache=False)
+            try:
+                for node_id, amounts in reservation.held.items():
+                    state.unhold_node(node_id, amounts)
+                placement = self.fitter.place(workload, use_cache=False)
+            except BaseException:
+                state.rollback(trial)
+                raise
             if not isinstance(placement, Placement):
                 state.rollback(trial)
                 continue

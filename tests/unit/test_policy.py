@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
+from controlplane.core.decision import EndCause, EvictionKind, NoFit
 from controlplane.core.invariants import check_decision
 from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
 from controlplane.domain.model import PodAssignment, PodSet, QueueNode, Quota, Workload
@@ -12,6 +13,7 @@ from controlplane.service.wording import eviction_text, pending_text
 from tests.unit.builders import (
     NOW,
     gpus,
+    live_run_of,
     make_cluster,
     make_nodes,
     make_pool,
@@ -170,6 +172,11 @@ def test_queue_below_its_guarantee_reclaims_borrowed_capacity_whatever_its_prior
     [eviction] = decision.evictions
     assert eviction.kind == "reclaim"
     assert "takes back its guarantee" in eviction_text(eviction)
+    # The decision is data: who gains, from which queue, and how the run will be said to have ended.
+    assert eviction.kind is EvictionKind.RECLAIM
+    assert (eviction.beneficiary, eviction.beneficiary_name, eviction.beneficiary_queue) == ("mine", "mine", "b")
+    assert (eviction.victim_queue, eviction.victim_priority) == ("a", 1000)
+    assert eviction.end_cause is EndCause.RECLAIMED
 
 
 def test_nobody_evicts_in_order_to_borrow() -> None:
@@ -348,3 +355,22 @@ def test_a_never_spot_gang_does_not_reuse_the_answer_of_an_identical_spot_tolera
     for order in ([allow, never], [never, allow]):
         decision = run_schedule(make_snapshot(clusters, nodes, order, live=[busy]), Policy(max_reservations=0))  # type: ignore[arg-type]
         assert admitted(decision) == ["allow"]
+
+
+def test_a_reservation_names_its_cluster_by_name_and_the_gangs_behind_it_point_to_it() -> None:
+    pool = make_pool(gpus_per_node=8)
+    clusters, nodes = (make_cluster("c1", pool, name="east"),), make_nodes(pool, 2)
+    small = make_workload("small", gpus(8), queue="b")
+    busy = live_run_of(run_schedule(make_snapshot(clusters, nodes, [small])).admissions[0], small)
+    big = make_workload("big", gpus(8, replicas=2), queue="a", seq=1)
+    behind = make_workload("behind", gpus(8, replicas=2), queue="a", seq=2)
+    decision = run_schedule(make_snapshot(clusters, nodes, [big, behind], live=[busy]))
+    reasons = {p.workload_id: p for p in decision.pending}
+    note = reasons["big"].reservation
+    assert note is not None
+    assert (note.cluster, note.holder, note.nodes, note.due) == ("east", "big", 2, None)
+    assert reasons["behind"].reservation == note
+    assert isinstance(reasons["big"].why, NoFit)
+    assert pending_text(reasons["big"]).endswith(
+        "reservation: 2 node(s) of cluster east held for big, due when running work ends"
+    )
