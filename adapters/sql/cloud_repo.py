@@ -18,6 +18,7 @@ from adapters.sql.tables import (
     RunRow,
     WorkloadRow,
 )
+from controlplane.core.decision import EndCause
 from controlplane.service.cloud_state import (
     CloudClusterRecord,
     CloudPoolRecord,
@@ -255,9 +256,9 @@ class SqlCloudRepository:
             .execution_options(synchronize_session=False)
         )
 
-    def pending_reasons(self) -> dict[str, str]:
-        rows = self.s.execute(select(WorkloadRow.id, WorkloadRow.reason).where(WorkloadRow.state == "queued"))
-        return {wid: reason or "" for wid, reason in rows}
+    def pending_kinds(self) -> dict[str, str]:
+        rows = self.s.execute(select(WorkloadRow.id, WorkloadRow.reason_kind).where(WorkloadRow.state == "queued"))
+        return {wid: kind or "" for wid, kind in rows}
 
     def stalled_runs(self, dispatched_before: datetime) -> list[StalledRun]:
         rows = self.s.execute(
@@ -312,12 +313,14 @@ class SqlCloudRepository:
             StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows if at is not None
         ]
 
-    def requeue_run(self, run_id: str, message: str, now: datetime, running_too: bool = False) -> bool:
+    def requeue_run(self, run_id: str, message: str, cause: EndCause, now: datetime, running_too: bool = False) -> bool:
         result = self.s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state.in_(LIVE_STATES if running_too else NOT_YET_RUNNING))
             # `preempted` is the run state for "ended by gpufleet, its workload back in the queue".
-            .values(state="preempted", message=message, finished_at=now, dispatch_state="teardown")
+            .values(
+                state="preempted", message=message, end_cause=str(cause), finished_at=now, dispatch_state="teardown"
+            )
             .execution_options(synchronize_session=False)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]

@@ -33,10 +33,9 @@ from adapters.sql.tables import (
     TelemetryWindowRow,
     WorkloadRow,
 )
-from controlplane.core.snapshot import gpu_eq_of_demand
+from controlplane.core.gpu_eq import gpu_eq_float
 from controlplane.domain.model import NodePool
 from controlplane.service.metrics import (
-    REASON_KIND_PREFIX_CHARS,
     ClusterGpus,
     FleetGauges,
     LeaseState,
@@ -114,18 +113,16 @@ class SqlFleetGauges:
 
     @staticmethod
     def _pending(s: Session, queues: Mapping[str, tuple[str, str]]) -> dict[tuple[str, str], int]:
-        """Queued gangs by queue and reason kind; grouped on the reasons' first characters, which is
-        all `pending_reason_kind` reads, so the rows are few however many gangs wait."""
-        head = func.substr(WorkloadRow.reason, 1, REASON_KIND_PREFIX_CHARS)
+        """Queued gangs by queue and the kind of their pending reason (`workloads.reason_kind`)."""
         rows = s.execute(
-            select(WorkloadRow.queue_id, head, func.count())
+            select(WorkloadRow.queue_id, WorkloadRow.reason_kind, func.count())
             .where(WorkloadRow.state == "queued")
-            .group_by(WorkloadRow.queue_id, head)
+            .group_by(WorkloadRow.queue_id, WorkloadRow.reason_kind)
             .limit(MAX_ROWS)
         )
         counts: dict[tuple[str, str], int] = defaultdict(int)
-        for queue_id, prefix, count in rows:
-            counts[(queues.get(queue_id, ("", ""))[0], pending_reason_kind(prefix or ""))] += int(count)
+        for queue_id, kind, count in rows:
+            counts[(queues.get(queue_id, ("", ""))[0], pending_reason_kind(kind or ""))] += int(count)
         return dict(counts)
 
     @staticmethod
@@ -164,7 +161,7 @@ class SqlFleetGauges:
             if pool is None:
                 continue
             demand = _demand(demand_text)
-            amount = gpu_eq_of_demand(demand, pool) * int(count)
+            amount = Fraction(gpu_eq_float(demand, pool)) * int(count)
             if not amount:
                 continue
             used[queue_id][GPU_EQ] += amount

@@ -18,9 +18,9 @@ from adapters.sql.tables import (
     TeamRow,
     WorkloadRow,
 )
-from controlplane.core.snapshot import usage_of
-from controlplane.domain.model import GPU_EQ, PodAssignment
-from controlplane.service.idle import IdleCandidate, IdleFinding
+from controlplane.core.gpu_eq import held_gpu_eq
+from controlplane.domain.model import PodAssignment
+from controlplane.service.idle_records import IdleCandidate, IdleFinding
 
 
 def _devices(demand: dict[str, int]) -> int:
@@ -66,7 +66,7 @@ class SqlIdleRepository:
                 for a in run.assignments
                 if a.node_id in pool_of_node
             )
-            gpu_eq = float(usage_of(held, pool_of_node).get(GPU_EQ, 0))
+            gpu_eq = held_gpu_eq(held, pool_of_node)
             out.append(
                 IdleCandidate(
                     run_id=run.id,

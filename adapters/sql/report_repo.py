@@ -3,37 +3,35 @@
 from __future__ import annotations
 
 from datetime import datetime
-from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from adapters.sql.tables import AuditRow, ClusterRow, NodePoolRow, NodeRow, QueueRow, RunRow, TeamRow, WorkloadRow
-from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_gpu_eq
-from controlplane.service.reports import RunRecord, RunSlice
+from controlplane.core.gpu_eq import gpu_eq_with_replicas
+from controlplane.domain.sharing import InvalidSharingMode, SharingMode
+from controlplane.service.report_records import RunRecord, RunSlice
 
 
 def _slice(node: str, pool: NodePoolRow, demand: dict[str, Any]) -> RunSlice:
-    """gpu-eq of one pod (as `controlplane.core.snapshot.gpu_eq_of_demand` counts it), and the
-    gpu-eq of each whole or shared GPU it reports telemetry for."""
+    """gpu-eq of one pod (as the core counts it, `controlplane.core.gpu_eq`), and the gpu-eq of each
+    whole or shared GPU it reports telemetry for."""
     try:
         replicas = SharingMode.parse(pool.sharing).replicas
     except InvalidSharingMode:
         replicas = 1
-    whole = Fraction(int(demand.get("gpu", 0)))
-    shared = Fraction(int(demand.get("share", 0)), max(1, replicas))
-    migs = Fraction(0)
+    plain = gpu_eq_with_replicas({"gpu": int(demand.get("gpu", 0)), "share": int(demand.get("share", 0))}, replicas)
+    migs = 0.0
     for key, count in demand.items():
         if key.startswith("mig:"):
             try:
-                migs += mig_gpu_eq(key[4:]) * int(count)
+                migs += gpu_eq_with_replicas({key: int(count)}, replicas)
             except InvalidSharingMode:
-                continue
+                continue  # a profile this version does not know holds no gpu-eq it can count
     devices = int(demand.get("gpu", 0)) + (1 if demand.get("share") else 0)
-    plain = whole + shared
-    share = float(plain / devices) if devices else 1.0
-    return RunSlice(node=node, gpu_model=pool.gpu_model, gpu_eq=float(plain + migs), device_share=share)
+    share = plain / devices if devices else 1.0
+    return RunSlice(node=node, gpu_model=pool.gpu_model, gpu_eq=plain + migs, device_share=share)
 
 
 class SqlReportRepository:
@@ -81,6 +79,7 @@ class SqlReportRepository:
                     cluster=cluster,
                     state=run.state,
                     message=run.message,
+                    end_cause=run.end_cause,
                     admitted_at=run.created_at,
                     finished_at=run.finished_at,
                     slices=slices,

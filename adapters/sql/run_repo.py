@@ -10,6 +10,7 @@ from sqlalchemy import func, literal, select, update
 from sqlalchemy.orm import Session
 
 from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from controlplane.core.decision import EndCause
 from controlplane.service.ports import PodOrder, RunOrder, RunStatus, Teardown
 
 LIVE = ("admitted", "dispatching", "running")
@@ -125,7 +126,15 @@ class SqlRunRepository:
         ).first()
         return RunStatus(*row) if row else None
 
-    def set_state(self, run_id: str, from_states: Sequence[str], to_state: str, message: str, now: datetime) -> bool:
+    def set_state(
+        self,
+        run_id: str,
+        from_states: Sequence[str],
+        to_state: str,
+        message: str,
+        now: datetime,
+        cause: EndCause | None = None,
+    ) -> bool:
         values: dict[str, Any] = {"state": to_state, "message": message}
         if to_state == "running":
             values["started_at"] = now
@@ -136,6 +145,7 @@ class SqlRunRepository:
         query = update(RunRow).where(RunRow.id == run_id, RunRow.state.in_(list(from_states)))
         if to_state in TERMINAL:
             values["finished_at"] = now
+            values["end_cause"] = str(cause or EndCause(to_state))
             # A finished run's objects are removed from its cluster by the dispatcher.
             result = self.s.execute(
                 query.values(**values, dispatch_state="teardown").execution_options(synchronize_session=False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
-from fractions import Fraction
 
 from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session, aliased, selectinload
@@ -12,9 +11,11 @@ from sqlalchemy.orm import Session, aliased, selectinload
 from adapters.sql.admin_repo import SqlAdminRepository
 from adapters.sql.convert import workload_from_row
 from adapters.sql.tables import CohortRow, IdleFindingRow, PriorityClassRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from controlplane.core.decision import EndCause
+from controlplane.core.gpu_eq import held_gpu_eq
 from controlplane.core.history import UsageInterval
-from controlplane.core.snapshot import IDLE_RECLAIM_PREFIX, LiveRun, Snapshot, usage_of
-from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, QueueNode, Quota, Workload, WorkloadState
+from controlplane.core.snapshot import LiveRun, Snapshot
+from controlplane.domain.model import Node, NodePool, PodAssignment, QueueNode, Quota, Workload, WorkloadState
 
 LIVE = ("admitted", "dispatching", "running")
 
@@ -36,7 +37,7 @@ class SqlSnapshotReader:
     def __init__(self, session: Session) -> None:
         self.s = session
 
-    def load(self, history_since: datetime | None = None, rebalance_marker: str | None = None) -> Snapshot:
+    def load(self, history_since: datetime | None = None, last_rebalance: bool = False) -> Snapshot:
         if self.s.get_bind().dialect.name == "postgresql":
             # Every query below must see the same committed state.
             self.s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
@@ -91,12 +92,10 @@ class SqlSnapshotReader:
         pending = self._without_evictions_after_idle_reclaim(pending)
         pools = {pool.id: pool for cluster in clusters for pool in cluster.pools}
         history = () if history_since is None else self._history(history_since, nodes, pools)
-        last_rebalance = None
-        if rebalance_marker is not None:
-            last_rebalance = self.s.scalar(
-                select(func.max(RunRow.finished_at)).where(
-                    RunRow.state == "preempted", RunRow.message.startswith(rebalance_marker)
-                )
+        last_rebalance_at = None
+        if last_rebalance:
+            last_rebalance_at = self.s.scalar(
+                select(func.max(RunRow.finished_at)).where(RunRow.end_cause == EndCause.REBALANCED.value)
             )
         return Snapshot(
             clusters=clusters,
@@ -105,7 +104,7 @@ class SqlSnapshotReader:
             pending=pending,
             live_runs=live,
             usage_history=history,
-            last_rebalance_at=last_rebalance,
+            last_rebalance_at=last_rebalance_at,
         )
 
     def _with_idle_marks(self, live: tuple[LiveRun, ...]) -> tuple[LiveRun, ...]:
@@ -140,8 +139,7 @@ class SqlSnapshotReader:
                 .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
                 .where(
                     WorkloadRow.state == WorkloadState.QUEUED,
-                    RunRow.state == "preempted",
-                    RunRow.message.startswith(IDLE_RECLAIM_PREFIX),
+                    RunRow.end_cause == EndCause.RECLAIMED_IDLE.value,
                     ~exists().where(newer.workload_id == RunRow.workload_id, newer.created_at > RunRow.created_at),
                 )
             )
@@ -169,7 +167,7 @@ class SqlSnapshotReader:
                 for a in run.assignments
                 if a.node_id in pool_of_node  # a node since removed from the fleet no longer counts
             )
-            gpu_eq = usage_of(known, pool_of_node).get(GPU_EQ, Fraction(0))
+            gpu_eq = held_gpu_eq(known, pool_of_node)
             if gpu_eq:
                 intervals.append(UsageInterval(queue_id, float(gpu_eq), start, run.finished_at))
         return tuple(intervals)

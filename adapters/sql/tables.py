@@ -196,6 +196,10 @@ class WorkloadRow(Base):
     request_fingerprint: Mapped[str] = mapped_column(String(64), default="")
     state: Mapped[str] = mapped_column(String(20))
     reason: Mapped[str] = mapped_column(Text, default="")
+    # The pending reason's kind (controlplane.core.decision.PendingKind) and structured fields, next
+    # to the sentence in `reason` (migration 0007); "" and None when not pending.
+    reason_kind: Mapped[str] = mapped_column(String(30), default="")
+    reason_detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     queue_position: Mapped[int | None] = mapped_column(Integer)
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_seq: Mapped[int] = mapped_column(BigInteger)
@@ -223,7 +227,11 @@ class PodSetRow(Base):
 
 class RunRow(Base):
     __tablename__ = "runs"
-    __table_args__ = (UniqueConstraint("workload_id", "attempt"), Index("ix_runs_state", "state"))
+    __table_args__ = (
+        UniqueConstraint("workload_id", "attempt"),
+        Index("ix_runs_state", "state"),
+        Index("ix_runs_end_cause", "end_cause"),
+    )
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     workload_id: Mapped[str] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
@@ -233,6 +241,8 @@ class RunRow(Base):
     # pending -> applied; teardown -> removed. Drives the dispatcher; never changed inside a call.
     dispatch_state: Mapped[str] = mapped_column(String(20), default="pending")
     message: Mapped[str] = mapped_column(Text, default="")
+    # Why it ended (controlplane.core.decision.EndCause; "" while live), migration 0007.
+    end_cause: Mapped[str] = mapped_column(String(20), default="")
     created_at: Mapped[datetime]
     dispatched_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]

@@ -18,7 +18,8 @@ from sqlalchemy import Table, delete, select
 from sqlalchemy.orm import Session
 
 from adapters.sql.tables import InboxRow, TelemetryWindowRow
-from controlplane.service.telemetry import WINDOW_COUNTERS, WINDOW_MAXIMA, TelemetryWindow, WindowQuery
+from controlplane.service.telemetry import WINDOW_COUNTERS, WINDOW_MAXIMA
+from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 
 WINDOWS = cast(Table, TelemetryWindowRow.__table__)
 INBOX = cast(Table, InboxRow.__table__)

@@ -23,10 +23,10 @@ from adapters.sql.tables import (
     TeamRow,
     WorkloadRow,
 )
-from controlplane.core.snapshot import Admission, PendingReason
+from controlplane.core.decision import Admission
 from controlplane.domain.model import Workload, WorkloadState
 from controlplane.service.errors import DuplicateKey
-from controlplane.service.ports import WorkloadFilter, WorkloadHead
+from controlplane.service.ports import PendingRecord, WorkloadFilter, WorkloadHead
 from controlplane.service.views import AssignmentView, IdleView, RunView, WorkloadView
 
 LIVE = ("admitted", "dispatching", "running")
@@ -168,6 +168,7 @@ class SqlWorkloadRepository:
                         for a in run.assignments
                     ],
                     idle=findings.get(run.id),
+                    end_cause=run.end_cause,
                 )
             )
         views = []
@@ -201,6 +202,7 @@ class SqlWorkloadRepository:
                     cluster=current.cluster if current else None,
                     nodes=sorted({a.node for a in current.assignments}) if current else [],
                     runs=run_views,
+                    reason_detail=row.reason_detail if row.state == WorkloadState.QUEUED else None,
                 )
             )
         return views
@@ -228,6 +230,8 @@ class SqlWorkloadRepository:
         values: dict[str, Any] = {
             "state": to_state,
             "reason": reason,
+            "reason_kind": "",  # a pending kind describes only the reason the scheduler wrote
+            "reason_detail": None,
             "updated_at": now,
             "version": WorkloadRow.version + 1,
         }
@@ -292,21 +296,21 @@ class SqlWorkloadRepository:
                 found[workload_id] = created_at
         return found
 
-    def record_pending(self, reasons: Sequence[PendingReason]) -> int:
+    def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
         if not reasons:
             return 0
         current = {
-            wid: (reason, pos)
-            for wid, reason, pos in self.s.execute(
-                select(WorkloadRow.id, WorkloadRow.reason, WorkloadRow.queue_position).where(
+            wid: (reason, kind, pos)
+            for wid, reason, kind, pos in self.s.execute(
+                select(WorkloadRow.id, WorkloadRow.reason, WorkloadRow.reason_kind, WorkloadRow.queue_position).where(
                     WorkloadRow.state == WorkloadState.QUEUED
                 )
             )
         }
         changed = [
-            {"wid": r.workload_id, "reason": r.reason, "pos": r.queue_position}
+            {"wid": r.workload_id, "reason": r.text, "rkind": r.kind, "detail": dict(r.detail), "pos": r.queue_position}
             for r in reasons
-            if r.workload_id in current and current[r.workload_id] != (r.reason, r.queue_position)
+            if r.workload_id in current and current[r.workload_id] != (r.text, r.kind, r.queue_position)
         ]
         if changed:
             self.s.connection().execute(
@@ -315,7 +319,12 @@ class SqlWorkloadRepository:
                     WorkloadRow.__table__.c.id == bindparam("wid"),
                     WorkloadRow.__table__.c.state == WorkloadState.QUEUED.value,
                 )
-                .values(reason=bindparam("reason"), queue_position=bindparam("pos")),
+                .values(
+                    reason=bindparam("reason"),
+                    reason_kind=bindparam("rkind"),
+                    reason_detail=bindparam("detail", type_=WorkloadRow.__table__.c.reason_detail.type),
+                    queue_position=bindparam("pos"),
+                ),
                 changed,
             )
         return len(changed)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from fractions import Fraction
 
-from controlplane.core.snapshot import Decision, Snapshot, usage_of
+from controlplane.core.gpu_eq import GpuEqUnit
+from controlplane.core.snapshot import Decision, Snapshot
 from controlplane.domain.model import GPU_EQ, NodePool, QueueNode, Workload
 
 
@@ -31,17 +32,23 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
     pool_of_node: dict[str, NodePool] = {node.id: pools[node.pool_id] for node in snapshot.nodes}
     schedulable = {node.id for node in snapshot.nodes if node.schedulable}
     used: dict[str, dict[str, int]] = {}
-    tree_usage: dict[str, Fraction] = {}
+    tree_usage: dict[str, int] = {}
+    limits = {
+        node_id: bound
+        for node_id, node in snapshot.queue_tree.items()
+        if (bound := node.limit.amounts.get(GPU_EQ)) is not None and math.isfinite(bound) and bound >= 0
+    }
+    unit = GpuEqUnit.for_fleet(pools.values(), limits.values())
 
     def hold(node_id: str, demand: Mapping[str, int]) -> None:
         bucket = used.setdefault(node_id, {})
         for key, amount in demand.items():
             bucket[key] = bucket.get(key, 0) + amount
 
-    def charge(queue_id: str, amount: Fraction) -> list[str]:
+    def charge(queue_id: str, amount: int) -> list[str]:
         chain = _chain(queue_id, snapshot.queue_tree)
         for node_id in chain:
-            tree_usage[node_id] = tree_usage.get(node_id, Fraction(0)) + amount
+            tree_usage[node_id] = tree_usage.get(node_id, 0) + amount
         return chain
 
     pending = {w.id: w for w in snapshot.pending}
@@ -51,7 +58,7 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             continue
         for a in run.assignments:
             hold(a.node_id, a.demand)
-        charge(run.queue_id, usage_of(run.assignments, pool_of_node).get(GPU_EQ, Fraction(0)))
+        charge(run.queue_id, unit.usage(run.assignments, pool_of_node).get(GPU_EQ, 0))
 
     seen: set[str] = set()
     grown: set[str] = set()
@@ -72,7 +79,7 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             if a.node_id not in schedulable:
                 raise InvariantViolation(f"gang {workload.id} placed on unschedulable node {a.node_id}")
             hold(a.node_id, a.demand)
-        grown.update(charge(workload.queue_id, usage_of(admission.assignments, pool_of_node).get(GPU_EQ, Fraction(0))))
+        grown.update(charge(workload.queue_id, unit.usage(admission.assignments, pool_of_node).get(GPU_EQ, 0)))
 
     for node_id, bucket in used.items():
         capacity = pool_of_node[node_id].node_capacity()
@@ -80,8 +87,8 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             if amount > capacity.get(key, 0):
                 raise InvariantViolation(f"node {node_id} over-committed on {key}: {amount} > {capacity.get(key, 0)}")
     for node_id in grown:
-        bound = snapshot.queue_tree[node_id].limit.amounts.get(GPU_EQ)
-        if bound is not None and tree_usage[node_id] > Fraction(bound).limit_denominator(10**6):
+        bound = limits.get(node_id)
+        if bound is not None and tree_usage[node_id] > unit.of_amount(bound):
             raise InvariantViolation(f"{snapshot.queue_tree[node_id].name} above its gpu-eq limit")
 
 

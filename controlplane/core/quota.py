@@ -1,6 +1,7 @@
 """The quota ledger of one cycle: usage per node of the queue tree, and the rules on it.
 
-Amounts are kept per resource key: `gpu-eq` (model-agnostic) and one key per GPU model.
+Amounts are kept per resource key: `gpu-eq` (model-agnostic) and one key per GPU model, as
+exact integers in the snapshot's unit (`gpu_eq.GpuEqUnit`): usage and bounds alike.
 A key missing from a `limit` or `borrowing_limit` means unbounded; a key missing from
 `guaranteed` means nothing is guaranteed for it.
 
@@ -17,35 +18,33 @@ Rules (issue 3):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from fractions import Fraction
 
+from controlplane.core.decision import BorrowingLimit, QuotaLimit
+from controlplane.core.gpu_eq import GpuEqUnit
 from controlplane.domain.model import GPU_EQ, QueueNode
 
-Usage = dict[str, Fraction]
-ZERO = Fraction(0)
-
-
-def as_fraction(value: float) -> Fraction:
-    return Fraction(value).limit_denominator(10**6)
-
-
-def fmt(value: Fraction) -> str:
-    return f"{float(value):g}"
+Usage = dict[str, int]  # per key, in units of 1/D GPU
+ZERO = 0
 
 
 class Ledger:
     """Usage of every node of the queue tree, updated as the cycle admits and evicts."""
 
-    def __init__(self, tree: Mapping[str, QueueNode]) -> None:
+    def __init__(self, tree: Mapping[str, QueueNode], unit: GpuEqUnit) -> None:
         self.tree = tree
+        self.unit = unit
         self.usage: dict[str, Usage] = {}
         self.versions: dict[str, int] = {}  # bumped on every change of a node's usage
         self._chains: dict[str, tuple[QueueNode, ...]] = {}
-        # Bounds as exact fractions, converted once: the rules below run for every placement tried.
-        self.limits = {i: _fractions(n.limit.amounts) for i, n in tree.items()}
-        self.guarantees = {i: _fractions(n.guaranteed.amounts) for i, n in tree.items()}
-        self.borrowing_limits = {i: _fractions(n.borrowing_limit.amounts) for i, n in tree.items()}
-        self.lending_limits = {i: _fractions(n.lending_limit.amounts) for i, n in tree.items()}
+
+        # Bounds in units, converted once: the rules below run for every placement tried.
+        def units(amounts: Mapping[str, float]) -> dict[str, int]:
+            return {key: unit.of_amount(value) for key, value in amounts.items()}
+
+        self.limits = {i: units(n.limit.amounts) for i, n in tree.items()}
+        self.guarantees = {i: units(n.guaranteed.amounts) for i, n in tree.items()}
+        self.borrowing_limits = {i: units(n.borrowing_limit.amounts) for i, n in tree.items()}
+        self.lending_limits = {i: units(n.lending_limit.amounts) for i, n in tree.items()}
 
     def chain(self, queue_id: str) -> tuple[QueueNode, ...]:
         """The queue and its ancestors, bottom up."""
@@ -59,10 +58,10 @@ class Ledger:
             cached = self._chains[queue_id] = tuple(nodes)
         return cached
 
-    def used(self, node_id: str, key: str) -> Fraction:
+    def used(self, node_id: str, key: str) -> int:
         return self.usage.get(node_id, {}).get(key, ZERO)
 
-    def charge(self, queue_id: str, amounts: Mapping[str, Fraction], sign: int = 1) -> None:
+    def charge(self, queue_id: str, amounts: Mapping[str, int], sign: int = 1) -> None:
         for node in self.chain(queue_id):
             self.versions[node.id] = self.versions.get(node.id, 0) + 1
             bucket = self.usage.setdefault(node.id, {})
@@ -71,18 +70,16 @@ class Ledger:
 
     # -- rules ---------------------------------------------------------------------------------
 
-    def limit_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
+    def limit_block(self, queue_id: str, amounts: Mapping[str, int]) -> QuotaLimit | None:
         for node in self.chain(queue_id):
             for key, bound in self.limits[node.id].items():
                 want = amounts.get(key, ZERO)
                 if want and self.used(node.id, key) + want > bound:
-                    return (
-                        f"quota: {node.name} limit is {node.limit.amounts[key]:g} {key}, "
-                        f"{fmt(self.used(node.id, key))} in use, this gang needs {fmt(want)}"
-                    )
+                    used = self.unit.gpus(self.used(node.id, key))
+                    return QuotaLimit(node.name, key, node.limit.amounts[key], used, self.unit.gpus(want))
         return None
 
-    def borrowing_block(self, queue_id: str, amounts: Mapping[str, Fraction]) -> str | None:
+    def borrowing_block(self, queue_id: str, amounts: Mapping[str, int]) -> BorrowingLimit | None:
         for node in self.chain(queue_id):
             for key, bound in self.borrowing_limits[node.id].items():
                 want = amounts.get(key, ZERO)
@@ -91,13 +88,10 @@ class Ledger:
                 guaranteed = self.guarantees[node.id].get(key, ZERO)
                 borrowed = max(ZERO, self.used(node.id, key) + want - guaranteed)
                 if borrowed > bound:
-                    return (
-                        f"quota: {node.name} may borrow at most {node.borrowing_limit.amounts[key]:g} {key} "
-                        "above its guarantee"
-                    )
+                    return BorrowingLimit(node.name, key, node.borrowing_limit.amounts[key])
         return None
 
-    def within_guarantee(self, queue_id: str, amounts: Mapping[str, Fraction], queue_only: bool = False) -> bool:
+    def within_guarantee(self, queue_id: str, amounts: Mapping[str, int], queue_only: bool = False) -> bool:
         """True when the queue has a guarantee covering `amounts` on top of its usage, and so do
         all its ancestors that declare guarantees (only the queue itself with `queue_only`)."""
         chain = self.chain(queue_id)
@@ -138,10 +132,6 @@ class Ledger:
         return total
 
 
-def _fractions(amounts: Mapping[str, float]) -> dict[str, Fraction]:
-    return {key: as_fraction(value) for key, value in amounts.items()}
-
-
-def _covers_any(node: QueueNode, amounts: Mapping[str, Fraction]) -> bool:
+def _covers_any(node: QueueNode, amounts: Mapping[str, int]) -> bool:
     keys = set(node.guaranteed.amounts)
     return bool(keys) and all(key in keys or key == GPU_EQ or GPU_EQ in keys for key in amounts if amounts[key])

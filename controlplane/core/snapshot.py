@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from fractions import Fraction
 
+from controlplane.core.decision import Admission, Decision, Eviction, PendingReason
 from controlplane.core.history import UsageInterval
 from controlplane.domain.model import (
     Cluster,
@@ -16,7 +16,17 @@ from controlplane.domain.model import (
     QueueNode,
     Workload,
 )
-from controlplane.domain.sharing import mig_gpu_eq
+
+# Decision types live in `decision.py`; re-exported for callers that know them from here.
+__all__ = [
+    "Admission",
+    "Decision",
+    "Eviction",
+    "LiveRun",
+    "PendingReason",
+    "Policy",
+    "Snapshot",
+]
 
 
 @dataclass(frozen=True)
@@ -98,65 +108,3 @@ class Policy:
     rebalance: bool = False
     rebalance_max_per_cycle: int = 1
     rebalance_interval_seconds: float = 600.0
-
-
-@dataclass(frozen=True)
-class Admission:
-    workload_id: str
-    cluster_id: str
-    assignments: tuple[PodAssignment, ...]
-
-
-# Every eviction reason starts with the prefix of its kind; the service layer reads them back
-# from stored run messages (rebalancing rate limit, no evictions after an idle reclaim, reports).
-IDLE_RECLAIM_PREFIX = "reclaimed-idle:"
-REBALANCE_PREFIX = "rebalanced:"
-NODE_LOST_PREFIX = "node-lost:"  # ended because a node it held left its cluster (service/inventory.py)
-
-
-@dataclass(frozen=True)
-class Eviction:
-    """A live run the decision stops, and why; its workload goes back to its queue."""
-
-    workload_id: str
-    run_id: str
-    kind: str  # idle | preempt | reclaim | rebalance
-    reason: str
-    beneficiary: str  # the workload that needs the capacity
-
-
-@dataclass(frozen=True)
-class PendingReason:
-    workload_id: str
-    reason: str
-    queue_position: int
-
-
-@dataclass(frozen=True)
-class Decision:
-    admissions: tuple[Admission, ...] = ()
-    pending: tuple[PendingReason, ...] = ()
-    evictions: tuple[Eviction, ...] = ()
-    stats: Mapping[str, int] = field(default_factory=dict)
-
-
-def usage_of(assignments: tuple[PodAssignment, ...], pools_by_node: Mapping[str, NodePool]) -> dict[str, Fraction]:
-    """GPU-equivalents (and per GPU model) that a set of pod assignments holds."""
-    usage: dict[str, Fraction] = {}
-    for assignment in assignments:
-        pool = pools_by_node[assignment.node_id]
-        amount = gpu_eq_of_demand(assignment.demand, pool)
-        if amount:
-            usage["gpu-eq"] = usage.get("gpu-eq", Fraction(0)) + amount
-            usage[pool.gpu_model] = usage.get(pool.gpu_model, Fraction(0)) + amount
-    return usage
-
-
-def gpu_eq_of_demand(demand: Mapping[str, int], pool: NodePool) -> Fraction:
-    total = Fraction(demand.get("gpu", 0))
-    if demand.get("share"):
-        total += Fraction(demand["share"], pool.sharing.replicas)
-    for key, count in demand.items():
-        if key.startswith("mig:"):
-            total += mig_gpu_eq(key[4:]) * count
-    return total

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from fractions import Fraction
 
+from controlplane.core.capacity import why_never_fits
+from controlplane.core.gpu_eq import GpuEqUnit
 from controlplane.core.history import UsageInterval
 from controlplane.core.invariants import InvariantViolation, check_decision
-from controlplane.core.placement import why_never_fits
 from controlplane.core.schedule import schedule
-from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot, usage_of
+from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
 from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, Workload
 from controlplane.scenario.build import World, build_world, change_quota, tree_id
 from controlplane.scenario.format import ScenarioDoc, StepDoc
@@ -30,6 +30,7 @@ from controlplane.scenario.result import (
     WorkloadResult,
 )
 from controlplane.scenario.validate import ScenarioInvalid, reference_problems
+from controlplane.service.wording import eviction_text, pending_text
 
 # Virtual time zero. Any fixed instant would do; the core only compares instants.
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
@@ -296,7 +297,7 @@ class _Simulation:
             track.state = "queued"
             if eviction.kind == "idle":
                 track.workload = replace(track.workload, may_evict=False)
-            track.preemptions.append(Preemption(t, eviction.beneficiary, eviction.kind, eviction.reason))
+            track.preemptions.append(Preemption(t, eviction.beneficiary, eviction.kind, eviction_text(eviction)))
             beneficiary = self.tracks.get(eviction.beneficiary)
             if beneficiary is not None:
                 beneficiary.preempted_others += 1
@@ -312,7 +313,8 @@ class _Simulation:
             track.live = _Live(run_id, t, admission.cluster_id, admission.assignments, ends_at)
             pools = sorted({self.pools[self.nodes[a.node_id].pool_id].name for a in admission.assignments})
             nodes = sorted({self.nodes[a.node_id].name for a in admission.assignments})
-            gpu_eq = float(usage_of(admission.assignments, self.pools_of_nodes()).get(GPU_EQ, Fraction(0)))
+            unit = GpuEqUnit.for_fleet(self.pools.values(), ())
+            gpu_eq = unit.gpus(unit.usage(admission.assignments, self.pools_of_nodes()).get(GPU_EQ, 0))
             track.runs.append(
                 RunRecord(
                     t, admission.cluster_id, tuple(pools), tuple(nodes), len(admission.assignments), gpu_eq=gpu_eq
@@ -327,19 +329,20 @@ class _Simulation:
         for pending in decision.pending:
             track = self.tracks[pending.workload_id]
             track.queue_position = pending.queue_position
-            if pending.reason != track.last_reason:
-                track.reasons.append(ReasonAt(t, pending.reason))
-                track.last_reason = pending.reason
+            reason = pending_text(pending)
+            if reason != track.last_reason:
+                track.reasons.append(ReasonAt(t, reason))
+                track.last_reason = reason
 
     def _record_usage(self, t: Seconds) -> None:
         pool_of_node = {node_id: self.pools[node.pool_id] for node_id, node in self.nodes.items()}
-        held: dict[str, Fraction] = {name: Fraction(0) for name in self.usage}
+        unit = GpuEqUnit.for_fleet(self.pools.values(), ())  # exact sums, then GPUs
+        held: dict[str, int] = dict.fromkeys(self.usage, 0)
         for track in self.tracks.values():
             if track.live is not None:
-                amount = usage_of(track.live.assignments, pool_of_node).get(GPU_EQ, Fraction(0))
-                held[track.queue] += amount
+                held[track.queue] += unit.usage(track.live.assignments, pool_of_node).get(GPU_EQ, 0)
         for name, amount in held.items():
             entries = self.usage[name]
-            value = float(amount)
+            value = unit.gpus(amount)
             if not entries or entries[-1].gpu_eq != value:
                 entries.append(UsageAt(t, value))

@@ -1,6 +1,6 @@
 """Cloud pool autoscaling: buy nodes for gangs that wait for room, give back nodes nobody uses.
 
-`decide` is pure. A queued gang whose pending reason is `no-fit` is tried on a hypothetical fleet: the
+`decide` is pure. A queued gang whose pending reason is of kind `no-fit` is tried on a hypothetical fleet: the
 real free capacity (live runs subtracted), nodes already on their way (a pool's `scale_target` above
 its size) and k extra empty nodes in one cloud pool, k = 1 .. what its `max_size` allows. Of the pools
 where the gang then fits, the cheapest per GPU-hour wins, then the one needing the fewest nodes; the
@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from controlplane.core.placement import FreeCapacity, Placement, empty_capacity, place_in_cluster
+from controlplane.core.capacity import FleetCapacity
+from controlplane.core.decision import PendingKind
+from controlplane.core.placement import Placement
 from controlplane.core.snapshot import Snapshot
 from controlplane.domain.model import Cluster, Node, NodePool, Workload
 from controlplane.service.cloud_ports import CloudProvider
@@ -58,25 +60,6 @@ class ScaleDecision:
 class Plan:
     decisions: tuple[ScaleDecision, ...]
     idle_since: Mapping[str, datetime | None]  # pool id -> new value, only where it changes
-
-
-def _free_capacity(snapshot: Snapshot, pools_by_id: Mapping[str, NodePool]) -> FreeCapacity:
-    free: FreeCapacity = {nid: dict(cap) for nid, cap in empty_capacity(list(snapshot.nodes), pools_by_id).items()}
-    for run in snapshot.live_runs:
-        for assignment in run.assignments:
-            node = free.get(assignment.node_id)
-            if node is None:
-                continue
-            for key, amount in assignment.demand.items():
-                node[key] = node.get(key, 0) - amount
-    return free
-
-
-def _take(free: FreeCapacity, placement: Placement) -> None:
-    for assignment in placement.assignments:
-        node = free[assignment.node_id]
-        for key, amount in assignment.demand.items():
-            node[key] = node.get(key, 0) - amount
 
 
 def _extra_nodes(pool: NodePool, start: int, count: int) -> list[Node]:
@@ -118,46 +101,39 @@ def decide(
     pools_by_id = snapshot.pools_by_id()
     clusters = {c.id: c for c in snapshot.clusters}
     records = {p.id: _forget_stale_request(p, now, request_ttl) for p in pools if p.id in pools_by_id}
-    free = _free_capacity(snapshot, pools_by_id)
-    nodes_by_pool: dict[str, list[Node]] = {}
-    for node in snapshot.nodes:
-        if node.schedulable:
-            nodes_by_pool.setdefault(node.pool_id, []).append(node)
+    # The scheduler's capacity model: free capacity with the live runs' taken.
+    fleet = FleetCapacity(snapshot.clusters, snapshot.nodes)
+    for run in snapshot.live_runs:
+        fleet.take(run.assignments)
     # Nodes already requested (scale_target above the size) count as coming.
     planned: dict[str, int] = {}
+    coming: dict[str, list[Node]] = {}
     for rec in records.values():
         pool = pools_by_id[rec.id]
         size = max(rec.node_count, rec.scale_target or 0)
         planned[rec.id] = size
-        coming = _extra_nodes(pool, 0, size - rec.node_count)
-        nodes_by_pool.setdefault(rec.id, []).extend(coming)
-        for node in coming:
-            free[node.id] = pool.node_capacity()
-    pool_of = {node.id: pool_id for pool_id, nodes in nodes_by_pool.items() for node in nodes}
+        coming[rec.id] = _extra_nodes(pool, 0, size - rec.node_count)
+    fleet = fleet.with_nodes(coming)
 
     decisions: list[ScaleDecision] = []
     wanted: set[str] = set()  # pools a waiting gang counts on
     for workload in snapshot.pending:
-        if not reasons.get(workload.id, "").startswith("no-fit"):
+        if reasons.get(workload.id) != PendingKind.NO_FIT:
             continue
-        fits_now = _place_anywhere(workload, clusters.values(), nodes_by_pool, free)
-        if fits_now is not None:
-            _take(free, fits_now)  # fits once nodes on their way arrive: no new request
-            wanted.update(pool_of[a.node_id] for a in fits_now.assignments if a.node_id in pool_of)
+        fits_now = fleet.fits(workload).placements
+        if fits_now:
+            fleet.take(fits_now[0].assignments)  # fits once nodes on their way arrive: no new request
+            wanted.update(fleet.pool_of_node[a.node_id].id for a in fits_now[0].assignments)
             continue
-        growth = _grow_one_pool(workload, clusters, records, pools_by_id, planned, nodes_by_pool, free)
+        growth = _grow_one_pool(workload, clusters, records, pools_by_id, planned, fleet)
         if growth is None:  # no single pool can hold it: grow several pools of one cluster, cheapest first
-            growth = _grow_several_pools(workload, clusters, records, pools_by_id, planned, nodes_by_pool, free)
+            growth = _grow_several_pools(workload, clusters, records, pools_by_id, planned, fleet)
         if growth is None:
             continue  # does not fit even with every pool at its max size: nothing to buy
         cluster, extra, placement = growth
         new_nodes = [(pool_id, nodes) for pool_id, nodes in extra.items() if nodes]
-        for pool_id, nodes in new_nodes:
-            nodes_by_pool[pool_id] = [*nodes_by_pool.get(pool_id, []), *nodes]
-            for node in nodes:
-                free[node.id] = pools_by_id[pool_id].node_capacity()
-                pool_of[node.id] = pool_id
-        _take(free, placement)
+        fleet = fleet.with_nodes(dict(new_nodes))
+        fleet.take(placement.assignments)
         added = ", ".join(f"{len(nodes)} in {pools_by_id[pool_id].name}" for pool_id, nodes in new_nodes)
         for pool_id, nodes in new_nodes:
             rec = records[pool_id]
@@ -209,22 +185,12 @@ Growth = tuple[Cluster, dict[str, list[Node]], Placement]  # cluster, new nodes 
 
 
 def _try_with(
-    workload: Workload,
-    cluster: Cluster,
-    extra: Mapping[str, list[Node]],
-    pools_by_id: Mapping[str, NodePool],
-    nodes_by_pool: Mapping[str, list[Node]],
-    free: FreeCapacity,
+    workload: Workload, cluster: Cluster, extra: Mapping[str, list[Node]], fleet: FleetCapacity
 ) -> Placement | None:
-    """The gang's placement in `cluster` once the `extra` nodes exist (`free` is not modified)."""
-    trial_nodes = dict(nodes_by_pool)
-    trial_free = dict(free)
-    for pool_id, nodes in extra.items():
-        trial_nodes[pool_id] = [*nodes_by_pool.get(pool_id, []), *nodes]
-        for node in nodes:
-            trial_free[node.id] = pools_by_id[pool_id].node_capacity()
-    found = place_in_cluster(workload, cluster, trial_nodes, trial_free)
-    return found if isinstance(found, Placement) else None
+    """The gang's placement in `cluster` once the `extra` nodes exist (`fleet` is not modified):
+    the scheduler's own fit question, asked of the grown fleet."""
+    found = fleet.with_nodes(extra).fits(workload, (cluster,)).placements
+    return found[0] if found else None
 
 
 def _room(rec: CloudPoolRecord, planned: Mapping[str, int]) -> int:
@@ -237,8 +203,7 @@ def _grow_one_pool(
     records: Mapping[str, CloudPoolRecord],
     pools_by_id: Mapping[str, NodePool],
     planned: Mapping[str, int],
-    nodes_by_pool: Mapping[str, list[Node]],
-    free: FreeCapacity,
+    fleet: FleetCapacity,
 ) -> Growth | None:
     """The fewest nodes in one pool that make the gang fit; of the pools that can, the cheapest per
     GPU-hour, then the one needing the fewest nodes, then by cluster and pool name."""
@@ -249,7 +214,7 @@ def _grow_one_pool(
         coming = planned[rec.id] - rec.node_count
         for k in range(1, _room(rec, planned) + 1):
             extra = {rec.id: _extra_nodes(pool, coming, k)}
-            found = _try_with(workload, cluster, extra, pools_by_id, nodes_by_pool, free)
+            found = _try_with(workload, cluster, extra, fleet)
             if found is not None:
                 key = (pool.price_per_gpu_hour, k, cluster.name, pool.name)
                 if best is None or key < best[0]:
@@ -264,8 +229,7 @@ def _grow_several_pools(
     records: Mapping[str, CloudPoolRecord],
     pools_by_id: Mapping[str, NodePool],
     planned: Mapping[str, int],
-    nodes_by_pool: Mapping[str, list[Node]],
-    free: FreeCapacity,
+    fleet: FleetCapacity,
 ) -> Growth | None:
     """For a gang no single pool can hold even at its max size: per cluster, add nodes one at a time to
     its growable pools, cheapest per GPU-hour first, until the gang fits; of the clusters where it does,
@@ -285,7 +249,7 @@ def _grow_several_pools(
             coming = planned[rec.id] - rec.node_count
             for _ in range(_room(rec, planned)):
                 extra[rec.id] = _extra_nodes(pool, coming, len(extra.get(rec.id, [])) + 1)
-                found = _try_with(workload, cluster, extra, pools_by_id, nodes_by_pool, free)
+                found = _try_with(workload, cluster, extra, fleet)
                 if found is not None:
                     break
             if found is not None:
@@ -297,16 +261,6 @@ def _grow_several_pools(
         if best is None or key < best[0]:
             best = (key, (cluster, extra, found))
     return None if best is None else best[1]
-
-
-def _place_anywhere(
-    workload: Workload, clusters: Iterable[Cluster], nodes_by_pool: Mapping[str, list[Node]], free: FreeCapacity
-) -> Placement | None:
-    for cluster in clusters:
-        found = place_in_cluster(workload, cluster, nodes_by_pool, free)
-        if isinstance(found, Placement):
-            return found
-    return None
 
 
 @dataclass(frozen=True)
@@ -328,7 +282,7 @@ async def autoscale_once(
 ) -> list[ScaleOutcome]:
     with uow_factory() as uow:
         snapshot = uow.snapshots.load()
-        reasons = uow.cloud.pending_reasons()
+        reasons = uow.cloud.pending_kinds()
         pools = uow.cloud.cloud_pools()
         records: dict[str, CloudClusterRecord] = {r.name: r for r in uow.cloud.real_clusters()}
     now = clock()

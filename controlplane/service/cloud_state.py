@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from controlplane.core.decision import EndCause
 from controlplane.service.commands import CLOUD_PROVIDERS, PoolSpec
 
 
@@ -142,8 +143,8 @@ class CloudRepository(Protocol):
 
     def set_idle_since(self, pool_id: str, since: datetime | None) -> None: ...
 
-    def pending_reasons(self) -> dict[str, str]:
-        """workload id -> pending reason, for queued workloads."""
+    def pending_kinds(self) -> dict[str, str]:
+        """workload id -> kind of its pending reason (`PendingKind`, "" if none yet), for queued workloads."""
         ...
 
     def stalled_runs(self, dispatched_before: datetime) -> list[StalledRun]:
@@ -160,7 +161,7 @@ class CloudRepository(Protocol):
         objects the cluster must still hold."""
         ...
 
-    def requeue_run(self, run_id: str, message: str, now: datetime, running_too: bool = False) -> bool:
+    def requeue_run(self, run_id: str, message: str, cause: EndCause, now: datetime, running_too: bool = False) -> bool:
         """End a live, not-yet-running run (or, with `running_too`, a running one as well) as `preempted`:
         its workload goes back to its queue, and its objects are scheduled for teardown."""
         ...

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import StoreUnavailable
 from controlplane.service.metrics import NO_METRICS, ClusterOperation, DispatchFailure, Metrics
@@ -127,7 +128,9 @@ def _fail_undispatchable(
     message = f"cannot dispatch to {cluster}: {error}"[:2000]
     with uow_factory() as uow:
         # Failing the run also schedules a teardown of whatever part of it reached the cluster.
-        if uow.runs.set_state(run_id, ("admitted", "dispatching"), "failed", message, now):
+        if uow.runs.set_state(
+            run_id, ("admitted", "dispatching"), "failed", message, now, cause=EndCause.DISPATCH_FAILED
+        ):
             uow.workloads.set_state(
                 workload_id, (WorkloadState.ADMITTED, WorkloadState.DISPATCHING), WorkloadState.FAILED, message, now
             )

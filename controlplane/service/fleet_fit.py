@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.core.placement import why_never_fits
+from controlplane.core.capacity import FleetCapacity, empty_fleet, never_fits
 from controlplane.domain.model import Cluster, Node, NodePool, PodSet, Workload
 from controlplane.service.autoscale import nodes_at_max_size
 from controlplane.service.ports import UnitOfWork
@@ -34,6 +34,20 @@ class _FleetRead:
     grown: tuple[Node, ...]  # `nodes` plus every cloud pool grown to its max size
     read_at: float
     answers: dict[Workload, str | None] = field(default_factory=dict)
+    _empty: FleetCapacity | None = None
+    _empty_grown: FleetCapacity | None = None
+
+    @property
+    def empty(self) -> FleetCapacity:
+        if self._empty is None:
+            self._empty = empty_fleet(self.clusters, self.nodes)
+        return self._empty
+
+    @property
+    def empty_grown(self) -> FleetCapacity:
+        if self._empty_grown is None:
+            self._empty_grown = empty_fleet(self.clusters, self.grown)
+        return self._empty_grown
 
     @property
     def pools(self) -> list[NodePool]:
@@ -61,10 +75,10 @@ def refusal(fleet: _FleetRead, workload: Workload) -> str | None:
     share_refusal = _share_no_pool_serves(workload.pod_sets, fleet.pools)
     if share_refusal is not None:
         return share_refusal
-    reason = why_never_fits(workload, fleet.clusters, fleet.nodes)
+    reason = never_fits(fleet.empty, workload)
     # Cloud pools grow on demand (the autoscaler): judged with each one at its max size.
     if reason is not None and len(fleet.grown) > len(fleet.nodes):
-        reason = why_never_fits(workload, fleet.clusters, fleet.grown)
+        reason = never_fits(fleet.empty_grown, workload)
     return reason
 
 
@@ -111,15 +125,15 @@ class FleetFit:
             self.reads += 1
             return fleet, True
 
-    @staticmethod
-    def _answer(fleet: _FleetRead, workload: Workload) -> str | None:
+    def _answer(self, fleet: _FleetRead, workload: Workload) -> str | None:
         key = _shape(workload)
         if key in fleet.answers:
             return fleet.answers[key]
-        answer = refusal(fleet, workload)
-        if len(fleet.answers) >= MAX_SHAPES:
-            fleet.answers.clear()
-        fleet.answers[key] = answer
+        with self._lock:  # one placement search at a time on the shared capacity model
+            answer = refusal(fleet, workload)
+            if len(fleet.answers) >= MAX_SHAPES:
+                fleet.answers.clear()
+            fleet.answers[key] = answer
         return answer
 
 

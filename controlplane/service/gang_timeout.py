@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
+from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_state import StalledRun
 from controlplane.service.errors import StoreUnavailable
@@ -48,10 +49,10 @@ def requeue_stalled_gangs(
     for run in stalled:
         waited = (now - run.dispatched_at).total_seconds()
         reason = (
-            f"gang-start-timeout: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
+            f"{EndCause.GANG_START_TIMEOUT}: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
             f" (limit {timeout:g}s)"
         )
-        if _requeue(uow_factory, prefix, run, reason, now):
+        if _requeue(uow_factory, prefix, run, reason, EndCause.GANG_START_TIMEOUT, now):
             ended.append(run.run_id)
     return ended
 
@@ -69,10 +70,10 @@ def requeue_undispatched(
     for run in stuck:
         waited = (now - run.dispatched_at).total_seconds()
         reason = (
-            f"dispatch-timeout: cluster {run.cluster} did not take the run {waited:.0f}s after admission"
+            f"{EndCause.DISPATCH_TIMEOUT}: cluster {run.cluster} did not take the run {waited:.0f}s after admission"
             f" (limit {timeout:g}s; no driver for it, or it is unreachable)"
         )
-        if _requeue(uow_factory, prefix, run, reason, now):
+        if _requeue(uow_factory, prefix, run, reason, EndCause.DISPATCH_TIMEOUT, now):
             ended.append(run.run_id)
     return ended
 
@@ -106,7 +107,7 @@ async def requeue_vanished_runs(
             if run.run_id in owned:
                 continue
             reason = f"{OBJECTS_LOST_PREFIX} the objects of run {run.run_id} are gone from cluster {cluster}"
-            if _requeue(uow_factory, prefix, run, reason, clock(), running_too=True):
+            if _requeue(uow_factory, prefix, run, reason, EndCause.OBJECTS_LOST, clock(), running_too=True):
                 log.warning(
                     "run %s vanished from %s; its workload %s is requeued", run.run_id, cluster, run.workload_id
                 )
@@ -119,6 +120,7 @@ def _requeue(
     prefix: str,
     run: StalledRun,
     reason: str,
+    cause: EndCause,
     now: datetime,
     running_too: bool = False,
 ) -> bool:
@@ -126,7 +128,7 @@ def _requeue(
     False when the run was no longer live (or, without `running_too`, no longer waiting): a pod report
     or the dispatcher got there first."""
     with uow_factory() as uow:
-        if not uow.cloud.requeue_run(run.run_id, reason, now, running_too=running_too):
+        if not uow.cloud.requeue_run(run.run_id, reason, cause, now, running_too=running_too):
             return False
         uow.workloads.set_state(
             run.workload_id, LIVE if running_too else NOT_RUNNING, WorkloadState.QUEUED, reason, now

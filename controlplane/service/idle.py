@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,53 +26,12 @@ from controlplane.core.idle import (
     WorkingHours,
     evaluate,
 )
-from controlplane.core.snapshot import IDLE_RECLAIM_PREFIX
 from controlplane.service.events import envelope
+
+# Also re-exported: these values were defined here before they moved to their leaf module.
+from controlplane.service.idle_records import IdleCandidate, IdleFinding, IdleRepository  # noqa: F401
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory
-from controlplane.service.telemetry import TelemetryWindow, WindowQuery
-
-# Eviction messages of runs reclaimed for idleness start with this (the core's reason does).
-IDLE_MARKER = IDLE_RECLAIM_PREFIX
-
-
-@dataclass(frozen=True)
-class IdleCandidate:
-    """A running run, with what the idle policy needs to judge it."""
-
-    run_id: str
-    workload_id: str
-    workload_name: str
-    team: str
-    queue: str
-    priority_class: str
-    kind: str
-    cluster: str
-    started_at: datetime | None
-    gpu_devices: int
-    gpu_eq: float
-
-
-@dataclass(frozen=True)
-class IdleFinding:
-    run_id: str
-    workload_id: str
-    cluster: str
-    status: str
-    stage: str
-    idle_windows: int
-    reason: str
-    evidence: tuple[Mapping[str, Any], ...]
-    action: str
-    stage_since: datetime
-    updated_at: datetime
-
-
-class IdleRepository(Protocol):
-    def candidates(self) -> list[IdleCandidate]: ...
-    def findings(self) -> dict[str, IdleFinding]: ...
-    def finding(self, run_id: str) -> IdleFinding | None: ...
-    def put_finding(self, finding: IdleFinding) -> None: ...
-    def drop_findings(self, run_ids: Sequence[str]) -> None: ...
+from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 
 
 def idle_subject(prefix: str, cluster: str) -> str:

@@ -17,16 +17,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import AwareDatetime, Field
 
-from controlplane.core.snapshot import NODE_LOST_PREFIX
+from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.cloud_state import PoolChanges
-from controlplane.service.commands import CLOUD_PROVIDERS, Strict, TaintSpec
+from controlplane.service.commands import CLOUD_PROVIDERS, Strict
 from controlplane.service.events import emit, envelope
+
+# Re-exported: adapters and fleet sync know it from here.
+from controlplane.service.inventory_node import InventoryNode as InventoryNode  # noqa: PLC0414
 from controlplane.service.node_pools import CLOUD_ISSUE, NodePlan, plan_node_pools
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import PoolView
@@ -40,48 +43,6 @@ MAX_CLOCK_SKEW = timedelta(minutes=5)
 
 def inventory_subject(prefix: str, cluster: str) -> str:
     return f"{prefix}.cluster.{cluster}.inventory"
-
-
-ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
-LabelKey = Annotated[str, Field(min_length=1, max_length=317)]  # 253 prefix + "/" + 63 name
-LabelValue = Annotated[str, Field(max_length=63)]
-AnnotationValue = Annotated[str, Field(max_length=1024)]
-DemandKey = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^(gpu|share|mig:[1-7]g\.[0-9]+gb)$")]
-
-
-class InventoryNode(Strict):
-    """One node as its cluster reports it. The adapter that lists nodes reads the provider's and NVIDIA's
-    labels (`adapters/kubernetes/nodes.py`) into the interpreted fields; `labels` and `annotations` keep
-    the subset it read them from, for operators and for audit."""
-
-    name: str = Field(min_length=1, max_length=253)
-    pool: str = Field(default="", max_length=255)  # the pool key's value (label, or OKE's node-pool OCID)
-    schedulable: bool  # not cordoned (spec.unschedulable is false)
-    ready: bool  # the Ready condition is True
-    gpu_product: str = Field(default="", max_length=100)  # GFD `nvidia.com/gpu.product`, as the node says
-    gpu_model: str = Field(default="", max_length=40)  # gpufleet's name for it; "" when the node says none
-    gpu_count: int = Field(default=0, ge=0, le=1024)  # physical GPUs
-    sharing: str = Field(default="", max_length=80)  # gpufleet sharing mode; "" = not read (exclusive)
-    # 1 when the device plugin refuses more than one shared replica per container (MPS, GKE sharing).
-    shares_per_container: int = Field(default=0, ge=0, le=1024)
-    # Extended resource that serves each gpufleet demand key here: gpu, share, mig:<profile>.
-    gpu_resources: dict[DemandKey, ResourceName] = Field(default_factory=dict, max_length=16)
-    # Quantities as integers: cpu in millicores, everything else in its base unit (memory in bytes).
-    allocatable: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
-    capacity: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
-    # Requested by live pods gpufleet did not place (DaemonSets, system pods, other tenants), in the
-    # units of `allocatable`: what a gang cannot have of this node. None: not known (pods not listed).
-    reserved: dict[ResourceName, int] | None = Field(default=None, max_length=64)
-    instance_type: str = Field(default="", max_length=80)
-    spot: bool = False
-    taints: list[TaintSpec] = Field(default_factory=list, max_length=32)
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64)
-    annotations: dict[LabelKey, AnnotationValue] = Field(default_factory=dict, max_length=8)
-    issues: list[Annotated[str, Field(max_length=300)]] = Field(default_factory=list, max_length=8)
-
-    @property
-    def has_gpus(self) -> bool:
-        return self.gpu_count > 0 or bool(self.gpu_resources)
 
 
 class InventoryReport(Strict):
@@ -196,8 +157,8 @@ def apply_node_plan(
     vanished = sorted(set(known) - present)
     requeued: list[str] = []
     for lost in uow.cloud.live_runs_on_nodes(cluster_id, vanished):
-        reason = f"{NODE_LOST_PREFIX} node {lost.node} left cluster {cluster}"
-        if not uow.runs.set_state(lost.run_id, LIVE_RUN_STATES, "preempted", reason, now):
+        reason = f"{EndCause.NODE_LOST}: node {lost.node} left cluster {cluster}"
+        if not uow.runs.set_state(lost.run_id, LIVE_RUN_STATES, "preempted", reason, now, cause=EndCause.NODE_LOST):
             continue
         uow.workloads.set_state(lost.workload_id, LIVE_WORKLOAD_STATES, WorkloadState.QUEUED, reason, now)
         emit(

@@ -22,6 +22,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
+from controlplane.core.decision import EvictionKind, PendingKind
+
 
 class CyclePhase(StrEnum):
     """The parts of one scheduling cycle, timed separately (`gpufleet_scheduler_cycle_seconds`)."""
@@ -44,41 +46,21 @@ class ClusterOperation(StrEnum):
     LIST = "list"  # orphan collection lists what the cluster holds
 
 
-EVICTION_KINDS = ("preempt", "reclaim", "idle", "rebalance")
+EVICTION_KINDS = tuple(str(kind) for kind in EvictionKind)
 
-# Pending reasons start with their kind and a colon ("no-fit: needs 4 pods ..."). Reasons are prose
-# today; this is the ONE place that turns them into a bounded label, so it can become a typed kind
-# later without touching the metrics. A reason whose prefix is not listed counts as "other"; a gang
-# the scheduler has not looked at yet has no reason ("unscheduled").
-PENDING_REASON_KINDS = (
-    "no-fit",
-    "quota",
-    "fair-share",
-    "reservation",
-    "error",
-    "preempted",
-    "reclaimed",
-    "reclaimed-idle",
-    "rebalanced",
-    "gang-start-timeout",
-    "dispatch-timeout",
-)
+# A queued gang's reason kind is the scheduler's typed `PendingKind` (stored as
+# `workloads.reason_kind`), a bounded set; a gang the scheduler has not decided on since it was
+# submitted or requeued has none ("unscheduled"). Anything else counts as "other".
+PENDING_REASON_KINDS = tuple(str(kind) for kind in PendingKind)
 UNSCHEDULED = "unscheduled"
 OTHER = "other"
-# A reader may group reasons by their first characters only (a bounded number of distinct
-# prefixes); this many always hold the longest kind and its colon.
-REASON_KIND_PREFIX_CHARS = max(len(kind) for kind in PENDING_REASON_KINDS) + 2
 
 
-def pending_reason_kind(reason: str) -> str:
-    """The label value for a pending reason: its kind, `unscheduled`, or `other`."""
-    text = reason.strip()
-    if not text:
+def pending_reason_kind(kind: str) -> str:
+    """The label value for a stored pending reason kind: the kind, `unscheduled`, or `other`."""
+    if not kind:
         return UNSCHEDULED
-    head, colon, _ = text.partition(":")
-    if colon and head in PENDING_REASON_KINDS:
-        return head
-    return OTHER
+    return kind if kind in PENDING_REASON_KINDS else OTHER
 
 
 def eviction_kind(kind: str) -> str:

@@ -17,14 +17,11 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from controlplane.service.cloud_ports import DiscoveredPool, UnmappablePool, to_pool_spec
 from controlplane.service.cloud_state import SyncedPool
 from controlplane.service.commands import PoolSpec
-
-if TYPE_CHECKING:  # inventory.py applies the plan, so it imports this module
-    from controlplane.service.inventory import InventoryNode
+from controlplane.service.inventory_node import InventoryNode
 
 MIB = 1024 * 1024
 CLOUD_ISSUE = "cloud: "  # prefix of the issues fleet sync (cloud discovery) finds, kept between node syncs

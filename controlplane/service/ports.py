@@ -9,11 +9,15 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import Any, Protocol, Self
 
-from controlplane.core.snapshot import Admission, PendingReason, Snapshot
+from controlplane.core.decision import Admission, EndCause
+from controlplane.core.snapshot import Snapshot
 from controlplane.domain.model import Cluster, Node, Workload
 from controlplane.service.cloud_state import CloudRepository
+from controlplane.service.idle_records import IdleRepository
+from controlplane.service.report_records import ReportRepository
+from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import (
     ClusterCredential,
     ClusterView,
@@ -22,12 +26,6 @@ from controlplane.service.views import (
     TreeNodeView,
     WorkloadView,
 )
-
-if TYPE_CHECKING:
-    # Only for annotations: the telemetry module imports this one at run time.
-    from controlplane.service.idle import IdleRepository
-    from controlplane.service.reports import ReportRepository
-    from controlplane.service.telemetry import TelemetryWindow, WindowQuery
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,17 @@ class WorkloadHead:
     state: str
     version: int
     live_run_id: str | None
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    """A pending reason as stored: the sentence for people, the kind and fields for machines."""
+
+    workload_id: str
+    text: str
+    kind: str  # controlplane.core.decision.PendingKind
+    detail: Mapping[str, Any]
+    queue_position: int
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,9 @@ class WorkloadRepository(Protocol):
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool: ...
     def admit(self, admission: Admission, epoch: int, now: datetime) -> str | None: ...
-    def record_pending(self, reasons: Sequence[PendingReason]) -> int: ...
+    def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
+        """Store the reasons of queued workloads whose reason or position changed; returns how many."""
+
     def submitted_at(self, workload_ids: Collection[str]) -> dict[str, datetime]:
         """When each of these workloads was submitted (metrics: time to admission and to running)."""
         ...
@@ -178,8 +189,18 @@ class RunRepository(Protocol):
     def set_dispatch_state(self, run_id: str, from_state: str, to_state: str, now: datetime) -> bool: ...
     def status(self, run_id: str) -> RunStatus | None: ...
     def set_state(
-        self, run_id: str, from_states: Sequence[str], to_state: str, message: str, now: datetime
-    ) -> bool: ...
+        self,
+        run_id: str,
+        from_states: Sequence[str],
+        to_state: str,
+        message: str,
+        now: datetime,
+        cause: EndCause | None = None,
+    ) -> bool:
+        """Move the run from one of `from_states`; a run that ends records `cause` (by default the
+        one its terminal state implies: succeeded, failed, cancelled, preempted)."""
+        ...
+
     def live_run_ids(self, cluster: str) -> set[str]: ...
     def clusters_of(self, run_ids: Collection[str]) -> dict[str, str]:
         """Cluster name by run id, for those of `run_ids` that exist."""
@@ -231,10 +252,10 @@ class AuditLog(Protocol):
 
 
 class SnapshotReader(Protocol):
-    def load(self, history_since: datetime | None = None, rebalance_marker: str | None = None) -> Snapshot:
+    def load(self, history_since: datetime | None = None, last_rebalance: bool = False) -> Snapshot:
         """The scheduling snapshot; with `history_since`, also the consumption of runs that ran
-        since then (fair-share history); with `rebalance_marker`, when a run was last evicted with
-        a message starting with it (the rebalancing rate limit)."""
+        since then (fair-share history); with `last_rebalance`, when a run last ended rebalanced
+        (the rebalancing rate limit)."""
         ...
 
 

@@ -32,14 +32,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from controlplane.domain.sharing import InvalidSharingMode, mig_gpu_eq
 from controlplane.service.errors import Invalid
 from controlplane.service.events import envelope
-from controlplane.service.idle import IDLE_MARKER
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory
-from controlplane.service.telemetry import TelemetryWindow, WindowQuery
+
+# Also re-exported: these values were defined here before they moved to their leaf module.
+from controlplane.service.report_records import ReportRepository, RunRecord, RunSlice  # noqa: F401
+from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import Principal
 
 DEFAULT_IDLE_THRESHOLD = 0.05
@@ -61,53 +63,6 @@ class GroupBy(StrEnum):
 
 
 # --- plain rows in -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunSlice:
-    """One pod of a run: where it runs and what it holds."""
-
-    node: str
-    gpu_model: str
-    gpu_eq: float
-    # gpu-eq of each whole or shared GPU the pod reports telemetry for (1, or 1 / replicas);
-    # MIG instances carry their profile in the window instead.
-    device_share: float = 1.0
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    run_id: str
-    workload_id: str
-    workload: str
-    team_id: str
-    team: str
-    queue: str
-    cluster: str
-    state: str
-    message: str
-    admitted_at: datetime
-    finished_at: datetime | None
-    slices: tuple[RunSlice, ...]
-
-    @property
-    def gpu_eq(self) -> float:
-        return sum(s.gpu_eq for s in self.slices)
-
-    @property
-    def reclaimed_idle(self) -> bool:
-        return self.state == "preempted" and self.message.startswith(IDLE_MARKER) and self.finished_at is not None
-
-
-class ReportRepository(Protocol):
-    def runs(self, start: datetime, end: datetime, team_id: str | None) -> list[RunRecord]:
-        """Runs whose allocation overlaps `[start, end)` (admitted before `end`, not finished
-        before `start`), of one team or of all."""
-        ...
-
-    def marked(self, action: str, object_id: str) -> bool:
-        """Whether the audit log holds an entry with this action and object id."""
-        ...
 
 
 # --- figures out -------------------------------------------------------------------------------

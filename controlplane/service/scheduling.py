@@ -6,21 +6,21 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
+from controlplane.core.decision import Decision, Eviction, EvictionKind
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
-from controlplane.core.snapshot import REBALANCE_PREFIX, Decision, Eviction, Policy
+from controlplane.core.snapshot import Policy
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import LostLeadership
 from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, seconds_between
-from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.service.ports import PendingRecord, UnitOfWorkFactory
+from controlplane.service.wording import eviction_fields, eviction_text, pending_fields, pending_text
 from controlplane.service.workloads import emit
 
 log = logging.getLogger(__name__)
 LEASE_NAME = "scheduler"
-# Evictions made to rebalance fair share start their message with this; the snapshot reads when
-# the last one happened to rate-limit them across cycles.
-REBALANCE_MARKER = REBALANCE_PREFIX
 # Usage older than this many half-lives weighs under 0.4 % and is not read.
 HISTORY_HALF_LIVES = 8
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
@@ -86,6 +86,20 @@ def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int, 
         uow.commit()
 
 
+def _pending_records(decision: Decision) -> list[PendingRecord]:
+    """The pending reasons as stored. Look-alike gangs share one reason object in a decision, so
+    each distinct reason is worded once, not once per waiting gang."""
+    worded: dict[tuple[object, object], tuple[str, dict[str, Any]]] = {}
+    records = []
+    for p in decision.pending:
+        key = (p.why, p.reservation)
+        found = worded.get(key)
+        if found is None:
+            found = worded[key] = (pending_text(p), pending_fields(p))
+        records.append(PendingRecord(p.workload_id, found[0], str(p.kind), found[1], p.queue_position))
+    return records
+
+
 def run_cycle(
     uow_factory: UnitOfWorkFactory,
     holder: str,
@@ -109,9 +123,7 @@ def run_cycle(
         since = None
         if policy.usage_history_weight > 0:
             since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
-        snapshot = uow.snapshots.load(
-            history_since=since, rebalance_marker=REBALANCE_MARKER if policy.rebalance else None
-        )
+        snapshot = uow.snapshots.load(history_since=since, last_rebalance=policy.rebalance)
     phase_done(CyclePhase.SNAPSHOT)
     decision: Decision = schedule(snapshot, policy, now)
     phase_done(CyclePhase.SCHEDULE)
@@ -125,17 +137,24 @@ def run_cycle(
         evicted = 0
         for eviction in decision.evictions:
             # The run may have finished since the snapshot; then there is nothing to evict.
-            finding = uow.idle.finding(eviction.run_id) if eviction.kind == "idle" else None
-            if not uow.runs.set_state(eviction.run_id, LIVE_RUN_STATES, "preempted", eviction.reason, now):
+            idle = eviction.kind is EvictionKind.IDLE
+            finding = uow.idle.finding(eviction.run_id) if idle else None
+            reason = eviction_text(eviction)
+            ended = uow.runs.set_state(
+                eviction.run_id, LIVE_RUN_STATES, "preempted", reason, now, cause=eviction.end_cause
+            )
+            if not ended:
                 continue
             # An idle policy with action `stop` ends the workload instead of requeueing it.
             stop = finding is not None and finding.action == "stop"
             target = WorkloadState.FAILED if stop else WorkloadState.QUEUED
-            uow.workloads.set_state(eviction.workload_id, LIVE_WORKLOAD_STATES, target, eviction.reason, now)
+            uow.workloads.set_state(eviction.workload_id, LIVE_WORKLOAD_STATES, target, reason, now)
             head = uow.workloads.head(eviction.workload_id)
             assert head is not None
-            event = {"reclaim": "reclaimed", "idle": "reclaimed-idle"}.get(eviction.kind, "preempted")
-            if eviction.kind == "idle":
+            event = {EvictionKind.RECLAIM: "reclaimed", EvictionKind.IDLE: "reclaimed-idle"}.get(
+                eviction.kind, "preempted"
+            )
+            if idle:
                 # Every reclaim for idleness is audited with the evidence it rests on and the epoch.
                 uow.audit.record(
                     "scheduler",
@@ -163,8 +182,9 @@ def run_cycle(
                 run_id=eviction.run_id,
                 epoch=epoch,
                 beneficiary=eviction.beneficiary,
-                kind=eviction.kind,
-                reason=eviction.reason,
+                kind=str(eviction.kind),
+                reason=reason,
+                detail=eviction_fields(eviction),
             )
             evicted += 1
             evictions_done.append(eviction)
@@ -176,7 +196,7 @@ def run_cycle(
             admitted += 1
             admitted_waits.append((queue, seconds_between(submitted.get(admission.workload_id), now)))
             emit(uow, prefix, queue, "admitted", admission.workload_id, now, epoch=epoch)
-        written = uow.workloads.record_pending(decision.pending)
+        written = uow.workloads.record_pending(_pending_records(decision))
         # The epoch check and every write of this decision share one transaction: a deposed
         # leader's decision can never land. Checked last, so the lease row is locked only for
         # the commit, never while the decision is written (the background renewal and a standby
@@ -194,7 +214,7 @@ def run_cycle(
             "evicted run %s (%s): %s",
             eviction.run_id,
             eviction.kind,
-            eviction.reason,
+            eviction_text(eviction),
             extra={"run": eviction.run_id, "workload": eviction.workload_id, "epoch": epoch},
         )
     for queue, waited in admitted_waits:

@@ -150,6 +150,7 @@ class RunView:
     finished_at: datetime | None
     assignments: list[AssignmentView]
     idle: IdleView | None = None
+    end_cause: str = ""  # why it ended (EndCause: preempted, reclaimed-idle, node-lost, ...); "" while live
 
 
 @dataclass(frozen=True)
@@ -179,3 +180,6 @@ class WorkloadView:
     cluster: str | None
     nodes: list[str]
     runs: list[RunView]
+    # While queued: the kind of `reason` and its structured fields (queue, limit, amount, cluster,
+    # reservation, ...) as the scheduler decided them; None before its first decision.
+    reason_detail: dict[str, Any] | None = None

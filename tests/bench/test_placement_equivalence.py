@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlplane.core.capacity import why_never_fits
 from controlplane.core.placement import (
     FreeCapacity,
     Miss,
@@ -26,7 +27,6 @@ from controlplane.core.placement import (
     place_gang,
     placements_in_cluster,
     placements_in_fleet,
-    why_never_fits,
 )
 from controlplane.domain.model import (
     GPU,

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from controlplane.bench.synthetic import BenchSize, SyntheticFleet
+from controlplane.core.capacity import why_never_fits
 from controlplane.core.invariants import check_decision
-from controlplane.core.placement import why_never_fits
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Policy
 from controlplane.domain.model import GPU_EQ

@@ -145,6 +145,7 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
         view = client.get(f"/v1/workloads/{workload_id}", headers=tenant.headers).json()
         assert view["state"] == "queued"
         assert "gang-start-timeout" in view["reason"]
+        assert view["runs"][-1]["end_cause"] == "gang-start-timeout"  # a column, not read from the text
         stats = asyncio.run(dispatch_once(wiring.uow, restarted.drivers(), prefix, utc_now))
         assert stats.torn_down == 1
         assert kube.objects_of(JOBS, "gpufleet") == []

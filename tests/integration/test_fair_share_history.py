@@ -11,7 +11,7 @@ from adapters.sql.tables import RunRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Policy
-from controlplane.service.scheduling import REBALANCE_MARKER, acquire_leadership, run_cycle
+from controlplane.service.scheduling import acquire_leadership, run_cycle
 from tests.integration.fleet import Tenant, add_tenant, gang
 
 TTL = 15.0
@@ -84,9 +84,10 @@ def test_rebalancing_is_opt_in_evicts_once_and_then_waits_out_its_interval(
     assert _state(client, tenant, first)["state"] == "admitted"
     evicted = [h for h in hogs if _state(client, other, h)["state"] == "queued"]
     assert len(evicted) == 1
-    assert str(_state(client, other, evicted[0])["runs"][0]["message"]).startswith(REBALANCE_MARKER)  # type: ignore[index]
+    assert str(_state(client, other, evicted[0])["runs"][0]["message"]).startswith("rebalanced:")  # type: ignore[index]
+    assert _state(client, other, evicted[0])["runs"][0]["end_cause"] == "rebalanced"  # type: ignore[index]
     with wiring.uow() as uow:
-        marked = uow.snapshots.load(rebalance_marker=REBALANCE_MARKER).last_rebalance_at
+        marked = uow.snapshots.load(last_rebalance=True).last_rebalance_at
     assert marked is not None
 
     # Within the interval a second gang waits, though taking another hog would still be fairer.

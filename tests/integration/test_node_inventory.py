@@ -199,6 +199,7 @@ def test_run_on_a_vanished_node_is_ended_and_its_workload_requeued(
     (run,) = view["runs"]
     assert run["state"] == "preempted"
     assert run["message"] == f"node-lost: node {held[0]} left cluster {CLUSTER}"
+    assert run["end_cause"] == "node-lost"
     with wiring.uow() as uow:
         events = [(s, json.loads(p)) for _, s, p in uow.outbox.unpublished(1000) if s.endswith(".requeued")]
     ((subject, event),) = events

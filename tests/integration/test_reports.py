@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from controlplane.bootstrap import Wiring, utc_now
+from controlplane.core.decision import EndCause
 from controlplane.core.snapshot import Policy
 from controlplane.service.reports import publish_hourly_report, report_subject
 from controlplane.service.scheduling import acquire_leadership, run_cycle
@@ -104,7 +105,12 @@ def case(wiring: Wiring, client: TestClient, tenant: Tenant, admin: dict[str, st
         assert uow.runs.set_state(alpha_run, ("admitted",), "running", "pods running", start - timedelta(minutes=29))
         assert uow.runs.set_state(beta_run, ("admitted",), "running", "pods running", start + timedelta(minutes=1))
         assert uow.runs.set_state(
-            beta_run, ("running",), "preempted", "reclaimed-idle: GPUs idle for 12 windows", start + hour
+            beta_run,
+            ("running",),
+            "preempted",
+            "reclaimed-idle: GPUs idle for 12 windows",
+            start + hour,
+            cause=EndCause.RECLAIMED_IDLE,
         )
         uow.telemetry.merge_windows(windows, start + 2 * hour)
         uow.commit()

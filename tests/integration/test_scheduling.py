@@ -72,7 +72,12 @@ def test_gangs_admitted_all_or_nothing_and_pending_reasons_shown(
         assert views[i]["state"] == "queued"
         assert views[i]["reason"].startswith("no-fit: needs 4 pods")
         assert "room for 2" in views[i]["reason"]
+        # Next to the sentence, the kind and fields machines read (the autoscaler reads the kind).
+        assert views[i]["reason_detail"] == {"kind": "no-fit", "pods": 4, "best_cluster": "sim-h100", "placed": 2}
     assert [views[i]["queue_position"] for i in ids] == [1, 2, 3]
+    with wiring.uow() as uow:
+        kinds = uow.cloud.pending_kinds()
+    assert {kinds[i] for i in ids} == {"no-fit"}
 
 
 def test_queue_limit_keeps_work_pending_with_a_quota_reason(
@@ -93,6 +98,14 @@ def test_queue_limit_keeps_work_pending_with_a_quota_reason(
     assert states["b"]["state"] == "admitted"
     assert states["c"]["state"] == "queued"
     assert states["c"]["reason"] == "quota: vision-train limit is 48 gpu-eq, 24 in use, this gang needs 32"
+    assert states["c"]["reason_detail"] == {
+        "kind": "quota-limit",
+        "node": "vision-train",
+        "key": "gpu-eq",
+        "limit": 48.0,
+        "used": 24.0,
+        "amount": 32.0,
+    }
 
 
 def test_cancelled_workload_is_never_admitted(wiring: Wiring, client: TestClient, tenant: Tenant) -> None:

@@ -24,6 +24,7 @@ from controlplane.domain.model import (
     WorkloadKind,
 )
 from controlplane.domain.sharing import SharingMode
+from controlplane.service.wording import pending_text
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -203,7 +204,7 @@ def admitted_ids(decision: Decision) -> list[str]:
 
 
 def reason_of(decision: Decision, workload_id: str) -> str:
-    (reason,) = [p.reason for p in decision.pending if p.workload_id == workload_id]
+    (reason,) = [pending_text(p) for p in decision.pending if p.workload_id == workload_id]
     return reason
 
 

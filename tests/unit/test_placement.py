@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controlplane.core.capacity import why_never_fits
 from controlplane.core.placement import (
     FreeCapacity,
     Miss,
@@ -12,7 +13,6 @@ from controlplane.core.placement import (
     empty_capacity,
     place_gang,
     place_in_cluster,
-    why_never_fits,
 )
 from controlplane.domain.model import GPU, SHARE, Cluster, Node, Taint, Toleration
 from tests.unit.builders import cpu_only, frac, gpus, make_cluster, make_nodes, make_pool, make_workload, mig

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
+from controlplane.core.decision import EndCause, EvictionKind, NoFit
 from controlplane.core.invariants import check_decision
 from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
 from controlplane.domain.model import PodAssignment, PodSet, QueueNode, Quota, Workload
+from controlplane.service.wording import eviction_text, pending_text
 from tests.unit.builders import (
     NOW,
     gpus,
+    live_run_of,
     make_cluster,
     make_nodes,
     make_pool,
@@ -103,14 +106,14 @@ def test_higher_priority_preempts_lower_priority_of_its_own_queue() -> None:
     assert eviction.kind == "preempt"
     assert eviction.beneficiary == "urgent"
     assert eviction.workload_id == "r3"  # the most recently admitted of the lowest priority
-    assert "preempted: workload urgent (priority 10)" in eviction.reason
+    assert "preempted: workload urgent (priority 10)" in eviction_text(eviction)
 
 
 def test_equal_priority_never_preempts() -> None:
     same = make_workload("same", gpus(8), queue="a", priority=0)
     decision = decide([same], full_cluster(), two_queues())
     assert decision.evictions == ()
-    assert decision.pending[0].reason.startswith("no-fit")
+    assert pending_text(decision.pending[0]).startswith("no-fit")
 
 
 def test_priority_never_preempts_across_queues() -> None:
@@ -168,7 +171,12 @@ def test_queue_below_its_guarantee_reclaims_borrowed_capacity_whatever_its_prior
     assert admitted(decision) == ["mine"]
     [eviction] = decision.evictions
     assert eviction.kind == "reclaim"
-    assert "takes back its guarantee" in eviction.reason
+    assert "takes back its guarantee" in eviction_text(eviction)
+    # The decision is data: who gains, from which queue, and how the run will be said to have ended.
+    assert eviction.kind is EvictionKind.RECLAIM
+    assert (eviction.beneficiary, eviction.beneficiary_name, eviction.beneficiary_queue) == ("mine", "mine", "b")
+    assert (eviction.victim_queue, eviction.victim_priority) == ("a", 1000)
+    assert eviction.end_cause is EndCause.RECLAIMED
 
 
 def test_nobody_evicts_in_order_to_borrow() -> None:
@@ -201,7 +209,7 @@ def test_non_preemptible_work_runs_only_within_a_guarantee() -> None:
     too_big = replace(make_workload("fb2", gpus(8, replicas=2), queue="b", seq=1), preemptible=False)
     decision = decide([fixed_a, fixed_b, too_big], [], tree)
     assert admitted(decision) == ["fb"]
-    reasons = {p.workload_id: p.reason for p in decision.pending}
+    reasons = {p.workload_id: pending_text(p) for p in decision.pending}
     assert "non-preemptible" in reasons["fa"]
     assert "non-preemptible" in reasons["fb2"]
 
@@ -211,7 +219,7 @@ def test_borrowing_limit_bounds_use_above_the_guarantee() -> None:
     pending = [make_workload(f"w{i}", gpus(8), queue="a", seq=i) for i in range(3)]
     decision = decide(pending, [], tree)
     assert admitted(decision) == ["w0", "w1"]
-    assert decision.pending[0].reason == "quota: a may borrow at most 8 gpu-eq above its guarantee"
+    assert pending_text(decision.pending[0]) == "quota: a may borrow at most 8 gpu-eq above its guarantee"
 
 
 def test_unlent_guarantee_stays_free_for_its_owner() -> None:
@@ -220,7 +228,7 @@ def test_unlent_guarantee_stays_free_for_its_owner() -> None:
     decision = decide(pending, [], tree)
     # b keeps 16 - 8 = 8 GPUs of its unused guarantee out of reach: a gets 3 of the 4 nodes.
     assert admitted(decision) == ["w0", "w1", "w2"]
-    assert "guarantee other queues do not lend" in decision.pending[0].reason
+    assert "guarantee other queues do not lend" in pending_text(decision.pending[0])
 
 
 # --- fair share -----------------------------------------------------------------------------------
@@ -283,7 +291,7 @@ def test_isolation_is_named_when_only_time_sliced_pools_could_serve() -> None:
         [make_workload("llm", PodSet("server", 1, gpu_fraction=0.5), isolation=True)],
     )
     [pending] = run_schedule(snapshot).pending
-    assert pending.reason.startswith("isolation: this workload requires isolation")
+    assert pending_text(pending).startswith("isolation: this workload requires isolation")
 
 
 def _spot_and_on_demand() -> tuple[tuple[object, ...], tuple[object, ...]]:
@@ -311,7 +319,7 @@ def test_never_spot_keeps_a_gang_off_spot_pools_even_when_only_they_have_room() 
     workload = replace(make_workload("w", gpus(8)), spot="never")
     decision = run_schedule(make_snapshot(clusters, nodes, [workload], live=[busy]))  # type: ignore[arg-type]
     assert decision.admissions == ()
-    assert decision.pending[0].reason.startswith("no-fit")
+    assert pending_text(decision.pending[0]).startswith("no-fit")
 
 
 def test_a_gang_spread_over_pools_stays_in_one_zone() -> None:
@@ -347,3 +355,22 @@ def test_a_never_spot_gang_does_not_reuse_the_answer_of_an_identical_spot_tolera
     for order in ([allow, never], [never, allow]):
         decision = run_schedule(make_snapshot(clusters, nodes, order, live=[busy]), Policy(max_reservations=0))  # type: ignore[arg-type]
         assert admitted(decision) == ["allow"]
+
+
+def test_a_reservation_names_its_cluster_by_name_and_the_gangs_behind_it_point_to_it() -> None:
+    pool = make_pool(gpus_per_node=8)
+    clusters, nodes = (make_cluster("c1", pool, name="east"),), make_nodes(pool, 2)
+    small = make_workload("small", gpus(8), queue="b")
+    busy = live_run_of(run_schedule(make_snapshot(clusters, nodes, [small])).admissions[0], small)
+    big = make_workload("big", gpus(8, replicas=2), queue="a", seq=1)
+    behind = make_workload("behind", gpus(8, replicas=2), queue="a", seq=2)
+    decision = run_schedule(make_snapshot(clusters, nodes, [big, behind], live=[busy]))
+    reasons = {p.workload_id: p for p in decision.pending}
+    note = reasons["big"].reservation
+    assert note is not None
+    assert (note.cluster, note.holder, note.nodes, note.due) == ("east", "big", 2, None)
+    assert reasons["behind"].reservation == note
+    assert isinstance(reasons["big"].why, NoFit)
+    assert pending_text(reasons["big"]).endswith(
+        "reservation: 2 node(s) of cluster east held for big, due when running work ends"
+    )

@@ -9,6 +9,7 @@ import pytest
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Admission, Decision, Policy, Snapshot
 from controlplane.domain.model import GPU, PodAssignment, QueueNode
+from controlplane.service.wording import pending_text
 from tests.unit.builders import (
     NOW,
     admitted_ids,
@@ -273,7 +274,7 @@ def test_every_pending_workload_gets_a_reason_and_a_one_based_position_in_its_qu
     assert admitted_ids(decision) == ["q1-fits"]
     positions = {p.workload_id: p.queue_position for p in decision.pending}
     assert positions == {"q1-c": 1, "q1-a": 2, "q1-b": 3, "q2-a": 1, "q3-a": 1}
-    assert all(p.reason for p in decision.pending)
+    assert all(pending_text(p) for p in decision.pending)
     assert decision.stats == {"pending": 6, "admitted": 1, "evicted": 0}
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from controlplane.core.schedule import ERROR_PREFIX, MAX_FAILED_GANGS_PER_CYCLE, UNUSABLE_QUOTA_PREFIX
+from controlplane.core.decision import PendingKind
+from controlplane.core.schedule import MAX_FAILED_GANGS_PER_CYCLE
 from controlplane.domain.model import QueueNode, Quota
+from controlplane.service.wording import pending_text
 from tests.unit.builders import (
     admitted_ids,
     gpus,
@@ -36,7 +38,7 @@ def test_a_gang_whose_scheduling_raises_gets_a_reason_and_the_others_are_admitte
     decision = run_schedule(make_snapshot(clusters, nodes, [poison, *others], tree=two_queues()))
     assert admitted_ids(decision) == ["ok-0", "ok-1", "ok-2"]
     reason = reason_of(decision, "poison")
-    assert reason.startswith(ERROR_PREFIX)
+    assert reason.startswith("error:")
     assert "InvalidSharingMode" in reason
     assert decision.stats.get("failed") == 1
 
@@ -48,9 +50,13 @@ def test_after_too_many_failing_gangs_the_cycle_keeps_its_decisions_and_defers_t
     later = make_workload("later", gpus(8), priority=0, seq=10)
     decision = run_schedule(make_snapshot(clusters, nodes, [good_first, *poisons, later]))
     assert "first" in admitted_ids(decision)
-    failed = [p for p in decision.pending if "raised" in p.reason]
+    failed = [p for p in decision.pending if p.kind is PendingKind.ERROR and "raised" in pending_text(p)]
     assert len(failed) == MAX_FAILED_GANGS_PER_CYCLE
-    deferred = {p.workload_id for p in decision.pending if "not considered this cycle" in p.reason}
+    deferred = {
+        p.workload_id
+        for p in decision.pending
+        if p.kind is PendingKind.NOT_CONSIDERED and "not considered this cycle" in pending_text(p)
+    }
     assert "later" in deferred or "later" in admitted_ids(decision)
     # Every pending gang has exactly one reason.
     ids = [p.workload_id for p in decision.pending]
@@ -64,7 +70,7 @@ def test_an_infinite_queue_limit_holds_only_that_queues_gangs() -> None:
     decision = run_schedule(make_snapshot(clusters, nodes, pending, tree=two_queues(broken)))
     assert admitted_ids(decision) == ["in-q1"]
     reason = reason_of(decision, "in-q2")
-    assert reason.startswith(UNUSABLE_QUOTA_PREFIX)
+    assert reason.startswith("quota: unusable")
     assert "limit gpu-eq=inf" in reason
 
 

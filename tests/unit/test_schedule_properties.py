@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from controlplane.core.invariants import check_decision
 from controlplane.core.snapshot import Decision, Policy, Snapshot
 from controlplane.domain.model import Cluster, Node, NodePool, PodSet, QueueNode, Taint, Toleration, Workload
+from controlplane.service.wording import eviction_text, pending_text
 from tests.unit.builders import (
     cpu_only,
     frac,
@@ -172,8 +173,11 @@ def assert_decision_is_sound(snapshot: Snapshot, decision: Decision) -> None:
     # every waiting workload has a reason of a known kind and a 1-based per-queue position
     positions: dict[str, list[int]] = {}
     for reason in decision.pending:
-        assert reason.reason.strip()
-        assert reason.reason.startswith(("quota:", "no-fit:", "isolation:", "fair-share:")), reason.reason
+        text = pending_text(reason)
+        assert text.strip()
+        assert text.startswith(("quota:", "no-fit:", "isolation:", "fair-share:")), text
+        assert text.startswith("quota:") == reason.kind.is_quota
+        assert reason.kind.is_quota or text.startswith(f"{reason.kind}:"), (reason.kind, text)
         positions.setdefault(pending[reason.workload_id].queue_id, []).append(reason.queue_position)
     for queue, seen in positions.items():
         assert seen == list(range(1, len(seen) + 1)), queue
@@ -297,7 +301,7 @@ def test_opt_in_rebalancing_stays_sound_and_within_its_rate(scenario: Scenario, 
         assert victim.queue_id != beneficiary.queue_id
         assert victim.priority <= beneficiary.priority
         assert beneficiary.id in admitted
-        assert eviction.reason.startswith("rebalanced:")
+        assert eviction_text(eviction).startswith("rebalanced:")
 
 
 @PROPERTY_SETTINGS

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from controlplane.core.capacity import why_never_fits
 from controlplane.core.invariants import check_decision
-from controlplane.core.placement import why_never_fits
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
 from controlplane.domain.model import PodAssignment, PodSet, Workload

@@ -1,0 +1,183 @@
+"""One scheduling cycle: every pending gang in fair-share order, the least disruptive action first.
+
+The actions, in their fixed order, for one gang:
+1. admit it where a placement on free nodes passes every quota rule (or backfill a reservation);
+2. reclaim GPUs the idle policy marked reclaimable (any queue);
+3. reclaim capacity other queues borrowed, if its queue stays within its guarantee;
+4. preempt lower-priority gangs of its own queue;
+5. rebalance toward a queue below its fair share (opt-in, rate-limited);
+6. reserve the nodes that free up first (head of its queue), and leave it pending with a reason.
+
+Within a cycle free capacity only shrinks and usage only grows until an eviction, so answers are
+remembered per shape (and per queue, priority and flags) until capacity grows (`_capacity_grew`,
+the one place those memos are forgotten).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from controlplane.core.decision import (
+    Admission,
+    EvictionKind,
+    FairShareTurn,
+    NoFit,
+    OutsideGuarantee,
+    PendingKind,
+    PendingReason,
+    ReservationNote,
+    Why,
+)
+from controlplane.core.eviction import Evictor
+from controlplane.core.fit import Fitter, Shape, shape_of
+from controlplane.core.fragmentation import workload_mix
+from controlplane.core.ordering import FairShare
+from controlplane.core.placement import FreeCapacity, Placement, copy_capacity
+from controlplane.core.reservation import Reservations
+from controlplane.core.scoring import Scorer
+from controlplane.core.snapshot import Policy, Snapshot
+from controlplane.core.state import CycleState
+from controlplane.domain.model import GPU_EQ, Workload
+
+# The expected next pod (for fragmentation) is estimated from the oldest pending gangs; a deep
+# backlog adds nothing the first few thousand do not already say.
+MIX_SAMPLE = 5000
+
+# Why a gang waits, and the reservation it holds or waits behind (if any).
+Verdict = tuple[Why, ReservationNote | None]
+
+
+class Cycle:
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.state = CycleState(snapshot, policy)
+        self.fair_share = FairShare(snapshot, policy, now, self.state)
+        scorer = Scorer(policy, self.state, workload_mix(snapshot.pending[:MIX_SAMPLE]))
+        self.fitter = Fitter(snapshot, policy, self.state, scorer)
+        self.evictor = Evictor(snapshot, policy, now, self.state, self.fitter, self.fair_share, self._capacity_grew)
+        self.reservations = Reservations(snapshot, policy, now, self.state, self.fitter)
+        self.admissions: list[Admission] = []
+        self.pending: list[PendingReason] = []
+        self.positions: dict[str, int] = {}  # queue id -> gangs of it left pending so far
+        # (queue, priority, flags, shape) -> the verdict of a gang exactly like it
+        self.verdicts: dict[tuple[object, ...], Verdict] = {}
+        # Free capacity as the cycle found it: a gang that would have fit there but not after this
+        # cycle's admissions waits on fair share, not on the fleet (`_fair_share_reason`).
+        self.initial_free: FreeCapacity = copy_capacity(self.state.free)
+        self.fit_at_start: dict[Shape, bool] = {}
+        self.admitted_queues: list[str] = []
+
+    def _capacity_grew(self) -> None:
+        """An eviction freed capacity: shapes, verdicts and eviction attempts that failed may succeed now."""
+        self.fitter.capacity_grew()
+        self.verdicts.clear()
+        self.evictor.forget_failures()
+
+    def run(self) -> tuple[Workload, Exception] | None:
+        """Decide every pending gang in order; on the first gang that raises, undo what it added
+        to the decision and return it with the exception (the working state is then unreliable)."""
+        evictions = self.evictor.evictions
+        for workload in self.fair_share.order():
+            marks = (len(self.admissions), len(self.pending), len(evictions))
+            try:
+                verdict = self.try_admit(workload)
+                if verdict is not None:
+                    self.leave_pending(workload, verdict)
+            except Exception as exc:  # one gang must never fail the cycle for the fleet
+                del self.admissions[marks[0] :], self.pending[marks[1] :], evictions[marks[2] :]
+                return workload, exc
+        return None
+
+    def leave_pending(self, workload: Workload, verdict: Verdict) -> None:
+        position = self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1
+        self.pending.append(PendingReason(workload.id, verdict[0], position, verdict[1]))
+
+    def try_admit(self, workload: Workload) -> Verdict | None:
+        """Admit the gang (maybe after evictions); the pending reason when it cannot be.
+
+        A gang exactly like one already left pending (same queue, priority, flags and shape) is
+        left pending for the same reason without trying again: deep backlogs of look-alike gangs
+        cost a dictionary lookup each.
+        """
+        key = (
+            workload.queue_id,
+            workload.priority,
+            workload.preemptible,
+            workload.may_evict,
+            workload.max_runtime_seconds,
+            shape_of(workload),
+        )
+        known = self.verdicts.get(key)
+        if known is not None:
+            return known
+        verdict = self._decide(workload)
+        # A fair-share reason names the queues that went ahead, which grow during the cycle.
+        if verdict is not None and verdict[0].kind is not PendingKind.FAIR_SHARE:
+            self.verdicts[key] = verdict
+        return verdict
+
+    def _decide(self, workload: Workload) -> Verdict | None:
+        ledger = self.state.ledger
+        wanted = {GPU_EQ: self.state.unit.least(workload)}
+        blocked: Why | None = ledger.limit_block(workload.queue_id, wanted)
+        if not workload.preemptible and not ledger.within_guarantee(workload.queue_id, wanted):
+            blocked = blocked or OutsideGuarantee(self.state.unit.gpus(wanted[GPU_EQ]))
+        if blocked is None:
+            outcome = self.fitter.place(workload)
+            if isinstance(outcome, Placement):
+                self._admit(workload, outcome)
+                return None
+            if self.reservations.backfill(workload, self._admit):
+                return None
+            reason = outcome
+        else:
+            reason = blocked
+        no_fit = blocked is None and isinstance(reason, NoFit)
+        if not workload.may_evict:
+            return (reason, self.reservations.reserve(workload)) if no_fit else (reason, None)
+        # Ancestors are checked with the victims gone (their usage counts there too).
+        reclaimable = blocked is None and ledger.within_guarantee(workload.queue_id, wanted, queue_only=True)
+        for kind, allowed in (
+            (EvictionKind.IDLE, blocked is None),
+            (EvictionKind.RECLAIM, self.policy.reclaim and reclaimable),
+            (EvictionKind.PREEMPT, self.policy.preemption),
+            (EvictionKind.REBALANCE, blocked is None and self.evictor.rebalance_open()),
+        ):
+            if allowed:
+                placement = self.evictor.make_room(workload, kind)
+                if placement is not None:
+                    self._admit(workload, placement)
+                    return None
+        if no_fit:
+            why = self._fair_share_reason(workload) or reason
+            return why, self.reservations.reserve(workload)
+        return reason, None
+
+    def _fair_share_reason(self, workload: Workload) -> FairShareTurn | None:
+        """When the gang fitted the free capacity at the start of the cycle and queues ordered ahead
+        of it by fair share took that capacity, say so: it waits its turn, the fleet is not too small."""
+        others = [q for q in dict.fromkeys(self.admitted_queues) if q != workload.queue_id]
+        if not self.policy.fair_share or not others:
+            return None
+        shape = shape_of(workload)
+        if shape not in self.fit_at_start:
+            # Trying the start-of-cycle capacity costs a placement: only for the head of a queue
+            # (the one whose turn it is); behind it a gang waits on its queue anyway.
+            if self.positions.get(workload.queue_id, 0):
+                return None
+            placed = self.fitter.place(workload, self.initial_free, use_cache=False)
+            self.fit_at_start[shape] = isinstance(placed, Placement)
+        if not self.fit_at_start[shape]:
+            return None
+        tree = self.snapshot.queue_tree
+        names = tuple(tree[q].name if q in tree else q for q in others[:3])
+        own = tree[workload.queue_id].name if workload.queue_id in tree else workload.queue_id
+        share = float(self.fair_share.share(workload.queue_id))
+        return FairShareTurn(own, share, names, max(0, len(others) - 3))
+
+    def _admit(self, workload: Workload, placement: Placement) -> None:
+        self.state.take(placement.assignments, workload.queue_id)
+        self.admitted_queues.append(workload.queue_id)
+        self.fit_at_start.setdefault(shape_of(workload), True)  # it fitted with less free than at the start
+        self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments))

@@ -1,0 +1,210 @@
+"""Making room by stopping live runs: idle reclaim, reclaim, preemption and rebalancing.
+
+Every eviction is a what-if first: candidates are released on the cycle's state inside a
+checkpoint, one by one, until the gang fits and the kind's rule holds; the set is then minimised
+(no victim can be dropped) and the trial rolled back. Only the best set (fewest victims, over the
+clusters) is then evicted for real. Victims are whole gangs; non-preemptible runs and runs younger
+than their class's minimum runtime are never taken; the disruption budget bounds a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from controlplane.core.decision import Eviction, EvictionKind
+from controlplane.core.fit import Fitter, Shape, shape_of
+from controlplane.core.ordering import FairShare
+from controlplane.core.placement import Placement
+from controlplane.core.snapshot import LiveRun, Policy, Snapshot
+from controlplane.core.state import CycleState
+from controlplane.domain.model import Cluster, Workload
+
+
+class Evictor:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        policy: Policy,
+        now: datetime,
+        state: CycleState,
+        fitter: Fitter,
+        fair_share: FairShare,
+        capacity_grew: Callable[[], None],
+    ) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.now = now
+        self.state = state
+        self.fitter = fitter
+        self.fair_share = fair_share
+        self.capacity_grew = capacity_grew  # told after every real eviction
+        self.evictions: list[Eviction] = []
+        # Attempts that found no victim set: they fail again until capacity grows.
+        self.failed: set[tuple[EvictionKind, str, int, Shape]] = set()
+
+    def forget_failures(self) -> None:
+        self.failed.clear()
+
+    def rebalance_open(self) -> bool:
+        policy = self.policy
+        if not policy.rebalance or self.state.rebalanced >= policy.rebalance_max_per_cycle:
+            return False
+        last = self.snapshot.last_rebalance_at
+        return last is None or (self.now - last).total_seconds() >= policy.rebalance_interval_seconds
+
+    def make_room(self, workload: Workload, kind: EvictionKind) -> Placement | None:
+        """Evict the fewest runs of `kind` that let the gang fit; its placement on the freed
+        capacity, or None (nothing evicted) when no allowed set of victims makes room."""
+        if self.state.budget <= 0:
+            return None
+        # Within a cycle, capacity and candidates only shrink until an eviction happens: an attempt
+        # that failed for this shape, queue and priority fails again. (A queue that starts
+        # borrowing through this cycle's admissions becomes reclaimable from the next cycle.)
+        attempt = (kind, workload.queue_id, workload.priority, shape_of(workload))
+        if attempt in self.failed:
+            return None
+        candidates = self._candidates(workload, kind)
+        if not candidates:
+            self.failed.add(attempt)
+            return None
+        best: list[LiveRun] | None = None
+        for cluster_id in sorted({run.cluster_id for run in candidates}):
+            found = self._victims_in_cluster(workload, kind, [r for r in candidates if r.cluster_id == cluster_id])
+            if found is not None and (best is None or len(found) < len(best)):
+                best = found
+        if best is None:
+            self.failed.add(attempt)
+            return None
+        for victim in best:
+            self._evict(victim, workload, kind)
+        self.capacity_grew()  # shapes and attempts that failed may succeed now
+        placement = self.fitter.place(workload)
+        assert isinstance(placement, Placement), "simulated eviction must make room"
+        return placement
+
+    def _protected_by_runtime(self, run: LiveRun) -> bool:
+        started = run.started_at or run.admitted_at
+        if not run.min_runtime_seconds or started is None:
+            return False
+        return started + timedelta(seconds=run.min_runtime_seconds) > self.now
+
+    def _candidates(self, workload: Workload, kind: EvictionKind) -> list[LiveRun]:
+        live_by_queue, ledger = self.state.live_by_queue, self.state.ledger
+        if kind is EvictionKind.PREEMPT:
+            pool = list(live_by_queue.get(workload.queue_id, {}).values())
+        elif kind is EvictionKind.IDLE:
+            pool = [run for runs in live_by_queue.values() for run in runs.values() if run.idle_reclaimable]
+        elif kind is EvictionKind.REBALANCE:
+            # Only queues above their guarantee and already ahead of the preemptor's share.
+            share = self.fair_share.share
+            own_share = share(workload.queue_id)
+            pool = [
+                run
+                for queue_id, runs in live_by_queue.items()
+                if queue_id != workload.queue_id and ledger.borrowing(queue_id) and share(queue_id) > own_share
+                for run in runs.values()
+                if run.priority <= workload.priority
+            ]
+        else:
+            pool = [
+                run
+                for queue_id, runs in live_by_queue.items()
+                if queue_id != workload.queue_id and ledger.borrowing(queue_id)
+                for run in runs.values()
+            ]
+        runs = []
+        for run in pool:
+            if not run.preemptible or self._protected_by_runtime(run) or run.workload_id == workload.id:
+                continue
+            if kind is EvictionKind.PREEMPT and run.priority >= workload.priority:
+                continue
+            runs.append(run)
+        # Idle runs first, then the lowest priority, then the most recently admitted.
+        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
+        runs.sort(
+            key=lambda r: (not r.idle, r.priority, -(((r.admitted_at or epoch) - epoch).total_seconds()), r.run_id)
+        )
+        return runs
+
+    def _victims_in_cluster(
+        self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun]
+    ) -> list[LiveRun] | None:
+        """The minimal victim set in one cluster (sorted by run id), found on the real state inside
+        a checkpoint that is always rolled back."""
+        state = self.state
+        only = tuple(c for c in self.snapshot.clusters if c.id == candidates[0].cluster_id)
+        limit = state.budget
+        if kind is EvictionKind.REBALANCE:
+            limit = min(limit, self.policy.rebalance_max_per_cycle - state.rebalanced)
+        chosen: list[LiveRun] = []
+        trial = state.checkpoint()
+        try:
+            for run in candidates:
+                if len(chosen) >= limit:
+                    return None
+                if kind in (EvictionKind.RECLAIM, EvictionKind.REBALANCE) and not state.ledger.borrowing(run.queue_id):
+                    continue  # its queue is back within its guarantee: the rest is not borrowed
+                state.give_back(run.assignments, run.queue_id)
+                chosen.append(run)
+                if self._room(workload, kind, only, chosen):
+                    break
+            else:
+                return None
+            for run in reversed(list(chosen)):  # minimise: drop every victim the gang does not need
+                without = state.checkpoint()
+                state.take(run.assignments, run.queue_id)
+                chosen.remove(run)
+                if self._room(workload, kind, only, chosen):
+                    state.keep(without)
+                else:
+                    state.rollback(without)
+                    chosen.append(run)
+            return sorted(chosen, key=lambda r: r.run_id)
+        finally:
+            state.rollback(trial)
+
+    def _room(self, workload: Workload, kind: EvictionKind, only: tuple[Cluster, ...], victims: list[LiveRun]) -> bool:
+        placement = self.fitter.place(workload, clusters=only)
+        return isinstance(placement, Placement) and self._may_evict_for(workload, kind, placement, victims)
+
+    def _may_evict_for(
+        self, workload: Workload, kind: EvictionKind, placement: Placement, victims: list[LiveRun]
+    ) -> bool:
+        """Reclaim only restores a guarantee: with the victims gone, the gang must fit within the
+        guarantee of its queue and of every ancestor that declares one. Nobody evicts to borrow."""
+        if kind in (EvictionKind.PREEMPT, EvictionKind.IDLE):
+            return True  # the gang's own placement already passed every quota rule
+        held = self.state.unit.usage(placement.assignments, self.state.pool_of_node)
+        if kind is EvictionKind.RECLAIM:
+            return self.state.ledger.within_guarantee(workload.queue_id, held)
+        # Rebalance: afterwards the preemptor's queue must not have a higher share than any queue
+        # it takes from. Candidates come only from queues strictly ahead, so the victims' queues
+        # cannot take the capacity back next cycle (no ping-pong).
+        share_of = self.fair_share.share_of
+        after = share_of(workload.queue_id, extra=held)
+        return all(after <= share_of(queue_id) for queue_id in {v.queue_id for v in victims})
+
+    def _evict(self, victim: LiveRun, beneficiary: Workload, kind: EvictionKind) -> None:
+        state = self.state
+        state.give_back(victim.assignments, victim.queue_id)
+        state.drop_live(victim)
+        state.budget -= 1
+        if kind is EvictionKind.REBALANCE:
+            state.rebalanced += 1
+        tree = self.snapshot.queue_tree
+        victim_queue = tree[victim.queue_id].name if victim.queue_id in tree else victim.queue_id
+        own_queue = tree[beneficiary.queue_id].name if beneficiary.queue_id in tree else beneficiary.queue_id
+        self.evictions.append(
+            Eviction(
+                victim.workload_id,
+                victim.run_id,
+                kind,
+                beneficiary.id,
+                beneficiary_name=beneficiary.name,
+                beneficiary_queue=own_queue,
+                beneficiary_priority=beneficiary.priority,
+                victim_queue=victim_queue,
+                victim_priority=victim.priority,
+            )
+        )

@@ -1,0 +1,128 @@
+"""Where a gang may go this cycle: a placement on free nodes that also passes every quota rule.
+
+`Fitter.place` asks the placement search (`placement.py`) for every feasible placement in the
+fleet (or some clusters), ranks them (`scoring.py`) and returns the best one the quota ledger
+accepts, trimming an elastic gang down to `min_available` pods if that is what fits; otherwise
+the precise reason it waits (no room, isolation, a limit, a guarantee not lent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controlplane.core.capacity import fits
+from controlplane.core.decision import IsolationOnlyTimeSliced, NoFit, NotLent, OutsideGuarantee, Why
+from controlplane.core.placement import FreeCapacity, Miss, Placement
+from controlplane.core.quota import ZERO, Usage
+from controlplane.core.scoring import Scorer
+from controlplane.core.snapshot import Policy, Snapshot
+from controlplane.core.state import CycleState
+from controlplane.domain.model import Cluster, Workload
+
+Shape = tuple[object, ...]
+
+
+def shape_of(workload: Workload) -> Shape:
+    """What placement depends on: gangs of one shape fit or fail alike on the same capacity."""
+    return (
+        workload.pod_sets,
+        workload.min_available,
+        workload.requires_isolation,
+        workload.tolerations,
+        workload.spot,
+        workload.same_pool,
+    )
+
+
+class Fitter:
+    def __init__(self, snapshot: Snapshot, policy: Policy, state: CycleState, scorer: Scorer) -> None:
+        self.clusters = snapshot.clusters
+        self.policy = policy
+        self.state = state
+        self.scorer = scorer
+        # Shapes that found no room on the real free capacity this cycle, with the reason: room
+        # only shrinks until an eviction (`capacity_grew`).
+        self.unplaceable: dict[Shape, Why] = {}
+
+    def capacity_grew(self) -> None:
+        self.unplaceable.clear()
+
+    def place(
+        self,
+        workload: Workload,
+        free: FreeCapacity | None = None,
+        clusters: tuple[Cluster, ...] | None = None,
+        use_cache: bool = True,
+    ) -> Placement | Why:
+        """The best placement that also passes every quota rule, or why there is none (on the
+        cycle's free capacity unless `free` is given; in every cluster unless `clusters` is)."""
+        state = self.state
+        free = state.free if free is None else free
+        shape = shape_of(workload)
+        use_cache = use_cache and free is state.free and clusters is None
+        if use_cache and shape in self.unplaceable:
+            return self.unplaceable[shape]
+        scorer = self.scorer
+        answer = fits(
+            workload,
+            self.clusters if clusters is None else clusters,
+            state.nodes_by_pool,
+            state.pool_of_node,
+            free,
+            self.policy.prefer_same_pool,
+        )
+        placements = answer.placements
+        if not placements:
+            no_fit = self.no_fit(workload, answer.best_miss)
+            if use_cache:
+                self.unplaceable[shape] = no_fit
+            return no_fit
+        first_reason: Why | None = None
+        for placement in scorer.ranked(placements, workload):
+            assignments = placement.assignments
+            while True:
+                blocked = self.quota_block(workload, state.unit.usage(assignments, state.pool_of_node))
+                if blocked is None:
+                    return replace(placement, assignments=assignments)
+                if len(assignments) <= workload.min_available:
+                    break
+                # An elastic gang may start with fewer pods: drop the last one and ask again.
+                assignments = assignments[:-1]
+            first_reason = first_reason or blocked
+        assert first_reason is not None
+        return first_reason
+
+    def no_fit(self, workload: Workload, miss: Miss | None) -> Why:
+        if workload.requires_isolation and self._only_time_sliced(workload):
+            return IsolationOnlyTimeSliced()
+        if miss is None:
+            return NoFit(workload.min_available, None)
+        return NoFit(workload.min_available, miss.detail, miss.placed)
+
+    def _only_time_sliced(self, workload: Workload) -> bool:
+        """Whether some pod set could be served by time-sliced pools and by nothing else."""
+        pools = list(self.state.pools.values())
+        for pod_set in workload.pod_sets:
+            serving = [p for p in pools if pod_set.demand_on(p) is not None]
+            if serving and all(not p.sharing.isolated for p in serving):
+                return True
+        return False
+
+    def quota_block(self, workload: Workload, held: Usage) -> Why | None:
+        ledger = self.state.ledger
+        reason: Why | None = ledger.limit_block(workload.queue_id, held) or ledger.borrowing_block(
+            workload.queue_id, held
+        )
+        if reason is not None:
+            return reason
+        if ledger.within_guarantee(workload.queue_id, held):
+            return None
+        if not workload.preemptible:
+            return OutsideGuarantee()
+        protected = ledger.protected(self.state.lenders, excluding=workload.queue_id)
+        free_eq = self.state.free_eq
+        for key, keep in protected.items():
+            want = held.get(key, ZERO)
+            if want and free_eq.get(key, ZERO) - want < keep:
+                return NotLent(key)
+        return None

@@ -1,0 +1,102 @@
+"""The order pending gangs are decided in: fair share across queues, priority then FIFO inside one.
+
+A queue's share is its weighted dominant share of what it uses above its guarantee (DRF over GPU
+models), plus its weighted part of the fleet's recent consumption when the policy keeps history.
+Shares are read from the quota ledger as the cycle admits and evicts, so the order is lazy: the
+next queue is picked after the previous gang was decided.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from fractions import Fraction
+
+from controlplane.core.history import decayed_gpu_hours, history_shares
+from controlplane.core.quota import ZERO, Usage
+from controlplane.core.snapshot import Policy, Snapshot
+from controlplane.core.state import CycleState
+from controlplane.domain.model import GPU_EQ, QueueNode, Workload
+
+
+class FairShare:
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime, state: CycleState) -> None:
+        self.tree: Mapping[str, QueueNode] = snapshot.queue_tree
+        self.pending = snapshot.pending
+        self.policy = policy
+        self.state = state
+        self.shares: dict[str, tuple[int, Fraction]] = {}  # queue id -> (ledger version, share)
+        self.history: dict[str, Fraction] = {}
+        if policy.usage_history_weight > 0 and snapshot.usage_history:
+            decayed = decayed_gpu_hours(snapshot.usage_history, now, policy.usage_half_life_seconds)
+            weight = Fraction(policy.usage_history_weight).limit_denominator(1000)
+            self.history = {
+                queue_id: weight * Fraction(part).limit_denominator(10**6)
+                for queue_id, part in history_shares(decayed).items()
+            }
+
+    def order(self) -> Iterator[Workload]:
+        """Within a queue: priority, then FIFO. Across queues: the lowest weighted dominant share
+        above guarantee goes first (or, without fair share, one global priority/FIFO order)."""
+        by_priority = sorted(self.pending, key=lambda w: (-w.priority, w.created_seq, w.id))
+        if not self.policy.fair_share:
+            yield from by_priority
+            return
+        queues: dict[str, list[Workload]] = {}
+        for workload in by_priority:
+            queues.setdefault(workload.queue_id, []).append(workload)
+        heads = dict.fromkeys(queues, 0)
+        heap = [self._queue_key(queue_id, items[0]) for queue_id, items in queues.items()]
+        heapq.heapify(heap)
+        while heap:
+            *_, queue_id = heapq.heappop(heap)
+            items = queues[queue_id]
+            yield items[heads[queue_id]]
+            heads[queue_id] += 1
+            if heads[queue_id] < len(items):
+                heapq.heappush(heap, self._queue_key(queue_id, items[heads[queue_id]]))
+
+    def _queue_key(self, queue_id: str, head: Workload) -> tuple[int, Fraction, int, int, str]:
+        borrowing = int(self.state.ledger.borrowing(queue_id))
+        return (borrowing, self.share(queue_id), -head.priority, head.created_seq, queue_id)
+
+    def share(self, queue_id: str) -> Fraction:
+        """`share_of` the queue, recomputed only when its usage changed."""
+        version = self.state.ledger.versions.get(queue_id, 0)
+        cached = self.shares.get(queue_id)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        share = self.share_of(queue_id)
+        self.shares[queue_id] = (version, share)
+        return share
+
+    def share_of(self, queue_id: str, extra: Usage | None = None) -> Fraction:
+        """The queue's weighted dominant share, plus its weighted part of recent consumption when
+        the policy keeps history; `extra` is usage it would add (for rebalancing trials)."""
+        node = self.tree.get(queue_id)
+        weight = Fraction(node.weight).limit_denominator(1000) if node else Fraction(1)
+        ledger = self.state.ledger
+        guaranteed = ledger.guarantees.get(queue_id, {})
+        usage = ledger.usage.get(queue_id, {})
+        if extra:
+            usage = {key: usage.get(key, ZERO) + extra.get(key, ZERO) for key in usage.keys() | extra.keys()}
+        # Shares are compared on the keys the guarantee speaks of: per GPU model (DRF over models)
+        # when it names models or names nothing, on gpu-eq when it is model-agnostic.
+        model_keys = [k for k in usage if k != GPU_EQ]
+        if GPU_EQ in guaranteed and not any(k in guaranteed for k in model_keys):
+            keys = [GPU_EQ]
+        else:
+            keys = model_keys or [GPU_EQ]
+        # A share is a ratio (exact, of integer units), not a quota amount.
+        dominant = Fraction(0)
+        capacity = self.state.capacity
+        for key in keys:
+            used = usage.get(key, ZERO)
+            total = capacity.get(key)
+            if not total:
+                continue
+            above = used - guaranteed.get(key, ZERO)
+            if above > 0:
+                dominant = max(dominant, Fraction(above, total))
+        return (dominant + self.history.get(queue_id, ZERO)) / weight

@@ -1,0 +1,111 @@
+"""Reservations: the head of a queue that finds no room holds the nodes that free up first.
+
+Work behind it backfills there only if its declared `max_runtime_seconds` ends before the
+reservation is due, so a stream of small jobs cannot starve a large gang. Finding the nodes is a
+what-if on the cycle's state (live runs released in the order they are due, inside a checkpoint
+that is rolled back); holding them takes their free capacity out of circulation for the cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from controlplane.core.decision import ReservationNote
+from controlplane.core.fit import Fitter
+from controlplane.core.placement import Placement
+from controlplane.core.snapshot import LiveRun, Policy, Snapshot
+from controlplane.core.state import CycleState
+from controlplane.domain.model import Workload
+
+
+@dataclass
+class Reservation:
+    owner: str
+    cluster_id: str
+    held: dict[str, dict[str, int]]  # node id -> the free capacity taken out of circulation
+    due: datetime | None  # when the work it waits for has declared it will be gone
+
+
+class Reservations:
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime, state: CycleState, fitter: Fitter) -> None:
+        self.clusters = snapshot.clusters
+        self.policy = policy
+        self.now = now
+        self.state = state
+        self.fitter = fitter
+        self.held: list[Reservation] = []
+        self.by_queue: dict[str, ReservationNote] = {}  # queue id -> the reservation its head holds
+
+    def reserve(self, workload: Workload) -> ReservationNote | None:
+        """The reservation the gang holds (or its queue's head holds) after this, if any."""
+        if workload.queue_id in self.by_queue:
+            return self.by_queue[workload.queue_id]
+        if len(self.held) >= self.policy.max_reservations:
+            return None
+        state = self.state
+        best: tuple[bool, datetime, int, str, Placement] | None = None
+        for cluster in self.clusters:
+            runs = sorted(
+                (r for r in state.live.values() if r.cluster_id == cluster.id),
+                key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id),
+            )
+            released: list[LiveRun] = []
+            found = None
+            trial = state.checkpoint()
+            try:
+                for run in runs:
+                    state.give_back(run.assignments, run.queue_id, quota=False)
+                    released.append(run)
+                    found = self.fitter.place(workload, clusters=(cluster,))
+                    if isinstance(found, Placement):
+                        break
+            finally:
+                state.rollback(trial)
+            if not isinstance(found, Placement):
+                continue
+            ends = [r.ends_by() for r in released]
+            unknown = any(end is None for end in ends)
+            due = max((end for end in ends if end is not None), default=self.now)
+            candidate = (unknown, due, len(released), cluster.id, found)
+            if best is None or candidate[:4] < best[:4]:
+                best = candidate
+        if best is None:
+            return None
+        unknown, due, _, cluster_id, placement = best
+        nodes = sorted({a.node_id for a in placement.assignments})
+        # Held: nobody else may take what is free there now.
+        held = {node_id: state.hold_node(node_id) for node_id in nodes}
+        self.held.append(Reservation(workload.id, cluster_id, held, None if unknown else due))
+        cluster_name = next((c.name for c in self.clusters if c.id == cluster_id), cluster_id)
+        note = ReservationNote(len(nodes), cluster_name, workload.name, None if unknown else due)
+        self.by_queue[workload.queue_id] = note
+        return note
+
+    def backfill(self, workload: Workload, admit: Callable[[Workload, Placement], None]) -> bool:
+        """Admit a gang on reserved nodes when its declared runtime ends before they are due."""
+        if workload.max_runtime_seconds is None:
+            return False
+        ends = self.now + timedelta(seconds=workload.max_runtime_seconds)
+        state = self.state
+        for reservation in self.held:
+            if reservation.due is None or ends > reservation.due:
+                continue
+            trial = state.checkpoint()
+            try:
+                for node_id, amounts in reservation.held.items():
+                    state.unhold_node(node_id, amounts)
+                placement = self.fitter.place(workload, use_cache=False)
+            except BaseException:
+                state.rollback(trial)
+                raise
+            if not isinstance(placement, Placement):
+                state.rollback(trial)
+                continue
+            admit(workload, placement)
+            for node_id in reservation.held:  # hold again what is still free there
+                reservation.held[node_id] = state.hold_node(node_id)
+            state.keep(trial)
+            return True
+        return False

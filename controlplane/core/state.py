@@ -1,0 +1,203 @@
+"""The state one scheduling cycle decides on, with its mutation points and a journal.
+
+Free capacity per node (with the placement indexes following it), free gpu-eq, the quota ledger
+and the live runs change only through `take` / `give_back` / `hold_live` / `drop_live` and the
+reservation holds (`hold_node` / `unhold_node`). Between `checkpoint()` and `rollback()` every such
+change is journaled and undone exactly: what-if trials (victim sets, reservations, backfill) run
+on the real state and leave nothing behind, instead of on copies restored by hand.
+
+A scheduler that keeps this state across cycles applies its changes through the same points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from controlplane.core.capacity import FleetCapacity
+from controlplane.core.gpu_eq import GpuEqUnit, quota_amounts
+from controlplane.core.placement import FreeCapacity
+from controlplane.core.quota import ZERO, Ledger, Usage
+from controlplane.core.snapshot import LiveRun, Policy, Snapshot
+from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment
+
+# Journal entries: undo data, replayed newest first.
+_FREE = 0  # (_FREE, node dict, key, previous value or None when the key was absent)
+_QUOTA = 1  # (_QUOTA, queue id, usage, sign charged)
+_LIVE = 2  # (_LIVE, run, None, None): the run was dropped
+_Entry = tuple[int, Any, Any, Any]
+
+
+def live_key(run: LiveRun) -> str:
+    return run.run_id or run.workload_id
+
+
+class CycleState:
+    """Capacity, quota and live runs of the fleet, as admissions and evictions change them."""
+
+    def __init__(self, snapshot: Snapshot, policy: Policy) -> None:
+        self._journal: list[_Entry] = []
+        self._open = 0  # checkpoints open: changes are journaled while > 0
+        # The one capacity model (capacity.py), shared with submit validation and the autoscaler.
+        fleet = self.fleet = FleetCapacity(snapshot.clusters, snapshot.nodes)
+        self.pools: dict[str, NodePool] = fleet.pools
+        self.pool_of_node = fleet.pool_of_node
+        self.nodes_by_pool: dict[str, list[Node]] = fleet.nodes_by_pool
+        self.nodes_by_cluster: dict[str, list[str]] = fleet.nodes_by_cluster
+        self.free: FreeCapacity = fleet.free
+        schedulable = [node for nodes in fleet.nodes_by_pool.values() for node in nodes]
+        # Quota amounts are integers in this unit (see gpu_eq.py).
+        self.unit = GpuEqUnit.for_fleet(self.pools.values(), quota_amounts(snapshot.queue_tree))
+        per_pool = {pool.id: self.unit.of_demand(pool.node_capacity(), pool) for pool in self.pools.values()}
+        self.capacity: Usage = {}
+        for node in schedulable:
+            pool = self.pools[node.pool_id]
+            amount = per_pool[pool.id]
+            self.capacity[GPU_EQ] = self.capacity.get(GPU_EQ, ZERO) + amount
+            self.capacity[pool.gpu_model] = self.capacity.get(pool.gpu_model, ZERO) + amount
+        self.free_eq: Usage = dict(self.capacity)
+        self.ledger = Ledger(snapshot.queue_tree, self.unit)
+        self.live: dict[str, LiveRun] = {}
+        self.live_by_queue: dict[str, dict[str, LiveRun]] = {}
+        for run in snapshot.live_runs:
+            self.live[live_key(run)] = run
+            self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
+        self.hold_live(snapshot.live_runs)
+        parents = {node.parent_id for node in snapshot.queue_tree.values()}
+        # Leaf queues that keep part of their guarantee back from borrowers.
+        self.lenders = sorted(
+            node.id for node in snapshot.queue_tree.values() if node.id not in parents and node.lending_limit.amounts
+        )
+        self.budget = policy.disruption_budget  # evictions left this cycle
+        self.rebalanced = 0  # rebalancing evictions made this cycle
+
+    # -- mutation points -----------------------------------------------------------------------
+
+    def take(self, assignments: tuple[PodAssignment, ...], queue_id: str, quota: bool = True) -> Usage:
+        """Take the capacity of `assignments` (and charge their gpu-eq to the queue's quota)."""
+        return self._hold(assignments, queue_id, +1, quota)
+
+    def give_back(self, assignments: tuple[PodAssignment, ...], queue_id: str, quota: bool = True) -> Usage:
+        """Free the capacity of `assignments` (and refund their gpu-eq to the queue's quota)."""
+        return self._hold(assignments, queue_id, -1, quota)
+
+    def drop_live(self, run: LiveRun) -> None:
+        """Forget a live run (its capacity is given back separately)."""
+        del self.live[live_key(run)]
+        del self.live_by_queue[run.queue_id][live_key(run)]
+        if self._open:
+            self._journal.append((_LIVE, run, None, None))
+
+    def hold_node(self, node_id: str) -> dict[str, int]:
+        """Take everything free on a node out of circulation (a reservation); returns what was taken."""
+        node_free = self.free[node_id]
+        held = dict(node_free)
+        for key in held:
+            self._set(node_free, key, 0)
+        return held
+
+    def unhold_node(self, node_id: str, held: dict[str, int]) -> None:
+        """Put what a reservation held on a node back into circulation."""
+        node_free = self.free[node_id]
+        for key, amount in held.items():
+            self._set(node_free, key, node_free[key] + amount)
+
+    def _set(self, node_free: dict[str, int], key: str, value: int) -> None:
+        if self._open:
+            self._journal.append((_FREE, node_free, key, node_free.get(key)))
+        node_free[key] = value
+
+    def _hold(self, assignments: tuple[PodAssignment, ...], queue_id: str, sign: int, quota: bool) -> Usage:
+        journal = self._journal if self._open else None
+        free = self.free
+        for a in assignments:
+            node_free = free.get(a.node_id)
+            if node_free is not None:
+                for key, amount in a.demand.items():
+                    before = node_free.get(key)
+                    if journal is not None:
+                        journal.append((_FREE, node_free, key, before))
+                    node_free[key] = (before or 0) - sign * amount
+        held = self.unit.usage(assignments, self.pool_of_node)
+        if quota:
+            self._charge(queue_id, held, sign)
+        return held
+
+    def _charge(self, queue_id: str, held: Usage, sign: int) -> None:
+        self.ledger.charge(queue_id, held, sign)
+        for key, value in held.items():
+            self.free_eq[key] = self.free_eq.get(key, ZERO) - sign * value
+        if self._open:
+            self._journal.append((_QUOTA, queue_id, held, sign))
+
+    def hold_live(self, runs: Iterable[LiveRun]) -> None:
+        """`take` for every live run at once: capacity per node, then quota once per queue.
+
+        Every cycle starts here: a demand's units are worked out once per (pool, demand)."""
+        free, pool_of_node, unit = self.free, self.pool_of_node, self.unit
+        whole_gpu = unit.per_gpu
+        units_of: dict[tuple[str, tuple[tuple[str, int], ...]], int] = {}
+        per_queue: dict[str, Usage] = {}
+        for run in runs:
+            totals = per_queue.setdefault(run.queue_id, {})
+            for a in run.assignments:
+                demand = a.demand
+                node_free = free.get(a.node_id)
+                if node_free is not None:
+                    for key, amount in demand.items():
+                        node_free[key] = node_free.get(key, 0) - amount
+                pool = pool_of_node[a.node_id]
+                whole = demand.get("gpu", 0)
+                if whole and len(demand) == 3:  # cpu, mem and whole GPUs: the common case
+                    amount_eq = whole * whole_gpu
+                else:
+                    signature = (pool.id, tuple(demand.items()))
+                    found = units_of.get(signature)
+                    if found is None:
+                        found = units_of[signature] = unit.of_demand(demand, pool)
+                    amount_eq = found
+                if amount_eq:
+                    totals[GPU_EQ] = totals.get(GPU_EQ, 0) + amount_eq
+                    totals[pool.gpu_model] = totals.get(pool.gpu_model, 0) + amount_eq
+        for queue_id, totals in per_queue.items():
+            if totals:
+                self._charge(queue_id, totals, +1)
+
+    # -- journal -------------------------------------------------------------------------------
+
+    def checkpoint(self) -> int:
+        """Start journaling; the mark to roll back (or keep) up to. Checkpoints nest."""
+        self._open += 1
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        """Undo every change since `mark` and close its checkpoint."""
+        journal = self._journal
+        while len(journal) > mark:
+            what, first, second, third = journal.pop()
+            if what == _FREE:
+                if third is None:
+                    del first[second]
+                else:
+                    first[second] = third
+            elif what == _QUOTA:
+                self.ledger.charge(first, second, -third)
+                for key, value in second.items():
+                    self.free_eq[key] = self.free_eq.get(key, ZERO) + third * value
+            else:
+                run: LiveRun = first
+                self.live[live_key(run)] = run
+                self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
+        self._close()
+
+    def keep(self, mark: int) -> None:
+        """Close the checkpoint at `mark`, keeping its changes (an enclosing one may still undo them)."""
+        self._close()
+        if not self._open:
+            del self._journal[mark:]
+
+    def _close(self) -> None:
+        assert self._open > 0, "no checkpoint open"
+        self._open -= 1
+        if not self._open:
+            self._journal.clear()

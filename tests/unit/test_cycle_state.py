@@ -1,0 +1,98 @@
+"""The cycle's state and its journal: every what-if is undone exactly, nested checkpoints keep or
+undo their own part, and the placement indexes follow the rolled-back capacity."""
+
+from __future__ import annotations
+
+import copy
+
+from controlplane.core.placement import Placement, placements_in_cluster
+from controlplane.core.snapshot import Policy, Snapshot
+from controlplane.core.state import CycleState
+from tests.unit.builders import gpus, live_run_of, make_snapshot, make_workload, run_schedule, single_pool_fleet
+from tests.unit.test_schedule import two_team_tree
+
+
+def _fleet_with_two_live_runs() -> Snapshot:
+    clusters, nodes = single_pool_fleet(nodes=2)
+    a = make_workload("a", gpus(4), queue="q1")
+    b = make_workload("b", gpus(8), queue="q2", seq=2)
+    decision = run_schedule(make_snapshot(clusters, nodes, [a, b], tree=two_team_tree()))
+    by_id = {w.id: w for w in (a, b)}
+    live = [live_run_of(adm, by_id[adm.workload_id]) for adm in decision.admissions]
+    assert len(live) == 2
+    return make_snapshot(clusters, nodes, [], tree=two_team_tree(), live=live)
+
+
+def _picture(state: CycleState) -> tuple[object, ...]:
+    return (
+        {node: dict(free) for node, free in state.free.items()},
+        copy.deepcopy(state.ledger.usage),
+        dict(state.free_eq),
+        sorted(state.live),
+        {queue: sorted(runs) for queue, runs in state.live_by_queue.items()},
+    )
+
+
+def test_rollback_undoes_give_back_take_drop_and_holds_exactly() -> None:
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    before = _picture(state)
+    run_a, run_b = snapshot.live_runs
+    mark = state.checkpoint()
+    state.give_back(run_a.assignments, run_a.queue_id)
+    state.drop_live(run_a)
+    state.give_back(run_b.assignments, run_b.queue_id, quota=False)
+    held = state.hold_node(run_a.assignments[0].node_id)
+    state.unhold_node(run_a.assignments[0].node_id, held)
+    state.take(run_a.assignments, run_a.queue_id)
+    assert _picture(state) != before
+    state.rollback(mark)
+    assert _picture(state) == before
+
+
+def test_nested_checkpoints_keep_or_undo_their_part_and_the_outer_one_undoes_all() -> None:
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    before = _picture(state)
+    run_a, run_b = snapshot.live_runs
+    outer = state.checkpoint()
+    state.give_back(run_a.assignments, run_a.queue_id)
+    after_a = _picture(state)
+    inner = state.checkpoint()
+    state.give_back(run_b.assignments, run_b.queue_id)
+    state.rollback(inner)
+    assert _picture(state) == after_a
+    kept = state.checkpoint()
+    state.give_back(run_b.assignments, run_b.queue_id)
+    after_both = _picture(state)
+    state.keep(kept)
+    assert _picture(state) == after_both
+    state.rollback(outer)
+    assert _picture(state) == before
+
+
+def test_changes_outside_a_checkpoint_are_not_journaled() -> None:
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    run_a = snapshot.live_runs[0]
+    state.give_back(run_a.assignments, run_a.queue_id)
+    freed = _picture(state)
+    mark = state.checkpoint()
+    state.rollback(mark)
+    assert _picture(state) == freed  # what happened before the checkpoint stays
+
+
+def test_placement_indexes_follow_a_rollback() -> None:
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    cluster = snapshot.clusters[0]
+    eight = make_workload("eight", gpus(8))
+    assert not isinstance(placements_in_cluster(eight, cluster, state.nodes_by_pool, state.free), list)
+    mark = state.checkpoint()
+    run_b = next(r for r in snapshot.live_runs if r.workload_id == "b")
+    state.give_back(run_b.assignments, run_b.queue_id)
+    found = placements_in_cluster(eight, cluster, state.nodes_by_pool, state.free)
+    assert isinstance(found, list)
+    assert isinstance(found[0], Placement)
+    state.rollback(mark)
+    assert not isinstance(placements_in_cluster(eight, cluster, state.nodes_by_pool, state.free), list)
