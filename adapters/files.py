@@ -36,6 +36,13 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def private_parent(path: Path) -> None:
+    """Create the missing directories above `path` as 0700, and leave existing ones as they are: a
+    directory gpufleet did not create (/tmp, a home, a shared volume) is not ours to tighten."""
+    with private_umask():
+        path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+
+
 def private_file(path: Path) -> Path:
     """Create `path` empty as 0600 if missing; make an existing one 0600."""
     with private_umask():
@@ -47,7 +54,7 @@ def private_file(path: Path) -> Path:
 
 def write_private(path: Path, text: str) -> None:
     """Write `text` to a 0600 file: a temporary file renamed into place, never world-readable."""
-    private_dir(path.parent)
+    private_parent(path)
     tmp = path.with_name(f".{path.name}.tmp")
     with private_umask():
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
@@ -74,7 +81,7 @@ def private_sqlite(url: str) -> None:
     path = sqlite_path(url)
     if path is None:
         return
-    private_dir(path.parent)
+    private_parent(path)  # e.g. sqlite:////tmp/x.db must not make /tmp private
     private_file(path)
     for suffix in ("-wal", "-shm", "-journal"):
         companion = path.with_name(path.name + suffix)

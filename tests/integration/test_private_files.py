@@ -10,7 +10,7 @@ from pathlib import Path
 import nats
 from sqlalchemy import text
 
-from adapters.files import private_dir, write_private
+from adapters.files import private_dir, private_sqlite, write_private
 from adapters.nats.server import NatsServerProcess, free_port
 from controlplane.bootstrap import Wiring, migrate, write_secret
 from controlplane.config import Settings
@@ -100,3 +100,18 @@ def test_private_dir_is_idempotent(tmp_path: Path) -> None:
     d = private_dir(tmp_path / "a" / "b")
     private_dir(d)
     assert mode(d) == 0o700
+
+
+def test_files_in_a_shared_directory_leave_the_directory_alone(tmp_path: Path) -> None:
+    """A database or secret placed in a directory gpufleet did not create (/tmp, say) is private, and
+    the directory keeps its mode: tightening /tmp to 0700 would lock every other user out of it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    private_sqlite(f"sqlite:///{shared / 'gpufleet.db'}")
+    write_private(shared / "admin.token", "gpf_x")
+    assert mode(shared) == 0o1777
+    assert (mode(shared / "gpufleet.db"), mode(shared / "admin.token")) == (0o600, 0o600)
+    fresh = tmp_path / "new" / "deeper" / "secret"
+    write_private(fresh, "x")
+    assert (mode(fresh.parent), mode(fresh.parent.parent)) == (0o700, 0o700)
