@@ -16,7 +16,7 @@ from adapters.kubernetes.nodes import (
 from controlplane.domain.model import Taint
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.node_pools import CLOUD_ISSUE, plan_node_pools, pool_name
-from tests.inventory import nodes as real
+from tests.kubernetes.nodes import presets as real
 
 MIB = 1024 * 1024
 
@@ -87,7 +87,8 @@ def test_eks_managed_node_group() -> None:
         "exclusive",
     )
     assert n.allocatable["cpu"] == 191450
-    assert n.allocatable["memory"] == 2003307344 * 1024
+    # 2048 GiB less the EKS AMI's reservation (11 MiB x 110 pods + 255 MiB) and the 100 MiB eviction threshold.
+    assert n.allocatable["memory"] == 2145881088 * 1024
     assert n.capacity["cpu"] == 192000
     assert n.gpu_resources == {"gpu": "nvidia.com/gpu"}
     assert (n.instance_type, n.spot, n.schedulable, n.ready) == ("p5.48xlarge", False, True, True)
@@ -97,7 +98,7 @@ def test_eks_managed_node_group() -> None:
     (pool,) = plan.pools
     assert pool.spec.name == "p5-reserved"
     # Capacity is what the kubelet reports allocatable, not the instance's 192 vCPUs / 2 TiB.
-    assert (pool.spec.cpu_millis, pool.spec.memory_mib) == (191450, 2003307344 // 1024)
+    assert (pool.spec.cpu_millis, pool.spec.memory_mib) == (191450, 2145881088 // 1024)
     assert pool.node_names == ("ip-10-0-1-17.ec2.internal",)
     assert pool.spec.labels == {"topology.kubernetes.io/zone": "us-east-1a"}
     assert plan.issues == ()
@@ -180,7 +181,8 @@ def test_oke_pool_comes_from_the_annotation_and_joins_the_cloud_pool() -> None:
     (joined,) = plan_node_pools([n], [cloud]).pools
     assert (joined.spec.name, joined.spec.sharing, joined.max_shares_per_pod) == ("h100-pool", "mps:4", 1)
     assert (joined.min_size, joined.max_size, joined.instance_type) == (0, 4, "BM.GPU.H100.8")
-    assert joined.spec.cpu_millis == 223200  # allocatable, not the shape's 224 vCPUs
+    # allocatable, not the shape's 224 vCPUs: less the kubelet's 6% + 1% + 2 x 0.5% + 220 x 0.25% of a core
+    assert joined.spec.cpu_millis == 223370
 
 
 def test_onprem_mixed_mig_under_a_configured_label() -> None:
@@ -197,10 +199,12 @@ def test_onprem_mixed_mig_under_a_configured_label() -> None:
 
 
 def test_onprem_single_mig_strategy() -> None:
-    n = observe_node(real.onprem_a100_single("gpu-b-07"), pool_label_key="example.com/gpu-pool")
+    raw = real.onprem_a100_single("gpu-b-07")
+    raw["status"]["allocatable"]["memory"] = "495.5Gi"  # a kubelet may write any quantity form, not only Ki
+    n = observe_node(raw, pool_label_key="example.com/gpu-pool")
     assert (n.gpu_model, n.gpu_count, n.sharing) == ("A100-40GB", 4, "mig:all-1g.5gb")
     assert n.gpu_resources == {"mig:1g.5gb": "nvidia.com/gpu"}
-    assert n.allocatable["memory"] == 3 * 2**39  # "1.5Ti"
+    assert n.allocatable["memory"] == 991 * 2**29  # "495.5Gi"
 
 
 def test_nodes_mid_rollout_of_a_mig_config_are_held_back_with_an_issue() -> None:
