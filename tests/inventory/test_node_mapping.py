@@ -21,6 +21,38 @@ from tests.kubernetes.nodes import presets as real
 MIB = 1024 * 1024
 
 
+def cloud_pool(
+    name: str,
+    gpu_model: str,
+    gpus_per_node: int,
+    instance_type: str,
+    *,
+    node_count: int,
+    max_size: int,
+    cpu_millis: int = 0,
+    memory_mib: int = 0,
+    taints: tuple[Taint, ...] = (),
+    pool_id: str = "",
+) -> DiscoveredPool:
+    """A node pool as a cloud API describes it: on demand, exclusive GPUs, no labels, scaling from 0."""
+    return DiscoveredPool(
+        name=name,
+        gpu_model=gpu_model,
+        gpus_per_node=gpus_per_node,
+        instance_type=instance_type,
+        sharing="exclusive",
+        cpu_millis=cpu_millis,
+        memory_mib=memory_mib,
+        taints=taints,
+        labels={},
+        node_count=node_count,
+        min_size=0,
+        max_size=max_size,
+        spot=False,
+        pool_id=pool_id,
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [
@@ -162,20 +194,15 @@ def test_oke_pool_comes_from_the_annotation_and_joins_the_cloud_pool() -> None:
     assert alone.spec.name == pool_name(real.OKE_POOL)
     assert alone.cloud_pool_id == real.OKE_POOL
     # ... and with it, the cloud's name and bounds; sharing is read from the nodes, not "exclusive".
-    cloud = DiscoveredPool(
-        name="h100-pool",
-        gpu_model="H100-80GB",
-        gpus_per_node=8,
-        instance_type="BM.GPU.H100.8",
-        sharing="exclusive",
+    cloud = cloud_pool(
+        "h100-pool",
+        "H100-80GB",
+        8,
+        "BM.GPU.H100.8",
         cpu_millis=224000,
         memory_mib=2 * 1024 * 1024,
-        taints=(),
-        labels={},
         node_count=1,
-        min_size=0,
         max_size=4,
-        spot=False,
         pool_id=real.OKE_POOL,
     )
     (joined,) = plan_node_pools([n], [cloud]).pools
@@ -238,21 +265,7 @@ def test_unknown_gpu_and_unknown_instance_type_keep_the_pool_with_issues() -> No
     odd["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-Z900"
     n = observe_node(odd)
     assert n.gpu_model == "NVIDIA-Z900"
-    cloud = DiscoveredPool(
-        name="p6-b300",
-        gpu_model="",
-        gpus_per_node=0,
-        instance_type="p9.96xlarge",
-        sharing="exclusive",
-        cpu_millis=0,
-        memory_mib=0,
-        taints=(Taint("dedicated", "gpu"),),
-        labels={},
-        node_count=1,
-        min_size=0,
-        max_size=2,
-        spot=False,
-    )
+    cloud = cloud_pool("p6-b300", "", 0, "p9.96xlarge", taints=(Taint("dedicated", "gpu"),), node_count=1, max_size=2)
     plan = plan_node_pools([n], [cloud])
     (pool,) = plan.pools
     assert (pool.spec.name, pool.spec.gpu_model, pool.max_size) == ("p6-b300", "NVIDIA-Z900", 2)
@@ -261,36 +274,10 @@ def test_unknown_gpu_and_unknown_instance_type_keep_the_pool_with_issues() -> No
 
 
 def test_cloud_pool_without_nodes_is_kept_for_the_autoscaler_and_unknown_gpu_pools_are_issues() -> None:
-    empty = DiscoveredPool(
-        name="p5-flex",
-        gpu_model="H100-80GB",
-        gpus_per_node=8,
-        instance_type="p5.48xlarge",
-        sharing="exclusive",
-        cpu_millis=192000,
-        memory_mib=2048 * 1024,
-        taints=(),
-        labels={},
-        node_count=0,
-        min_size=0,
-        max_size=4,
-        spot=False,
+    empty = cloud_pool(
+        "p5-flex", "H100-80GB", 8, "p5.48xlarge", cpu_millis=192000, memory_mib=2048 * 1024, node_count=0, max_size=4
     )
-    unknown = DiscoveredPool(
-        name="mystery",
-        gpu_model="",
-        gpus_per_node=8,
-        instance_type="p9.96xlarge",
-        sharing="exclusive",
-        cpu_millis=0,
-        memory_mib=0,
-        taints=(),
-        labels={},
-        node_count=0,
-        min_size=0,
-        max_size=2,
-        spot=False,
-    )
+    unknown = cloud_pool("mystery", "", 8, "p9.96xlarge", node_count=0, max_size=2)
     plan = plan_node_pools([], [empty, unknown])
     assert [(p.spec.name, p.node_names) for p in plan.pools] == [("p5-flex", ())]
     assert plan.issues == (f"{CLOUD_ISSUE}pool mystery has no GPUs gpufleet knows of (p9.96xlarge)",)
