@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, delete, func, literal, select, update
+from sqlalchemy import ColumnElement, Result, Select, case, delete, func, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -20,6 +20,25 @@ from adapters.sql.tables import (
     OutboxRow,
 )
 from controlplane.service.views import ClusterCredential, TokenView
+
+# A lease released or expired by hand: its epoch is kept, so the next term's still rises.
+_EXPIRED = datetime(1970, 1, 1, tzinfo=UTC)
+
+# Rows that can be revoked: API tokens and cluster credentials (a NATS user may be either).
+_Revocable = type[ApiTokenRow] | type[ClusterCredentialRow]
+
+
+def _rowcount(result: Result[Any]) -> int:
+    """Rows an UPDATE or DELETE touched (the generic Result type does not declare rowcount)."""
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _unrevoked_ids(session: Session, row: _Revocable, *where: ColumnElement[bool]) -> list[str]:
+    return list(session.scalars(select(row.id).where(*where, row.revoked_at.is_(None))))
+
+
+def _revoke(session: Session, row: _Revocable, now: datetime, *where: ColumnElement[bool]) -> None:
+    session.execute(update(row).where(*where).values(revoked_at=now).execution_options(synchronize_session=False))
 
 
 class SqlOutbox:
@@ -55,8 +74,7 @@ class SqlOutbox:
         )
 
     def prune(self, published_before: datetime) -> int:
-        result = self.s.execute(delete(OutboxRow).where(OutboxRow.published_at < published_before))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return _rowcount(self.s.execute(delete(OutboxRow).where(OutboxRow.published_at < published_before)))
 
 
 class SqlInbox:
@@ -75,8 +93,7 @@ class SqlInbox:
         return True
 
     def prune(self, processed_before: datetime) -> int:
-        result = self.s.execute(delete(InboxRow).where(InboxRow.processed_at < processed_before))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return _rowcount(self.s.execute(delete(InboxRow).where(InboxRow.processed_at < processed_before)))
 
 
 class SqlLeases:
@@ -114,25 +131,24 @@ class SqlLeases:
             .values(expires_at=case((LeaderLeaseRow.expires_at < expires, later), else_=LeaderLeaseRow.expires_at))
             .execution_options(synchronize_session=False)
         )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        return bool(_rowcount(result))
 
     def release(self, name: str, holder: str, epoch: int) -> None:
         # Expire rather than delete: the epoch must keep rising across terms.
         self.s.execute(
             update(LeaderLeaseRow)
             .where(LeaderLeaseRow.name == name, LeaderLeaseRow.holder == holder, LeaderLeaseRow.epoch == epoch)
-            .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
+            .values(expires_at=_EXPIRED)
             .execution_options(synchronize_session=False)
         )
 
     def expire_all(self) -> int:
         """End every term at once (epochs are kept, so they keep rising); returns how many."""
-        result = self.s.execute(
-            update(LeaderLeaseRow)
-            .values(expires_at=datetime(1970, 1, 1, tzinfo=UTC))
-            .execution_options(synchronize_session=False)
+        return _rowcount(
+            self.s.execute(
+                update(LeaderLeaseRow).values(expires_at=_EXPIRED).execution_options(synchronize_session=False)
+            )
         )
-        return int(result.rowcount)  # type: ignore[attr-defined]
 
     def expires_at(self, name: str) -> datetime | None:
         """When the named lease runs out (None: never taken); readiness reads it."""
@@ -175,12 +191,7 @@ class SqlTokens:
         return [self._view(r) for r in self.s.scalars(query)]
 
     def revoke(self, token_id: str, now: datetime) -> None:
-        self.s.execute(
-            update(ApiTokenRow)
-            .where(ApiTokenRow.id == token_id, ApiTokenRow.revoked_at.is_(None))
-            .values(revoked_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        _revoke(self.s, ApiTokenRow, now, ApiTokenRow.id == token_id, ApiTokenRow.revoked_at.is_(None))
 
     def count_admin(self) -> int:
         return int(
@@ -203,6 +214,16 @@ class SqlAudit:
         )
 
 
+def _credentials() -> Select[str, str, datetime, datetime | None]:
+    """Cluster credentials with their cluster's name, in the order `ClusterCredential` takes them."""
+    return select(
+        ClusterCredentialRow.id,
+        ClusterRow.name,
+        ClusterCredentialRow.created_at,
+        ClusterCredentialRow.revoked_at,
+    ).join(ClusterRow, ClusterRow.id == ClusterCredentialRow.cluster_id)
+
+
 class SqlClusterCredentials:
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -214,60 +235,27 @@ class SqlClusterCredentials:
         self.s.flush()
 
     def by_hash(self, secret_hash: str) -> ClusterCredential | None:
-        row = self.s.execute(
-            select(
-                ClusterCredentialRow.id,
-                ClusterRow.name,
-                ClusterCredentialRow.created_at,
-                ClusterCredentialRow.revoked_at,
-            )
-            .join(ClusterRow, ClusterRow.id == ClusterCredentialRow.cluster_id)
-            .where(ClusterCredentialRow.secret_hash == secret_hash)
-        ).first()
+        row = self.s.execute(_credentials().where(ClusterCredentialRow.secret_hash == secret_hash)).first()
         return ClusterCredential(*row) if row else None
 
     def for_cluster(self, cluster_id: str) -> list[ClusterCredential]:
         rows = self.s.execute(
-            select(
-                ClusterCredentialRow.id,
-                ClusterRow.name,
-                ClusterCredentialRow.created_at,
-                ClusterCredentialRow.revoked_at,
-            )
-            .join(ClusterRow, ClusterRow.id == ClusterCredentialRow.cluster_id)
+            _credentials()
             .where(ClusterCredentialRow.cluster_id == cluster_id)
             .order_by(ClusterCredentialRow.created_at)
         ).all()
         return [ClusterCredential(*row) for row in rows]
 
     def revoke_all(self, cluster_id: str, now: datetime) -> list[str]:
-        ids = list(
-            self.s.scalars(
-                select(ClusterCredentialRow.id).where(
-                    ClusterCredentialRow.cluster_id == cluster_id, ClusterCredentialRow.revoked_at.is_(None)
-                )
-            )
-        )
+        ids = _unrevoked_ids(self.s, ClusterCredentialRow, ClusterCredentialRow.cluster_id == cluster_id)
         if ids:
-            self.s.execute(
-                update(ClusterCredentialRow)
-                .where(ClusterCredentialRow.id.in_(ids))
-                .values(revoked_at=now)
-                .execution_options(synchronize_session=False)
-            )
+            _revoke(self.s, ClusterCredentialRow, now, ClusterCredentialRow.id.in_(ids))
         return ids
 
     def still_valid(self, credential_ids: Sequence[str]) -> set[str]:
         """Which of these credentials (cluster credentials or API tokens) exist and are not revoked."""
         ids = list(credential_ids)
-        valid = set(
-            self.s.scalars(
-                select(ClusterCredentialRow.id).where(
-                    ClusterCredentialRow.id.in_(ids), ClusterCredentialRow.revoked_at.is_(None)
-                )
-            )
-        )
-        valid |= set(
-            self.s.scalars(select(ApiTokenRow.id).where(ApiTokenRow.id.in_(ids), ApiTokenRow.revoked_at.is_(None)))
-        )
+        valid: set[str] = set()
+        for row in (ClusterCredentialRow, ApiTokenRow):
+            valid.update(_unrevoked_ids(self.s, row, row.id.in_(ids)))
         return valid

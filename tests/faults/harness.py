@@ -311,6 +311,74 @@ def eventually(check: Callable[[], bool], timeout: float, what: str, explain: Ca
     raise AssertionError(f"not reached within {timeout:.0f} s: {what}{detail}")
 
 
+def count(database_url: str, query: str) -> int:
+    """The one number a `SELECT count(*) ...` gives (a fresh engine: the database may have restarted)."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text(query)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+# --- the run both fault tests share -----------------------------------------------------------
+
+
+def start_load(
+    base: str,
+    admin: dict[str, str],
+    database_url: str,
+    nats_url: str,
+    prefix: str,
+    figures: Figures,
+    probe: ReadyzProbe,
+) -> Load:
+    """Team `llm`, queue `train` and a team token; then gangs arriving steadily by REST and NATS while
+    `probe` samples `/readyz`, until a few have succeeded (the warm-up before the first fault)."""
+    assert httpx.post(f"{base}/v1/teams", json={"name": "llm"}, headers=admin).status_code == 201
+    r = httpx.post(f"{base}/v1/queues", json={"name": "train", "team": "llm"}, headers=admin)
+    assert r.status_code == 201, r.text
+    token = httpx.post(f"{base}/v1/tokens", json={"name": "t", "team": "llm"}, headers=admin).json()["token"]
+    load = Load(lambda: base, token, "train", nats_url, prefix, figures)
+    load.start()
+    try:
+        probe.start()
+        query = "SELECT count(*) FROM runs WHERE state = 'succeeded'"
+        eventually(lambda: count(database_url, query) >= 3, 60, "warm-up")
+    except BaseException:
+        load.stop()  # the caller never got it to stop
+        raise
+    return load
+
+
+def drain_and_verify(
+    load: Load,
+    database_url: str,
+    nats_url: str,
+    prefix: str,
+    sim_dir: Path,
+    drain_timeout: float,
+    secrets_file: Path | None = None,
+) -> int:
+    """After the faults: 20 acknowledged submissions, the load stopped, every one of them finished and
+    the relay idle, then `verify_after_drain`; returns how many were acknowledged."""
+    eventually(lambda: len(load.acked) >= 20, 60, "20 acknowledged submissions")
+    load.stop()
+    acked = dict(load.acked)
+    eventually(
+        lambda: drained(database_url, acked),
+        drain_timeout,
+        "every acknowledged gang finished",
+        lambda: undrained(database_url, acked),
+    )
+    unpublished = "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+    eventually(lambda: count(database_url, unpublished) == 0, 30, "relay idle")
+    events = asyncio.run(read_events(nats_url, prefix, secrets_file))
+    verify_after_drain(database_url, sim_dir, events, acked)
+    assert len(acked) >= 20
+    return len(acked)
+
+
 # --- the proofs ------------------------------------------------------------------------------
 
 

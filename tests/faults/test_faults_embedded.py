@@ -7,7 +7,6 @@ the only test of a crash of the whole embedded product under load."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -18,19 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
 from adapters.nats.server import free_port
-from tests.faults.harness import (
-    Figures,
-    Load,
-    ReadyzProbe,
-    drained,
-    eventually,
-    read_events,
-    undrained,
-    verify_after_drain,
-)
+from tests.faults.harness import Figures, Load, ReadyzProbe, count, drain_and_verify, eventually, start_load
 
 ENV = {
     "GPUFLEET_SCHEDULER_INTERVAL": "0.2",
@@ -64,15 +53,6 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def _count(db: str, query: str) -> int:
-    engine = create_engine(db)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text(query)).scalar_one())
-    finally:
-        engine.dispose()
-
-
 def _since(moment: datetime) -> str:
     return moment.replace(tzinfo=None).isoformat(sep=" ")  # SQLite keeps naive UTC text
 
@@ -92,14 +72,7 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
     try:
         eventually(lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, 150, "up ready")
         admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
-        assert httpx.post(f"{base}/v1/teams", json={"name": "llm"}, headers=admin).status_code == 201
-        r = httpx.post(f"{base}/v1/queues", json={"name": "train", "team": "llm"}, headers=admin)
-        assert r.status_code == 201, r.text
-        token = httpx.post(f"{base}/v1/tokens", json={"name": "t", "team": "llm"}, headers=admin).json()["token"]
-        load = Load(lambda: base, token, "train", nats_url, "gpufleet", figures)
-        load.start()
-        probe.start()
-        eventually(lambda: _count(db, "SELECT count(*) FROM runs WHERE state = 'succeeded'") >= 3, 60, "warm-up")
+        load = start_load(base, admin, db, nats_url, "gpufleet", figures, probe)
 
         # 1. The embedded nats-server: `up` starts it again on its store; everyone reconnects.
         [nats_pid] = _nats_pids(up)
@@ -107,7 +80,7 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
         os.kill(nats_pid, signal.SIGKILL)
         eventually(lambda: bool(set(_nats_pids(up)) - {nats_pid}), 30, "nats-server started again by up")
         figures.recovery["embedded nats-server (kill to first gang started from a pod report)"] = eventually(
-            lambda: _count(db, f"SELECT count(*) FROM runs WHERE started_at > '{_since(killed_wall)}'") > 0,
+            lambda: count(db, f"SELECT count(*) FROM runs WHERE started_at > '{_since(killed_wall)}'") > 0,
             60,
             "pod reports flow again",
         )
@@ -129,21 +102,16 @@ def test_kill_embedded_nats_and_the_whole_up_under_load(tmp_path: Path) -> None:
         eventually(lambda: load is not None and load.first_rest_ack_after(killed_at) is not None, 60, "REST again")
         figures.recovery["gpufleet up (kill to first REST 201)"] = load.first_rest_ack_after(killed_at) or 0.0
         figures.recovery["gpufleet up (ready to first admission)"] = eventually(
-            lambda: _count(db, f"SELECT count(*) FROM runs WHERE created_at > '{_since(restarted_wall)}'") > 0,
+            lambda: count(db, f"SELECT count(*) FROM runs WHERE created_at > '{_since(restarted_wall)}'") > 0,
             60,
             "admissions again",
         )
         figures.readyz["gpufleet up kill"] = probe.between(killed_at, time.monotonic())
 
-        eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
-        load.stop()
-        acked = dict(load.acked)
-        eventually(lambda: drained(db, acked), 90, "every acknowledged gang finished", lambda: undrained(db, acked))
-        eventually(lambda: _count(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0, 30, "relay idle")
-        events = asyncio.run(read_events(nats_url, "gpufleet", state / "nats-secrets.json"))
-        verify_after_drain(db, state / "sim", events, acked)
-        assert len(acked) >= 20
-        print(f"\nfault suite on SQLite (gpufleet up): {len(acked)} acknowledged gangs\n" + figures.render())
+        acked = drain_and_verify(
+            load, db, nats_url, "gpufleet", state / "sim", drain_timeout=90, secrets_file=state / "nats-secrets.json"
+        )
+        print(f"\nfault suite on SQLite (gpufleet up): {acked} acknowledged gangs\n" + figures.render())
     finally:
         if load is not None:
             load.stop()

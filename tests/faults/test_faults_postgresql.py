@@ -9,7 +9,6 @@ processes of every kind."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -24,16 +23,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from adapters.nats.server import NatsServerProcess, free_port
-from tests.faults.harness import (
-    Figures,
-    Load,
-    ReadyzProbe,
-    drained,
-    eventually,
-    read_events,
-    undrained,
-    verify_after_drain,
-)
+from tests.faults.harness import Figures, Load, ReadyzProbe, count, drain_and_verify, eventually, start_load
 from tests.faults.private_pg import PrivatePostgres, available
 from tests.integration.fleet import h100_cluster
 
@@ -121,10 +111,6 @@ def _sql(url: str, query: str) -> list[tuple[object, ...]]:
         engine.dispose()
 
 
-def _count(url: str, query: str) -> int:
-    return int(str(_sql(url, query)[0][0]))
-
-
 def _lease(url: str, name: str) -> tuple[str, int]:
     [(holder, epoch)] = _sql(url, f"SELECT holder, epoch FROM leader_leases WHERE name = '{name}'")
     return str(holder), int(epoch)  # type: ignore[call-overload]
@@ -171,22 +157,14 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         eventually(lambda: plane.started("node-a", 0) and plane.started("node-b", 0), 150, "both nodes")
         admin = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
         assert httpx.post(f"{base}/v1/clusters", json=h100_cluster(nodes=4), headers=admin).status_code == 201
-        assert httpx.post(f"{base}/v1/teams", json={"name": "llm"}, headers=admin).status_code == 201
-        r = httpx.post(f"{base}/v1/queues", json={"name": "train", "team": "llm"}, headers=admin)
-        assert r.status_code == 201, r.text
-        token = httpx.post(f"{base}/v1/tokens", json={"name": "t", "team": "llm"}, headers=admin).json()["token"]
-
-        load = Load(lambda: base, token, "train", own_nats.url, "faults", figures)
-        load.start()
-        probe.start()
-        eventually(lambda: _count(db, "SELECT count(*) FROM runs WHERE state = 'succeeded'") >= 3, 60, "warm-up")
+        load = start_load(base, admin, db, own_nats.url, "faults", figures, probe)
 
         # 1. The scheduler leader: the standby takes over once the lease runs out.
         holder, epoch = _lease(db, "scheduler")
         killed_at = time.monotonic()
         node, since = plane.kill_and_restart(holder)
         figures.recovery["scheduler leader (kill to first admission by the standby)"] = eventually(
-            lambda: _count(db, f"SELECT count(*) FROM runs WHERE epoch > {epoch}") > 0, 30, "standby admits"
+            lambda: count(db, f"SELECT count(*) FROM runs WHERE epoch > {epoch}") > 0, 30, "standby admits"
         )
         figures.readyz["scheduler leader kill"] = probe.between(killed_at, time.monotonic())
         assert _lease(db, "scheduler")[1] == epoch + 1
@@ -194,14 +172,14 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
 
         # 2. The dispatcher leader, mid-dispatch (while runs wait to be applied, when there are).
         eventually(
-            lambda: _count(db, "SELECT count(*) FROM runs WHERE dispatch_state = 'pending'") > 0, 10, "pending run"
+            lambda: count(db, "SELECT count(*) FROM runs WHERE dispatch_state = 'pending'") > 0, 10, "pending run"
         )
         holder, dispatcher_epoch = _lease(db, "dispatcher")
         killed_wall = datetime.now(UTC).isoformat()
         killed_at = time.monotonic()
         plane.kill_and_restart(holder)
         figures.recovery["dispatcher (kill to first dispatch by the standby)"] = eventually(
-            lambda: _count(db, f"SELECT count(*) FROM runs WHERE dispatched_at > '{killed_wall}'") > 0,
+            lambda: count(db, f"SELECT count(*) FROM runs WHERE dispatched_at > '{killed_wall}'") > 0,
             30,
             "standby dispatches",
         )
@@ -220,7 +198,7 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         restarted_wall = datetime.now(UTC).isoformat()
         assert set(during) == {"503"}, during
         figures.recovery["nats-server (restart to first gang started from a pod report)"] = eventually(
-            lambda: _count(db, f"SELECT count(*) FROM runs WHERE started_at > '{restarted_wall}'") > 0,
+            lambda: count(db, f"SELECT count(*) FROM runs WHERE started_at > '{restarted_wall}'") > 0,
             60,
             "pod reports flow again",
         )
@@ -237,21 +215,14 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
         eventually(lambda: load is not None and load.first_rest_ack_after(restarted_at) is not None, 60, "REST again")
         figures.recovery["postgresql (restart to first REST 201)"] = load.first_rest_ack_after(restarted_at) or 0.0
         eventually(
-            lambda: _count(db, f"SELECT count(*) FROM runs WHERE created_at > '{restarted_wall}'") > 0,
+            lambda: count(db, f"SELECT count(*) FROM runs WHERE created_at > '{restarted_wall}'") > 0,
             60,
             "admissions again",
         )
         figures.recovery["postgresql (restart to first admission)"] = time.monotonic() - restarted_at
 
-        eventually(lambda: load is not None and len(load.acked) >= 20, 60, "20 acknowledged submissions")
-        load.stop()
-        acked = dict(load.acked)
-        eventually(lambda: drained(db, acked), 150, "every acknowledged gang finished", lambda: undrained(db, acked))
-        eventually(lambda: _count(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0, 30, "relay idle")
-        events = asyncio.run(read_events(own_nats.url, "faults"))
-        verify_after_drain(db, state / "sim", events, acked)
-        assert len(acked) >= 20
-        print(f"\nfault suite on PostgreSQL: {len(acked)} acknowledged gangs\n" + figures.render())
+        acked = drain_and_verify(load, db, own_nats.url, "faults", state / "sim", drain_timeout=150)
+        print(f"\nfault suite on PostgreSQL: {acked} acknowledged gangs\n" + figures.render())
     finally:
         if load is not None:
             load.stop()

@@ -18,8 +18,8 @@ from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from tests.integration.cloud_support import schedule
 from tests.integration.fleet import add_tenant, gang
-from tests.inventory import nodes as real
 from tests.kubernetes.fake_apiserver import NODES, FakeApiServer, run_job_controller
+from tests.kubernetes.nodes import presets as real
 
 TOKEN = "sa-token-for-gpufleet"
 NAMESPACE = "ml-jobs"

@@ -19,8 +19,8 @@ from tests.clouds import test_gke
 from tests.clouds.keys import KeyPair
 from tests.integration.cloud_support import GKE_CLUSTER, gke_provider, schedule, sync
 from tests.integration.fleet import add_tenant
-from tests.inventory import nodes as real
 from tests.kubernetes.fake_apiserver import NODES, FakeApiServer
+from tests.kubernetes.nodes import presets as real
 
 JOBS = ("batch", "v1", "jobs")
 
@@ -65,7 +65,7 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
         assert result.ok, result.error
         pools = {p["name"]: p for p in client.get("/v1/clusters/gke-train", headers=admin).json()["pools"]}
         assert sorted(n["name"] for n in pools["h100-mig"]["nodes"]) == mig_nodes
-        assert pools["h100-mig"]["cpu_millis"] == 207690  # allocatable, not the machine's 208 vCPUs
+        assert pools["h100-mig"]["cpu_millis"] == 207410  # allocatable (GKE's CPU ladder), not 208 vCPUs
         assert (pools["l4-shared"]["sharing"], pools["l4-shared"]["max_shares_per_pod"]) == ("timeslice:4", 1)
         assert (pools["h100-mig"]["min_size"], pools["h100-mig"]["price_per_gpu_hour"]) == (0, 9.5)
         # Between two syncs the inventory report follows the nodes and keeps what the cloud said.

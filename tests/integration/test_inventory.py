@@ -29,7 +29,7 @@ from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from controlplane.workers.loops import handle_delivery
 from tests.integration.fleet import Tenant, gang
-from tests.inventory import nodes as real
+from tests.kubernetes.nodes import presets as real
 
 CLUSTER = "sim-h100"
 
@@ -145,7 +145,7 @@ def test_kubernetes_node_becomes_an_inventory_entry() -> None:
     node = observe_node(real.eks_p5("n1", unschedulable=True))
     assert (node.name, node.pool, node.schedulable, node.ready, node.gpu_count) == ("n1", "p5-reserved", False, True, 8)
     assert node.allocatable["cpu"] == 191450
-    assert node.allocatable["memory"] == 2003307344 * 1024
+    assert node.allocatable["memory"] == 2145881088 * 1024  # 2048 GiB less the EKS reservation and eviction
     assert node.allocatable["nvidia.com/gpu"] == 8
 
 

@@ -1,7 +1,7 @@
 """A `kubernetes` cluster's pools and nodes come from its Kubernetes API (SQLite and PostgreSQL).
 
 The cluster is registered through the REST API without pools; the control plane lists the nodes of
-the fake Kubernetes API server (real Node objects, `tests/inventory/nodes.py`), publishes the
+the fake Kubernetes API server (real Node objects, `tests/kubernetes/nodes/`), publishes the
 inventory report, and ingest applies it: the real node names, their allocatable capacity, joins,
 leaves, cordons, and the run that held a node that vanished (ended, its workload requeued).
 """
@@ -25,8 +25,9 @@ from controlplane.service.inventory import InventoryReport, inventory_msg_id
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from tests.integration.cloud_support import schedule
 from tests.integration.fleet import Tenant, gang
-from tests.inventory import nodes as real
 from tests.kubernetes.fake_apiserver import NODES, FakeApiServer
+from tests.kubernetes.nodes import onprem_node
+from tests.kubernetes.nodes import presets as real
 
 TOKEN = "sa-token-for-gpufleet"
 CLUSTER = "onprem"
@@ -108,12 +109,7 @@ def test_registered_cluster_shows_its_real_nodes_from_the_first_inventory(
     for name in ("hgx-h100-01", "hgx-h100-02"):
         kube.put(NODES, real.onprem_h100(name))
     kube.put(NODES, real.onprem_a100_mixed("dgx-a100-01", pool="a100-mig"))
-    kube.put(
-        NODES,
-        real.node(
-            "cpu-01", labels={}, capacity={"cpu": "8", "memory": "32Gi"}, allocatable={"cpu": "7800m", "memory": "30Gi"}
-        ),
-    )
+    kube.put(NODES, onprem_node("cpu-01", instance_type="m6i.2xlarge"))  # no GPUs and no pool label
     wiring.settings.kube_api_override = kube.url
     published = Published()
     fleet = RealFleet(wiring, published, wiring.settings.subject_prefix)
@@ -131,8 +127,8 @@ def test_registered_cluster_shows_its_real_nodes_from_the_first_inventory(
     assert set(pools) == {"h100", "a100-mig"}
     h100 = pools["h100"]
     assert sorted(n["name"] for n in h100["nodes"]) == ["hgx-h100-01", "hgx-h100-02"]
-    # Allocatable, not the server's 224 cores: what the kubelet lets pods have.
-    assert (h100["cpu_millis"], h100["memory_mib"], h100["gpus_per_node"]) == (223_000, 2101872744 // 1024, 8)
+    # Allocatable, not the server's 224 cores and 2 TiB: what the kubelet lets pods have.
+    assert (h100["cpu_millis"], h100["memory_mib"], h100["gpus_per_node"]) == (223_370, 2_048_187, 8)
     assert (h100["gpu_model"], h100["sharing"], h100["price_per_gpu_hour"]) == ("H100-80GB", "exclusive", 6.5)
     assert h100["resource_names"] == {"gpu": "nvidia.com/gpu"}
     with wiring.uow() as uow:

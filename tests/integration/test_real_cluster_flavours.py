@@ -6,7 +6,7 @@ MPS, and renamed time-slicing (`nvidia.com/gpu.shared`):
 
 1. the cluster is registered through the REST API (cloud ones discovered through the cloud SDK
    fakes, or moto for EKS; `kubernetes` with a token kubeconfig) and the fake Kubernetes API server
-   holds real-looking nodes of that flavour (`tests/kubernetes/nodes.py`);
+   holds real-looking nodes of that flavour (`tests/kubernetes/nodes/`);
 2. after fleet sync (cloud) or the inventory report (`kubernetes`) `GET /v1/clusters` lists the
    nodes' real names, in pools discovered from the nodes;
 3. a gang submitted through the API is scheduled and dispatched; the server validates every object

@@ -16,9 +16,41 @@ from adapters.kubernetes.nodes import (
 from controlplane.domain.model import Taint
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.node_pools import CLOUD_ISSUE, plan_node_pools, pool_name
-from tests.inventory import nodes as real
+from tests.kubernetes.nodes import presets as real
 
 MIB = 1024 * 1024
+
+
+def cloud_pool(
+    name: str,
+    gpu_model: str,
+    gpus_per_node: int,
+    instance_type: str,
+    *,
+    node_count: int,
+    max_size: int,
+    cpu_millis: int = 0,
+    memory_mib: int = 0,
+    taints: tuple[Taint, ...] = (),
+    pool_id: str = "",
+) -> DiscoveredPool:
+    """A node pool as a cloud API describes it: on demand, exclusive GPUs, no labels, scaling from 0."""
+    return DiscoveredPool(
+        name=name,
+        gpu_model=gpu_model,
+        gpus_per_node=gpus_per_node,
+        instance_type=instance_type,
+        sharing="exclusive",
+        cpu_millis=cpu_millis,
+        memory_mib=memory_mib,
+        taints=taints,
+        labels={},
+        node_count=node_count,
+        min_size=0,
+        max_size=max_size,
+        spot=False,
+        pool_id=pool_id,
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,7 +119,8 @@ def test_eks_managed_node_group() -> None:
         "exclusive",
     )
     assert n.allocatable["cpu"] == 191450
-    assert n.allocatable["memory"] == 2003307344 * 1024
+    # 2048 GiB less the EKS AMI's reservation (11 MiB x 110 pods + 255 MiB) and the 100 MiB eviction threshold.
+    assert n.allocatable["memory"] == 2145881088 * 1024
     assert n.capacity["cpu"] == 192000
     assert n.gpu_resources == {"gpu": "nvidia.com/gpu"}
     assert (n.instance_type, n.spot, n.schedulable, n.ready) == ("p5.48xlarge", False, True, True)
@@ -97,7 +130,7 @@ def test_eks_managed_node_group() -> None:
     (pool,) = plan.pools
     assert pool.spec.name == "p5-reserved"
     # Capacity is what the kubelet reports allocatable, not the instance's 192 vCPUs / 2 TiB.
-    assert (pool.spec.cpu_millis, pool.spec.memory_mib) == (191450, 2003307344 // 1024)
+    assert (pool.spec.cpu_millis, pool.spec.memory_mib) == (191450, 2145881088 // 1024)
     assert pool.node_names == ("ip-10-0-1-17.ec2.internal",)
     assert pool.spec.labels == {"topology.kubernetes.io/zone": "us-east-1a"}
     assert plan.issues == ()
@@ -161,26 +194,22 @@ def test_oke_pool_comes_from_the_annotation_and_joins_the_cloud_pool() -> None:
     assert alone.spec.name == pool_name(real.OKE_POOL)
     assert alone.cloud_pool_id == real.OKE_POOL
     # ... and with it, the cloud's name and bounds; sharing is read from the nodes, not "exclusive".
-    cloud = DiscoveredPool(
-        name="h100-pool",
-        gpu_model="H100-80GB",
-        gpus_per_node=8,
-        instance_type="BM.GPU.H100.8",
-        sharing="exclusive",
+    cloud = cloud_pool(
+        "h100-pool",
+        "H100-80GB",
+        8,
+        "BM.GPU.H100.8",
         cpu_millis=224000,
         memory_mib=2 * 1024 * 1024,
-        taints=(),
-        labels={},
         node_count=1,
-        min_size=0,
         max_size=4,
-        spot=False,
         pool_id=real.OKE_POOL,
     )
     (joined,) = plan_node_pools([n], [cloud]).pools
     assert (joined.spec.name, joined.spec.sharing, joined.max_shares_per_pod) == ("h100-pool", "mps:4", 1)
     assert (joined.min_size, joined.max_size, joined.instance_type) == (0, 4, "BM.GPU.H100.8")
-    assert joined.spec.cpu_millis == 223200  # allocatable, not the shape's 224 vCPUs
+    # allocatable, not the shape's 224 vCPUs: less the kubelet's 6% + 1% + 2 x 0.5% + 220 x 0.25% of a core
+    assert joined.spec.cpu_millis == 223370
 
 
 def test_onprem_mixed_mig_under_a_configured_label() -> None:
@@ -197,10 +226,12 @@ def test_onprem_mixed_mig_under_a_configured_label() -> None:
 
 
 def test_onprem_single_mig_strategy() -> None:
-    n = observe_node(real.onprem_a100_single("gpu-b-07"), pool_label_key="example.com/gpu-pool")
+    raw = real.onprem_a100_single("gpu-b-07")
+    raw["status"]["allocatable"]["memory"] = "495.5Gi"  # a kubelet may write any quantity form, not only Ki
+    n = observe_node(raw, pool_label_key="example.com/gpu-pool")
     assert (n.gpu_model, n.gpu_count, n.sharing) == ("A100-40GB", 4, "mig:all-1g.5gb")
     assert n.gpu_resources == {"mig:1g.5gb": "nvidia.com/gpu"}
-    assert n.allocatable["memory"] == 3 * 2**39  # "1.5Ti"
+    assert n.allocatable["memory"] == 991 * 2**29  # "495.5Gi"
 
 
 def test_nodes_mid_rollout_of_a_mig_config_are_held_back_with_an_issue() -> None:
@@ -234,21 +265,7 @@ def test_unknown_gpu_and_unknown_instance_type_keep_the_pool_with_issues() -> No
     odd["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-Z900"
     n = observe_node(odd)
     assert n.gpu_model == "NVIDIA-Z900"
-    cloud = DiscoveredPool(
-        name="p6-b300",
-        gpu_model="",
-        gpus_per_node=0,
-        instance_type="p9.96xlarge",
-        sharing="exclusive",
-        cpu_millis=0,
-        memory_mib=0,
-        taints=(Taint("dedicated", "gpu"),),
-        labels={},
-        node_count=1,
-        min_size=0,
-        max_size=2,
-        spot=False,
-    )
+    cloud = cloud_pool("p6-b300", "", 0, "p9.96xlarge", taints=(Taint("dedicated", "gpu"),), node_count=1, max_size=2)
     plan = plan_node_pools([n], [cloud])
     (pool,) = plan.pools
     assert (pool.spec.name, pool.spec.gpu_model, pool.max_size) == ("p6-b300", "NVIDIA-Z900", 2)
@@ -257,36 +274,10 @@ def test_unknown_gpu_and_unknown_instance_type_keep_the_pool_with_issues() -> No
 
 
 def test_cloud_pool_without_nodes_is_kept_for_the_autoscaler_and_unknown_gpu_pools_are_issues() -> None:
-    empty = DiscoveredPool(
-        name="p5-flex",
-        gpu_model="H100-80GB",
-        gpus_per_node=8,
-        instance_type="p5.48xlarge",
-        sharing="exclusive",
-        cpu_millis=192000,
-        memory_mib=2048 * 1024,
-        taints=(),
-        labels={},
-        node_count=0,
-        min_size=0,
-        max_size=4,
-        spot=False,
+    empty = cloud_pool(
+        "p5-flex", "H100-80GB", 8, "p5.48xlarge", cpu_millis=192000, memory_mib=2048 * 1024, node_count=0, max_size=4
     )
-    unknown = DiscoveredPool(
-        name="mystery",
-        gpu_model="",
-        gpus_per_node=8,
-        instance_type="p9.96xlarge",
-        sharing="exclusive",
-        cpu_millis=0,
-        memory_mib=0,
-        taints=(),
-        labels={},
-        node_count=0,
-        min_size=0,
-        max_size=2,
-        spot=False,
-    )
+    unknown = cloud_pool("mystery", "", 8, "p9.96xlarge", node_count=0, max_size=2)
     plan = plan_node_pools([], [empty, unknown])
     assert [(p.spec.name, p.node_names) for p in plan.pools] == [("p5-flex", ())]
     assert plan.issues == (f"{CLOUD_ISSUE}pool mystery has no GPUs gpufleet knows of (p9.96xlarge)",)

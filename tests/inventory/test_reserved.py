@@ -9,7 +9,7 @@ from typing import Any
 from adapters.kubernetes.nodes import observe_node
 from adapters.kubernetes.reserved import pod_requests, reserved_by_node
 from controlplane.service.node_pools import plan_node_pools
-from tests.inventory import nodes as real
+from tests.kubernetes.nodes import presets as real
 
 MIB = 1024 * 1024
 

@@ -12,8 +12,8 @@ from adapters.kubernetes.manifests import KubeSettings, ManifestError, build_run
 from adapters.kubernetes.nodes import observe_node
 from controlplane.domain.model import CPU, GPU, MEM, SHARE, NodePool, PodSet
 from controlplane.service.node_pools import plan_node_pools
-from tests.inventory import nodes as real
 from tests.kubernetes.conftest import small_order
+from tests.kubernetes.nodes import presets as real
 
 POOL_KEY = "example.com/gpu-pool"
 

@@ -48,6 +48,7 @@ from tests.kubernetes.fake_apiserver import (
     run_kubelet,
     schedule,
 )
+from tests.kubernetes.nodes import presets
 from tests.kubernetes.quantity import parse_quantity
 from tests.kubernetes.schemas import KUBERNETES_VERSION, _structural
 
@@ -1032,6 +1033,25 @@ def test_nodes_pass_the_real_schema_and_reserve_like_a_kubelet(build: Callable[[
     api = FakeApiServer()
     assert api.put(NODES, node)["metadata"]["name"] in _node_names(api)
     assert api.kubernetes_version == KUBERNETES_VERSION
+
+
+PRESETS: list[Callable[[str], dict[str, Any]]] = [
+    presets.eks_p5,
+    presets.karpenter_l40s,
+    presets.aks_h100_timeslice,
+    presets.gke_h100_mig,
+    presets.gke_l4_time_sharing,
+    presets.oke_h100_mps,
+    presets.onprem_a100_mixed,
+    presets.onprem_a100_single,
+    presets.cpu_node,
+    presets.onprem_h100,
+]
+
+
+@pytest.mark.parametrize("build", PRESETS, ids=[b.__name__ for b in PRESETS])
+def test_named_presets_pass_the_real_schema(build: Callable[[str], dict[str, Any]]) -> None:
+    validate_node(build("node-1"))
 
 
 def test_provider_labels_and_advertised_resources() -> None:
