@@ -188,7 +188,7 @@ async def test_two_dispatchers_one_works_the_other_stands_by(
 
     tasks = [
         asyncio.create_task(
-            dispatcher_loop(wiring.uow, drivers_of(n), prefix, utc_now, stop, 0.05, 60.0, 5.0, leading[n].append)
+            dispatcher_loop(wiring.uow, drivers_of(n), prefix, utc_now, stop, 0.05, 60.0, 15.0, leading[n].append)
         )
         for n in applied
     ]
