@@ -23,7 +23,9 @@ from controlplane.domain.model import Cluster, Node, NodePool, PodSet, Workload
 from controlplane.service.autoscale import nodes_at_max_size
 from controlplane.service.ports import UnitOfWork
 
-DEFAULT_TTL = 5.0
+# Staleness only ever errs towards accepting (see above), so one read may serve a minute: at 10,000
+# nodes a read and its capacity model cost about a second of the API's CPU.
+DEFAULT_TTL = 60.0
 MAX_SHAPES = 4096  # answers kept per fleet read; the memo starts afresh beyond that
 
 
