@@ -261,57 +261,44 @@ class SqlCloudRepository:
         return {wid: kind or "" for wid, kind in rows}
 
     def stalled_runs(self, dispatched_before: datetime) -> list[StalledRun]:
-        rows = self.s.execute(
-            select(RunRow.id, RunRow.workload_id, QueueRow.name, ClusterRow.name, RunRow.dispatched_at)
-            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
-            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
-            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
-            .where(
-                RunRow.state.in_(NOT_YET_RUNNING),
-                RunRow.dispatch_state == "applied",
-                RunRow.dispatched_at.is_not(None),
-                RunRow.dispatched_at < dispatched_before,
-            )
-            .order_by(RunRow.dispatched_at, RunRow.id)
-        ).all()
-        return [
-            StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows if at is not None
-        ]
+        return self._runs(
+            RunRow.dispatched_at,
+            RunRow.state.in_(NOT_YET_RUNNING),
+            RunRow.dispatch_state == "applied",
+            RunRow.dispatched_at < dispatched_before,
+        )
 
     def undispatched_runs(self, admitted_before: datetime) -> list[StalledRun]:
-        rows = self.s.execute(
-            select(RunRow.id, RunRow.workload_id, QueueRow.name, ClusterRow.name, RunRow.created_at)
-            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
-            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
-            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
-            .where(
-                RunRow.state.in_(NOT_YET_RUNNING),
-                RunRow.dispatch_state == "pending",
-                RunRow.created_at < admitted_before,
-            )
-            .order_by(RunRow.created_at, RunRow.id)
-            .limit(1000)
-        ).all()
-        return [StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows]
+        return self._runs(
+            RunRow.created_at,
+            RunRow.state.in_(NOT_YET_RUNNING),
+            RunRow.dispatch_state == "pending",
+            RunRow.created_at < admitted_before,
+            limit=1000,
+        )
 
     def applied_runs(self, cluster: str, dispatched_before: datetime) -> list[StalledRun]:
+        return self._runs(
+            RunRow.dispatched_at,
+            ClusterRow.name == cluster,
+            RunRow.state.in_(LIVE_STATES),
+            RunRow.dispatch_state == "applied",
+            RunRow.dispatched_at < dispatched_before,
+        )
+
+    def _runs(self, since: Any, *conditions: Any, limit: int | None = None) -> list[StalledRun]:
+        """Runs matching `conditions` with their queue and cluster names, oldest `since` first (`since`
+        is the moment the result's `dispatched_at` carries)."""
         rows = self.s.execute(
-            select(RunRow.id, RunRow.workload_id, QueueRow.name, ClusterRow.name, RunRow.dispatched_at)
+            select(RunRow.id, RunRow.workload_id, QueueRow.name, ClusterRow.name, since)
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
             .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
-            .where(
-                ClusterRow.name == cluster,
-                RunRow.state.in_(LIVE_STATES),
-                RunRow.dispatch_state == "applied",
-                RunRow.dispatched_at.is_not(None),
-                RunRow.dispatched_at < dispatched_before,
-            )
-            .order_by(RunRow.dispatched_at, RunRow.id)
+            .where(since.is_not(None), *conditions)
+            .order_by(since, RunRow.id)
+            .limit(limit)
         ).all()
-        return [
-            StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows if at is not None
-        ]
+        return [StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows]
 
     def requeue_run(self, run_id: str, message: str, cause: EndCause, now: datetime, running_too: bool = False) -> bool:
         result = self.s.execute(
