@@ -132,10 +132,10 @@ def test_team_limit_does_not_constrain_another_team() -> None:
 
 def test_cohort_limit_is_shared_by_every_team() -> None:
     clusters, nodes = single_pool_fleet(nodes=2)
-    pending = [make_workload("a", gpus(6), queue="q1", seq=1), make_workload("b", gpus(4), queue="q3", seq=2)]
+    pending = [make_workload("a", gpus(4), queue="q1", seq=1), make_workload("b", gpus(6), queue="q3", seq=2)]
     decision = run_schedule(make_snapshot(clusters, nodes, pending, tree=two_team_tree(cohort=8)))
     assert admitted_ids(decision) == ["a"]
-    assert reason_of(decision, "b") == "quota: cohort limit is 8 gpu-eq, 6 in use, this gang needs 4"
+    assert reason_of(decision, "b") == "quota: cohort limit is 8 gpu-eq, 4 in use, this gang needs 6"
 
 
 def test_the_nearest_exceeded_limit_is_reported_first() -> None:
