@@ -15,12 +15,14 @@ the one place those memos are forgotten).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from controlplane.core.decision import (
     Admission,
     EvictionKind,
     FairShareTurn,
+    NeverFits,
     NoFit,
     OutsideGuarantee,
     PendingKind,
@@ -133,11 +135,14 @@ class Cycle:
             reason = outcome
         else:
             reason = blocked
+        if isinstance(reason, NeverFits):
+            return reason, None  # no eviction or reservation can make room the fleet does not have
         no_fit = blocked is None and isinstance(reason, NoFit)
         if not workload.may_evict:
             return (reason, self.reservations.reserve(workload)) if no_fit else (reason, None)
         # Ancestors are checked with the victims gone (their usage counts there too).
         reclaimable = blocked is None and ledger.within_guarantee(workload.queue_id, wanted, queue_only=True)
+        tried: list[EvictionKind] = []
         for kind, allowed in (
             (EvictionKind.IDLE, blocked is None),
             (EvictionKind.RECLAIM, self.policy.reclaim and reclaimable),
@@ -145,14 +150,25 @@ class Cycle:
             (EvictionKind.REBALANCE, blocked is None and self.evictor.rebalance_open()),
         ):
             if allowed:
+                tried.append(kind)
                 placement = self.evictor.make_room(workload, kind)
                 if placement is not None:
                     self._admit(workload, placement)
                     return None
         if no_fit:
-            why = self._fair_share_reason(workload) or reason
+            why = self._fair_share_reason(workload) or self._protected_note(workload, reason, tuple(tried))
             return why, self.reservations.reserve(workload)
         return reason, None
+
+    def _protected_note(self, workload: Workload, reason: Why, kinds: tuple[EvictionKind, ...]) -> Why:
+        """The no-room reason, naming the runs a minimum runtime protects when evicting them would
+        have made room (the gang waits for that protection to end, not for work to end)."""
+        if not isinstance(reason, NoFit) or not kinds:
+            return reason
+        held = self.evictor.held_by_min_runtime(workload, kinds)
+        if held is None:
+            return reason
+        return replace(reason, protected=held[0], protected_until=held[1])
 
     def _fair_share_reason(self, workload: Workload) -> FairShareTurn | None:
         """When the gang fitted the free capacity at the start of the cycle and queues ordered ahead

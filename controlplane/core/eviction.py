@@ -83,13 +83,36 @@ class Evictor:
         assert isinstance(placement, Placement), "simulated eviction must make room"
         return placement
 
-    def _protected_by_runtime(self, run: LiveRun) -> bool:
+    def held_by_min_runtime(
+        self, workload: Workload, kinds: tuple[EvictionKind, ...]
+    ) -> tuple[tuple[str, ...], datetime] | None:
+        """When no allowed victim set made room but one would if minimum runtimes did not protect
+        its runs: those runs (workload ids) and when the last protection ends. Nothing is evicted."""
+        if self.state.budget <= 0:
+            return None
+        for kind in kinds:
+            candidates = self._candidates(workload, kind, ignore_min_runtime=True)
+            if not any(self._protected_until(run) for run in candidates):
+                continue
+            for cluster_id in sorted({run.cluster_id for run in candidates}):
+                found = self._victims_in_cluster(workload, kind, [r for r in candidates if r.cluster_id == cluster_id])
+                ends = [(run.workload_id, end) for run in found or () if (end := self._protected_until(run))]
+                if ends:
+                    return tuple(sorted(name for name, _ in ends)), max(end for _, end in ends)
+        return None
+
+    def _protected_until(self, run: LiveRun) -> datetime | None:
+        """When the run's minimum runtime ends, if it still protects the run now."""
         started = run.started_at or run.admitted_at
         if not run.min_runtime_seconds or started is None:
-            return False
-        return started + timedelta(seconds=run.min_runtime_seconds) > self.now
+            return None
+        until = started + timedelta(seconds=run.min_runtime_seconds)
+        return until if until > self.now else None
 
-    def _candidates(self, workload: Workload, kind: EvictionKind) -> list[LiveRun]:
+    def _protected_by_runtime(self, run: LiveRun) -> bool:
+        return self._protected_until(run) is not None
+
+    def _candidates(self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool = False) -> list[LiveRun]:
         live_by_queue, ledger = self.state.live_by_queue, self.state.ledger
         if kind is EvictionKind.PREEMPT:
             pool = list(live_by_queue.get(workload.queue_id, {}).values())
@@ -115,7 +138,9 @@ class Evictor:
             ]
         runs = []
         for run in pool:
-            if not run.preemptible or self._protected_by_runtime(run) or run.workload_id == workload.id:
+            if not run.preemptible or run.workload_id == workload.id:
+                continue
+            if not ignore_min_runtime and self._protected_by_runtime(run):
                 continue
             if kind is EvictionKind.PREEMPT and run.priority >= workload.priority:
                 continue
