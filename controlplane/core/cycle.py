@@ -27,6 +27,7 @@ from controlplane.core.decision import (
     OutsideGuarantee,
     PendingKind,
     PendingReason,
+    QuotaLimit,
     ReservationNote,
     Why,
 )
@@ -140,8 +141,13 @@ class Cycle:
         no_fit = blocked is None and isinstance(reason, NoFit)
         if not workload.may_evict:
             return (reason, self.reservations.reserve(workload)) if no_fit else (reason, None)
-        # Ancestors are checked with the victims gone (their usage counts there too).
-        reclaimable = blocked is None and ledger.within_guarantee(workload.queue_id, wanted, queue_only=True)
+        # Ancestors are checked with the victims gone (their usage counts there too). A queue under
+        # its guarantee may reclaim even when a team's or cohort's limit blocks it: borrowers under
+        # that ancestor use up the limit, and evicting them lowers it (its own limit still holds).
+        past_limit = isinstance(blocked, QuotaLimit) and ledger.ancestor_limit_block(workload.queue_id, wanted)
+        reclaimable = (blocked is None or bool(past_limit)) and ledger.within_guarantee(
+            workload.queue_id, wanted, queue_only=True
+        )
         tried: list[EvictionKind] = []
         for kind, allowed in (
             (EvictionKind.IDLE, blocked is None),

@@ -18,7 +18,7 @@ from controlplane.core.ordering import FairShare
 from controlplane.core.placement import Placement
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState
-from controlplane.domain.model import Cluster, Workload
+from controlplane.domain.model import GPU_EQ, Cluster, Workload
 
 
 class Evictor:
@@ -130,10 +130,15 @@ class Evictor:
                 if run.priority <= workload.priority
             ]
         else:
+            # When a team's or cohort's limit blocks the gang, only borrowers under it can make room.
+            wanted = {GPU_EQ: self.state.unit.least(workload)}
+            ancestor = ledger.ancestor_limit_block(workload.queue_id, wanted)
             pool = [
                 run
                 for queue_id, runs in live_by_queue.items()
-                if queue_id != workload.queue_id and ledger.borrowing(queue_id)
+                if queue_id != workload.queue_id
+                and ledger.borrowing(queue_id)
+                and (ancestor is None or ledger.under(queue_id, ancestor))
                 for run in runs.values()
             ]
         runs = []

@@ -79,6 +79,24 @@ class Ledger:
                     return QuotaLimit(node.name, key, node.limit.amounts[key], used, self.unit.gpus(want))
         return None
 
+    def ancestor_limit_block(self, queue_id: str, amounts: Mapping[str, int]) -> str | None:
+        """The id of the highest team or cohort whose limit blocks `amounts` when none of the
+        queue's own limits does (that limit is shared with, and maybe used up by, queues under it);
+        None otherwise."""
+        chain = self.chain(queue_id)
+        blocking: str | None = None
+        for depth, node in enumerate(chain):
+            for key, bound in self.limits[node.id].items():
+                want = amounts.get(key, ZERO)
+                if want and self.used(node.id, key) + want > bound:
+                    if depth == 0:
+                        return None
+                    blocking = node.id
+        return blocking
+
+    def under(self, queue_id: str, ancestor_id: str) -> bool:
+        return any(node.id == ancestor_id for node in self.chain(queue_id))
+
     def borrowing_block(self, queue_id: str, amounts: Mapping[str, int]) -> BorrowingLimit | None:
         for node in self.chain(queue_id):
             for key, bound in self.borrowing_limits[node.id].items():
