@@ -145,8 +145,9 @@ class Cycle:
         # its guarantee may reclaim even when a team's or cohort's limit blocks it: borrowers under
         # that ancestor use up the limit, and evicting them lowers it (its own limit still holds).
         past_limit = isinstance(blocked, QuotaLimit) and ledger.ancestor_limit_block(workload.queue_id, wanted)
-        reclaimable = (blocked is None or bool(past_limit)) and ledger.within_guarantee(
-            workload.queue_id, wanted, queue_only=True
+        # A queue without a guarantee of its own reclaims the one its team (or cohort) holds.
+        reclaimable = (blocked is None or bool(past_limit)) and ledger.within_shared_guarantee(
+            workload.queue_id, wanted, holder_only=True
         )
         tried: list[EvictionKind] = []
         for kind, allowed in (

@@ -133,12 +133,16 @@ class Evictor:
             # When a team's or cohort's limit blocks the gang, only borrowers under it can make room.
             wanted = {GPU_EQ: self.state.unit.least(workload)}
             ancestor = ledger.ancestor_limit_block(workload.queue_id, wanted)
+            # A guarantee a team holds for its queues together is reclaimed from outside the team.
+            depth = ledger.guarantee_holder(workload.queue_id)
+            holder = ledger.chain(workload.queue_id)[depth].id if depth else None
             pool = [
                 run
                 for queue_id, runs in live_by_queue.items()
                 if queue_id != workload.queue_id
-                and ledger.borrowing(queue_id)
+                and ledger.borrowing_beyond_holder(queue_id)
                 and (ancestor is None or ledger.under(queue_id, ancestor))
+                and (holder is None or not ledger.under(queue_id, holder))
                 for run in runs.values()
             ]
         runs = []
@@ -173,8 +177,10 @@ class Evictor:
             for run in candidates:
                 if len(chosen) >= limit:
                     return None
-                if kind in (EvictionKind.RECLAIM, EvictionKind.REBALANCE) and not state.ledger.borrowing(run.queue_id):
+                if kind is EvictionKind.RECLAIM and not state.ledger.borrowing_beyond_holder(run.queue_id):
                     continue  # its queue is back within its guarantee: the rest is not borrowed
+                if kind is EvictionKind.REBALANCE and not state.ledger.borrowing(run.queue_id):
+                    continue
                 state.give_back(run.assignments, run.queue_id)
                 chosen.append(run)
                 if self._room(workload, kind, only, chosen):
@@ -207,7 +213,7 @@ class Evictor:
             return True  # the gang's own placement already passed every quota rule
         held = self.state.unit.usage(placement.assignments, self.state.pool_of_node)
         if kind is EvictionKind.RECLAIM:
-            return self.state.ledger.within_guarantee(workload.queue_id, held)
+            return self.state.ledger.within_shared_guarantee(workload.queue_id, held)
         # Rebalance: afterwards the preemptor's queue must not have a higher share than any queue
         # it takes from. Candidates come only from queues strictly ahead, so the victims' queues
         # cannot take the capacity back next cycle (no ping-pong).

@@ -122,6 +122,44 @@ class Ledger:
                     return False
         return True
 
+    def guarantee_holder(self, queue_id: str) -> int | None:
+        """Where on the queue's chain (0: the queue itself) the guarantee it may reclaim is held:
+        the queue's own, else the nearest team's or cohort's, which belongs to its queues together.
+        None when nothing on the chain declares one."""
+        for depth, node in enumerate(self.chain(queue_id)):
+            if node.guaranteed.amounts:
+                return depth
+        return None
+
+    def within_shared_guarantee(self, queue_id: str, amounts: Mapping[str, int], holder_only: bool = False) -> bool:
+        """`within_guarantee` where a queue without a guarantee of its own counts on the one its
+        nearest team or cohort holds: that holder and every ancestor above it that declares one
+        must cover `amounts` on top of their usage (only the holder with `holder_only`)."""
+        depth = self.guarantee_holder(queue_id)
+        if depth is None:
+            return False
+        chain = self.chain(queue_id)[depth:]
+        if not _covers_any(chain[0], amounts):
+            return False
+        for node in chain[:1] if holder_only else chain:
+            for key, bound in self.guarantees[node.id].items():
+                want = amounts.get(key, ZERO)
+                if want and self.used(node.id, key) + want > bound:
+                    return False
+        return True
+
+    def borrowing_beyond_holder(self, queue_id: str) -> bool:
+        """Whether the queue's work runs on borrowed capacity, counting a queue without a guarantee
+        of its own against the guarantee its nearest team or cohort holds for its queues together."""
+        depth = self.guarantee_holder(queue_id)
+        if not depth:  # its own guarantee, or none anywhere: `borrowing` says
+            return self.borrowing(queue_id)
+        holder = self.chain(queue_id)[depth]
+        if not any(value > 0 for value in self.usage.get(queue_id, {}).values()):
+            return False
+        usage = self.usage.get(holder.id, {})
+        return any(usage.get(key, ZERO) > bound for key, bound in self.guarantees[holder.id].items())
+
     def borrowing(self, queue_id: str) -> bool:
         """Whether the queue uses more than it is guaranteed (all of it, without a guarantee)."""
         node = self.tree.get(queue_id)
