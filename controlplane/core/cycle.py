@@ -70,6 +70,7 @@ class Cycle:
         self.initial_free: FreeCapacity = copy_capacity(self.state.free)
         self.fit_at_start: dict[Shape, bool] = {}
         self.admitted_queues: list[str] = []
+        self.awaiting: set[str] = set()  # queues with a gang within guarantee left waiting for room
 
     def _capacity_grew(self) -> None:
         """An eviction freed capacity: shapes, verdicts and eviction attempts that failed may succeed now."""
@@ -163,9 +164,24 @@ class Cycle:
                     self._admit(workload, placement)
                     return None
         if no_fit:
+            if reclaimable:
+                self._await_guarantee(workload, wanted[GPU_EQ])
             why = self._fair_share_reason(workload) or self._protected_note(workload, reason, tuple(tried))
             return why, self.reservations.reserve(workload)
         return reason, None
+
+    def _await_guarantee(self, workload: Workload, amount: int) -> None:
+        """A gang within its (team's) guarantee waits for room: that much of the guarantee is not
+        lent to borrowers for the rest of the cycle, so nothing is admitted there only to be
+        reclaimed for it next cycle. One gang per queue (its first to wait) counts."""
+        if workload.queue_id in self.awaiting:
+            return
+        self.awaiting.add(workload.queue_id)
+        ledger = self.state.ledger
+        depth = ledger.guarantee_holder(workload.queue_id)
+        if depth is not None:
+            holder = ledger.chain(workload.queue_id)[depth].id
+            self.state.awaited[holder] = self.state.awaited.get(holder, 0) + amount
 
     def _protected_note(self, workload: Workload, reason: Why, kinds: tuple[EvictionKind, ...]) -> Why:
         """The no-room reason, naming the runs a minimum runtime protects when evicting them would

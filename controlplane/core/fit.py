@@ -145,7 +145,7 @@ class Fitter:
             return None
         if not workload.preemptible:
             return OutsideGuarantee()
-        protected = ledger.protected(self.state.lenders, excluding=workload.queue_id)
+        protected = ledger.protected(self.state.lenders, excluding=workload.queue_id, awaited=self.state.awaited)
         free_eq = self.state.free_eq
         for key, keep in protected.items():
             want = held.get(key, ZERO)

@@ -170,21 +170,31 @@ class Ledger:
             return any(value > 0 for value in usage.values())
         return any(usage.get(key, ZERO) > bound for key, bound in self.guarantees[queue_id].items())
 
-    def protected(self, queues: Iterable[str], excluding: str) -> Usage:
-        """Unused guarantee other queues do not lend: borrowers must leave it free."""
-        total: Usage = {}
-        for queue_id in queues:
-            node = self.tree.get(queue_id)
-            if queue_id == excluding or node is None:
+    def protected(self, lenders: Iterable[str], excluding: str, awaited: Mapping[str, int] | None = None) -> Usage:
+        """Unused guarantee other queues do not lend: borrowers must leave it free.
+
+        `awaited`: node id -> units gangs within its guarantee wait for this cycle. A guarantee
+        awaited is not lent this cycle, up to what is awaited (to anyone outside that node)."""
+        keeps: dict[tuple[str, str], int] = {}
+        for queue_id in lenders:
+            if queue_id == excluding or queue_id not in self.tree:
                 continue
             for key, bound in self.guarantees[queue_id].items():
                 lend = self.lending_limits[queue_id].get(key)
                 if lend is None:
                     continue  # without a lending limit a queue lends all it does not use
                 unused = max(ZERO, bound - self.used(queue_id, key))
-                keep = max(ZERO, unused - lend)
-                if keep:
-                    total[key] = total.get(key, ZERO) + keep
+                keeps[(queue_id, key)] = max(ZERO, unused - lend)
+        for holder_id, amount in (awaited or {}).items():
+            if self.under(excluding, holder_id):
+                continue  # its own (team's) guarantee
+            for key, bound in self.guarantees[holder_id].items():
+                unused = max(ZERO, bound - self.used(holder_id, key))
+                keeps[(holder_id, key)] = max(keeps.get((holder_id, key), ZERO), min(unused, amount))
+        total: Usage = {}
+        for (_, key), keep in keeps.items():
+            if keep:
+                total[key] = total.get(key, ZERO) + keep
         return total
 
 
