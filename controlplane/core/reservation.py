@@ -1,7 +1,8 @@
 """Reservations: the head of a queue that finds no room holds the nodes that free up first.
 
 Work behind it backfills there only if its declared `max_runtime_seconds` ends before the
-reservation is due, so a stream of small jobs cannot starve a large gang. Finding the nodes is a
+reservation is due, so a stream of small jobs cannot starve a large gang. Nothing is held waiting
+for a run that has no declared end and may not be evicted (non-preemptible): it may never end. Finding the nodes is a
 what-if on the cycle's state (live runs released in the order they are due, inside a checkpoint
 that is rolled back); holding them takes their free capacity out of circulation for the cycle.
 """
@@ -47,8 +48,10 @@ class Reservations:
         state = self.state
         best: tuple[bool, datetime, int, str, Placement] | None = None
         for cluster in self.clusters:
+            # A run with no declared end that nothing may evict may hold its capacity forever:
+            # nodes are never held waiting for it.
             runs = sorted(
-                (r for r in state.live.values() if r.cluster_id == cluster.id),
+                (r for r in state.live.values() if r.cluster_id == cluster.id and (r.preemptible or r.ends_by())),
                 key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id),
             )
             released: list[LiveRun] = []
