@@ -151,15 +151,25 @@ class Cycle:
             workload.queue_id, wanted, holder_only=True
         )
         tried: list[EvictionKind] = []
-        for kind, allowed in (
-            (EvictionKind.IDLE, blocked is None),
-            (EvictionKind.RECLAIM, self.policy.reclaim and reclaimable),
-            (EvictionKind.PREEMPT, self.policy.preemption),
-            (EvictionKind.REBALANCE, blocked is None and self.evictor.rebalance_open()),
+        # Preempting its own lower-priority runs may bring the queue back within its guarantee:
+        # then a set mixing both kinds is tried when neither alone made room.
+        combinable = (
+            self.policy.reclaim
+            and self.policy.preemption
+            and (blocked is None or bool(past_limit))
+            and ledger.guarantee_holder(workload.queue_id) is not None
+        )
+        for kind, allowed, combined in (
+            (EvictionKind.IDLE, blocked is None, False),
+            (EvictionKind.RECLAIM, self.policy.reclaim and reclaimable, False),
+            (EvictionKind.PREEMPT, self.policy.preemption, False),
+            (EvictionKind.RECLAIM, combinable, True),
+            (EvictionKind.REBALANCE, blocked is None and self.evictor.rebalance_open(), False),
         ):
             if allowed:
-                tried.append(kind)
-                placement = self.evictor.make_room(workload, kind)
+                if kind not in tried:
+                    tried.append(kind)
+                placement = self.evictor.make_room(workload, kind, combined)
                 if placement is not None:
                     self._admit(workload, placement)
                     return None

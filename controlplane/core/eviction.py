@@ -41,7 +41,7 @@ class Evictor:
         self.capacity_grew = capacity_grew  # told after every real eviction
         self.evictions: list[Eviction] = []
         # Attempts that found no victim set: they fail again until capacity grows.
-        self.failed: set[tuple[EvictionKind, str, int, Shape]] = set()
+        self.failed: set[tuple[EvictionKind, bool, str, int, Shape]] = set()
 
     def forget_failures(self) -> None:
         self.failed.clear()
@@ -53,31 +53,42 @@ class Evictor:
         last = self.snapshot.last_rebalance_at
         return last is None or (self.now - last).total_seconds() >= policy.rebalance_interval_seconds
 
-    def make_room(self, workload: Workload, kind: EvictionKind) -> Placement | None:
+    def make_room(self, workload: Workload, kind: EvictionKind, combined: bool = False) -> Placement | None:
         """Evict the fewest runs of `kind` that let the gang fit; its placement on the freed
-        capacity, or None (nothing evicted) when no allowed set of victims makes room."""
+        capacity, or None (nothing evicted) when no allowed set of victims makes room.
+
+        `combined` (with kind RECLAIM): when neither preemption nor reclaim alone made room, one
+        set may mix lower-priority runs of the gang's own queue (preempted) with borrowed runs of
+        other queues (reclaimed); each victim keeps its kind's rules, and with any reclaimed victim
+        the gang must end within its guarantee."""
         if self.state.budget <= 0:
             return None
         # Within a cycle, capacity and candidates only shrink until an eviction happens: an attempt
         # that failed for this shape, queue and priority fails again. (A queue that starts
         # borrowing through this cycle's admissions becomes reclaimable from the next cycle.)
-        attempt = (kind, workload.queue_id, workload.priority, shape_of(workload))
+        attempt = (kind, combined, workload.queue_id, workload.priority, shape_of(workload))
         if attempt in self.failed:
             return None
-        candidates = self._candidates(workload, kind)
+        if combined:
+            candidates = self._candidates(workload, EvictionKind.PREEMPT) + self._candidates(workload, kind)
+            candidates.sort(key=self._victim_order)
+        else:
+            candidates = self._candidates(workload, kind)
         if not candidates:
             self.failed.add(attempt)
             return None
         best: list[LiveRun] | None = None
         for cluster_id in sorted({run.cluster_id for run in candidates}):
-            found = self._victims_in_cluster(workload, kind, [r for r in candidates if r.cluster_id == cluster_id])
+            in_cluster = [r for r in candidates if r.cluster_id == cluster_id]
+            found = self._victims_in_cluster(workload, kind, in_cluster, combined)
             if found is not None and (best is None or len(found) < len(best)):
                 best = found
         if best is None:
             self.failed.add(attempt)
             return None
         for victim in best:
-            self._evict(victim, workload, kind)
+            own = combined and victim.queue_id == workload.queue_id
+            self._evict(victim, workload, EvictionKind.PREEMPT if own else kind)
         self.capacity_grew()  # shapes and attempts that failed may succeed now
         placement = self.fitter.place(workload)
         assert isinstance(placement, Placement), "simulated eviction must make room"
@@ -154,15 +165,16 @@ class Evictor:
             if kind is EvictionKind.PREEMPT and run.priority >= workload.priority:
                 continue
             runs.append(run)
-        # Idle runs first, then the lowest priority, then the most recently admitted.
-        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
-        runs.sort(
-            key=lambda r: (not r.idle, r.priority, -(((r.admitted_at or epoch) - epoch).total_seconds()), r.run_id)
-        )
+        runs.sort(key=self._victim_order)
         return runs
 
+    def _victim_order(self, run: LiveRun) -> tuple[bool, int, float, str]:
+        """Idle runs first, then the lowest priority, then the most recently admitted."""
+        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
+        return (not run.idle, run.priority, -(((run.admitted_at or epoch) - epoch).total_seconds()), run.run_id)
+
     def _victims_in_cluster(
-        self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun]
+        self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun], combined: bool = False
     ) -> list[LiveRun] | None:
         """The minimal victim set in one cluster (sorted by run id), found on the real state inside
         a checkpoint that is always rolled back."""
@@ -177,13 +189,14 @@ class Evictor:
             for run in candidates:
                 if len(chosen) >= limit:
                     return None
-                if kind is EvictionKind.RECLAIM and not state.ledger.borrowing_beyond_holder(run.queue_id):
+                reclaimed = kind is EvictionKind.RECLAIM and not (combined and run.queue_id == workload.queue_id)
+                if reclaimed and not state.ledger.borrowing_beyond_holder(run.queue_id):
                     continue  # its queue is back within its guarantee: the rest is not borrowed
                 if kind is EvictionKind.REBALANCE and not state.ledger.borrowing(run.queue_id):
                     continue
                 state.give_back(run.assignments, run.queue_id)
                 chosen.append(run)
-                if self._room(workload, kind, only, chosen):
+                if self._room(workload, kind, only, chosen, combined):
                     break
             else:
                 return None
@@ -191,7 +204,7 @@ class Evictor:
                 without = state.checkpoint()
                 state.take(run.assignments, run.queue_id)
                 chosen.remove(run)
-                if self._room(workload, kind, only, chosen):
+                if self._room(workload, kind, only, chosen, combined):
                     state.keep(without)
                 else:
                     state.rollback(without)
@@ -200,9 +213,20 @@ class Evictor:
         finally:
             state.rollback(trial)
 
-    def _room(self, workload: Workload, kind: EvictionKind, only: tuple[Cluster, ...], victims: list[LiveRun]) -> bool:
+    def _room(
+        self,
+        workload: Workload,
+        kind: EvictionKind,
+        only: tuple[Cluster, ...],
+        victims: list[LiveRun],
+        combined: bool = False,
+    ) -> bool:
         placement = self.fitter.place(workload, clusters=only)
-        return isinstance(placement, Placement) and self._may_evict_for(workload, kind, placement, victims)
+        if not isinstance(placement, Placement):
+            return False
+        if combined and all(v.queue_id == workload.queue_id for v in victims):
+            return True  # preemption alone: its placement already passed every quota rule
+        return self._may_evict_for(workload, kind, placement, victims)
 
     def _may_evict_for(
         self, workload: Workload, kind: EvictionKind, placement: Placement, victims: list[LiveRun]
