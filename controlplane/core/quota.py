@@ -36,6 +36,7 @@ class Ledger:
         self.usage: dict[str, Usage] = {}
         self.versions: dict[str, int] = {}  # bumped on every change of a node's usage
         self._chains: dict[str, tuple[QueueNode, ...]] = {}
+        self._lowest_holders: list[str] | None = None  # see `idle_guarantee`
 
         # Bounds in units, converted once: the rules below run for every placement tried.
         def units(amounts: Mapping[str, float]) -> dict[str, int]:
@@ -159,6 +160,25 @@ class Ledger:
             return False
         usage = self.usage.get(holder.id, {})
         return any(usage.get(key, ZERO) > bound for key, bound in self.guarantees[holder.id].items())
+
+    def idle_guarantee(self, excluding: str) -> Usage:
+        """Unused guarantee of the nodes that hold one for themselves (the lowest holders on every
+        chain, so a team's guarantee and its queues' are not counted twice), outside the chain of
+        `excluding`: what borrowers may use now and those holders may reclaim later."""
+        if self._lowest_holders is None:
+            holders = [i for i, g in self.guarantees.items() if g]
+            above = {node.id for h in holders for node in self.chain(h)[1:]}
+            self._lowest_holders = [h for h in holders if h not in above]
+        own = {node.id for node in self.chain(excluding)}
+        total: Usage = {}
+        for holder_id in self._lowest_holders:
+            if holder_id in own:
+                continue
+            for key, bound in self.guarantees[holder_id].items():
+                unused = bound - self.used(holder_id, key)
+                if unused > 0:
+                    total[key] = total.get(key, ZERO) + unused
+        return total
 
     def borrowing(self, queue_id: str) -> bool:
         """Whether the queue uses more than it is guaranteed (all of it, without a guarantee)."""
