@@ -187,11 +187,14 @@ class Cycle:
         if workload.queue_id in self.awaiting:
             return
         self.awaiting.add(workload.queue_id)
-        ledger = self.state.ledger
+        ledger, awaited = self.state.ledger, self.state.awaited
         depth = ledger.guarantee_holder(workload.queue_id)
-        if depth is not None:
-            holder = ledger.chain(workload.queue_id)[depth].id
-            self.state.awaited[holder] = self.state.awaited.get(holder, 0) + amount
+        if depth is None:
+            return
+        holder = ledger.chain(workload.queue_id)[depth].id
+        # Kept only on the GPU models it can use: capacity it could never take is still lent.
+        for model in self.fitter.gpu_models(workload):
+            awaited[(holder, model)] = awaited.get((holder, model), 0) + amount
 
     def _protected_note(self, workload: Workload, reason: Why, kinds: tuple[EvictionKind, ...]) -> Why:
         """The no-room reason, naming the runs a minimum runtime protects when evicting them would

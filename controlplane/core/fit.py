@@ -47,6 +47,7 @@ class Fitter:
         # Shapes no cluster could hold even empty (the fleet does not change within a cycle).
         self.never: dict[Shape, NeverFits | None] = {}
         self._empty: FleetCapacity | None = None
+        self.models_of: dict[Shape, tuple[str, ...]] = {}  # see `gpu_models`
 
     def capacity_grew(self) -> None:
         self.unplaceable.clear()
@@ -123,6 +124,23 @@ class Fitter:
             else:
                 found = NeverFits(workload.min_available, None, only_over_pools=bool(self.clusters))
         self.never[shape] = found
+        return found
+
+    def gpu_models(self, workload: Workload) -> tuple[str, ...]:
+        """The GPU models of the pools that serve some GPU pod set of the gang."""
+        shape = shape_of(workload)
+        found = self.models_of.get(shape)
+        if found is None:
+            gpu_sets = [p for p in workload.pod_sets if p.gpu_eq_per_pod()]
+            found = self.models_of[shape] = tuple(
+                sorted(
+                    {
+                        pool.gpu_model
+                        for pool in self.state.pools.values()
+                        if any(p.demand_on(pool) is not None for p in gpu_sets)
+                    }
+                )
+            )
         return found
 
     def _only_time_sliced(self, workload: Workload) -> bool:

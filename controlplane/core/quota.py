@@ -190,11 +190,14 @@ class Ledger:
             return any(value > 0 for value in usage.values())
         return any(usage.get(key, ZERO) > bound for key, bound in self.guarantees[queue_id].items())
 
-    def protected(self, lenders: Iterable[str], excluding: str, awaited: Mapping[str, int] | None = None) -> Usage:
+    def protected(
+        self, lenders: Iterable[str], excluding: str, awaited: Mapping[tuple[str, str], int] | None = None
+    ) -> Usage:
         """Unused guarantee other queues do not lend: borrowers must leave it free.
 
-        `awaited`: node id -> units gangs within its guarantee wait for this cycle. A guarantee
-        awaited is not lent this cycle, up to what is awaited (to anyone outside that node)."""
+        `awaited`: (guarantee holder id, GPU model) -> units gangs within that guarantee wait for
+        this cycle on that model. That much of the holder's unused guarantee is not lent on that
+        model this cycle (to anyone outside the holder)."""
         keeps: dict[tuple[str, str], int] = {}
         for queue_id in lenders:
             if queue_id == excluding or queue_id not in self.tree:
@@ -205,12 +208,15 @@ class Ledger:
                     continue  # without a lending limit a queue lends all it does not use
                 unused = max(ZERO, bound - self.used(queue_id, key))
                 keeps[(queue_id, key)] = max(ZERO, unused - lend)
-        for holder_id, amount in (awaited or {}).items():
+        for (holder_id, model), amount in (awaited or {}).items():
             if self.under(excluding, holder_id):
                 continue  # its own (team's) guarantee
-            for key, bound in self.guarantees[holder_id].items():
-                unused = max(ZERO, bound - self.used(holder_id, key))
-                keeps[(holder_id, key)] = max(keeps.get((holder_id, key), ZERO), min(unused, amount))
+            guaranteed = self.guarantees[holder_id]
+            key = model if model in guaranteed else GPU_EQ
+            if key not in guaranteed:
+                continue
+            unused = max(ZERO, guaranteed[key] - self.used(holder_id, key))
+            keeps[(holder_id, model)] = max(keeps.get((holder_id, model), ZERO), min(unused, amount))
         total: Usage = {}
         for (_, key), keep in keeps.items():
             if keep:
