@@ -83,6 +83,9 @@ class FairShare:
         if cached is not None and cached[0] == version:
             return cached[1]
         ledger = self.state.ledger
+        guaranteed = ledger.guarantees.get(queue_id, {})
+        if GPU_EQ in guaranteed and len(guaranteed) == 1:
+            models = models[:1]  # a model-agnostic guarantee: shares are on gpu-eq, the model is moot
         extras = [{GPU_EQ: amount, model: amount} for model in models]
         borrowing = ledger.borrowing(queue_id) or not any(
             ledger.within_guarantee(queue_id, extra, queue_only=True) for extra in extras
