@@ -15,16 +15,19 @@ the one place those memos are forgotten).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from controlplane.core.decision import (
     Admission,
     EvictionKind,
     FairShareTurn,
+    NeverFits,
     NoFit,
     OutsideGuarantee,
     PendingKind,
     PendingReason,
+    QuotaLimit,
     ReservationNote,
     Why,
 )
@@ -67,6 +70,7 @@ class Cycle:
         self.initial_free: FreeCapacity = copy_capacity(self.state.free)
         self.fit_at_start: dict[Shape, bool] = {}
         self.admitted_queues: list[str] = []
+        self.awaiting: set[str] = set()  # queues with a gang within guarantee left waiting for room
 
     def _capacity_grew(self) -> None:
         """An eviction freed capacity: shapes, verdicts and eviction attempts that failed may succeed now."""
@@ -133,26 +137,74 @@ class Cycle:
             reason = outcome
         else:
             reason = blocked
+        if isinstance(reason, NeverFits):
+            return reason, None  # no eviction or reservation can make room the fleet does not have
         no_fit = blocked is None and isinstance(reason, NoFit)
         if not workload.may_evict:
             return (reason, self.reservations.reserve(workload)) if no_fit else (reason, None)
-        # Ancestors are checked with the victims gone (their usage counts there too).
-        reclaimable = blocked is None and ledger.within_guarantee(workload.queue_id, wanted, queue_only=True)
-        for kind, allowed in (
-            (EvictionKind.IDLE, blocked is None),
-            (EvictionKind.RECLAIM, self.policy.reclaim and reclaimable),
-            (EvictionKind.PREEMPT, self.policy.preemption),
-            (EvictionKind.REBALANCE, blocked is None and self.evictor.rebalance_open()),
+        # Ancestors are checked with the victims gone (their usage counts there too). A queue under
+        # its guarantee may reclaim even when a team's or cohort's limit blocks it: borrowers under
+        # that ancestor use up the limit, and evicting them lowers it (its own limit still holds).
+        past_limit = isinstance(blocked, QuotaLimit) and ledger.ancestor_limit_block(workload.queue_id, wanted)
+        # A queue without a guarantee of its own reclaims the one its team (or cohort) holds.
+        reclaimable = (blocked is None or bool(past_limit)) and ledger.within_shared_guarantee(
+            workload.queue_id, wanted, holder_only=True
+        )
+        tried: list[EvictionKind] = []
+        # Preempting its own lower-priority runs may bring the queue back within its guarantee:
+        # then a set mixing both kinds is tried when neither alone made room.
+        combinable = (
+            self.policy.reclaim
+            and self.policy.preemption
+            and (blocked is None or bool(past_limit))
+            and ledger.guarantee_holder(workload.queue_id) is not None
+        )
+        for kind, allowed, combined in (
+            (EvictionKind.IDLE, blocked is None, False),
+            (EvictionKind.RECLAIM, self.policy.reclaim and reclaimable, False),
+            (EvictionKind.PREEMPT, self.policy.preemption, False),
+            (EvictionKind.RECLAIM, combinable, True),
+            (EvictionKind.REBALANCE, blocked is None and self.evictor.rebalance_open(), False),
         ):
             if allowed:
-                placement = self.evictor.make_room(workload, kind)
+                if kind not in tried:
+                    tried.append(kind)
+                placement = self.evictor.make_room(workload, kind, combined)
                 if placement is not None:
                     self._admit(workload, placement)
                     return None
         if no_fit:
-            why = self._fair_share_reason(workload) or reason
+            if reclaimable:
+                self._await_guarantee(workload, wanted[GPU_EQ])
+            why = self._fair_share_reason(workload) or self._protected_note(workload, reason, tuple(tried))
             return why, self.reservations.reserve(workload)
         return reason, None
+
+    def _await_guarantee(self, workload: Workload, amount: int) -> None:
+        """A gang within its (team's) guarantee waits for room: that much of the guarantee is not
+        lent to borrowers for the rest of the cycle, so nothing is admitted there only to be
+        reclaimed for it next cycle. One gang per queue (its first to wait) counts."""
+        if workload.queue_id in self.awaiting:
+            return
+        self.awaiting.add(workload.queue_id)
+        ledger, awaited = self.state.ledger, self.state.awaited
+        depth = ledger.guarantee_holder(workload.queue_id)
+        if depth is None:
+            return
+        holder = ledger.chain(workload.queue_id)[depth].id
+        # Kept only on the GPU models it can use: capacity it could never take is still lent.
+        for model in self.fitter.gpu_models(workload):
+            awaited[(holder, model)] = awaited.get((holder, model), 0) + amount
+
+    def _protected_note(self, workload: Workload, reason: Why, kinds: tuple[EvictionKind, ...]) -> Why:
+        """The no-room reason, naming the runs a minimum runtime protects when evicting them would
+        have made room (the gang waits for that protection to end, not for work to end)."""
+        if not isinstance(reason, NoFit) or not kinds:
+            return reason
+        held = self.evictor.held_by_min_runtime(workload, kinds)
+        if held is None:
+            return reason
+        return replace(reason, protected=held[0], protected_until=held[1])
 
     def _fair_share_reason(self, workload: Workload) -> FairShareTurn | None:
         """When the gang fitted the free capacity at the start of the cycle and queues ordered ahead

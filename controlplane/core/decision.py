@@ -89,6 +89,7 @@ class PendingKind(StrEnum):
     """The kind of reason a gang is left pending (also stored as `workloads.reason_kind`)."""
 
     NO_FIT = "no-fit"  # no cluster has room for it now
+    NEVER_FITS = "never-fits"  # no cluster could hold it even empty, as the fleet stands
     ISOLATION = "isolation"  # only time-sliced pools offer what an isolated gang asks for
     FAIR_SHARE = "fair-share"  # it fitted at the start of the cycle; queues ahead took the room
     QUOTA_LIMIT = "quota-limit"
@@ -121,6 +122,24 @@ class NoFit:
     pods: int  # min_available: pods it needs placed at once
     best_cluster: str | None  # name of the cluster that held the most of them, None if none did
     placed: int = 0
+    # Runs (workload ids) whose eviction would make room but whose minimum runtime protects them
+    # until `protected_until`: it waits for that, not for work to end.
+    protected: tuple[str, ...] = ()
+    protected_until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NeverFits:
+    """No cluster of the fleet as it stands (schedulable nodes only) could hold the gang even with
+    nothing running: it waits for nodes to be added or uncordoned, not for work to end."""
+
+    kind: ClassVar[PendingKind] = PendingKind.NEVER_FITS
+    pods: int  # min_available
+    best_cluster: str | None  # name of the cluster that would hold the most of them empty
+    placed: int = 0  # how many of them that cluster holds empty
+    # With no best cluster: True when clusters could hold it only over several pools (same_pool
+    # required), False when the fleet has no cluster at all.
+    only_over_pools: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,6 +212,7 @@ class NotConsidered:
 
 Why = (
     NoFit
+    | NeverFits
     | IsolationOnlyTimeSliced
     | FairShareTurn
     | QuotaLimit

@@ -18,7 +18,7 @@ from controlplane.core.ordering import FairShare
 from controlplane.core.placement import Placement
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState
-from controlplane.domain.model import Cluster, Workload
+from controlplane.domain.model import GPU_EQ, Cluster, Workload
 
 
 class Evictor:
@@ -41,7 +41,7 @@ class Evictor:
         self.capacity_grew = capacity_grew  # told after every real eviction
         self.evictions: list[Eviction] = []
         # Attempts that found no victim set: they fail again until capacity grows.
-        self.failed: set[tuple[EvictionKind, str, int, Shape]] = set()
+        self.failed: set[tuple[EvictionKind, bool, str, int, Shape]] = set()
 
     def forget_failures(self) -> None:
         self.failed.clear()
@@ -53,43 +53,77 @@ class Evictor:
         last = self.snapshot.last_rebalance_at
         return last is None or (self.now - last).total_seconds() >= policy.rebalance_interval_seconds
 
-    def make_room(self, workload: Workload, kind: EvictionKind) -> Placement | None:
+    def make_room(self, workload: Workload, kind: EvictionKind, combined: bool = False) -> Placement | None:
         """Evict the fewest runs of `kind` that let the gang fit; its placement on the freed
-        capacity, or None (nothing evicted) when no allowed set of victims makes room."""
+        capacity, or None (nothing evicted) when no allowed set of victims makes room.
+
+        `combined` (with kind RECLAIM): when neither preemption nor reclaim alone made room, one
+        set may mix lower-priority runs of the gang's own queue (preempted) with borrowed runs of
+        other queues (reclaimed); each victim keeps its kind's rules, and with any reclaimed victim
+        the gang must end within its guarantee."""
         if self.state.budget <= 0:
             return None
         # Within a cycle, capacity and candidates only shrink until an eviction happens: an attempt
         # that failed for this shape, queue and priority fails again. (A queue that starts
         # borrowing through this cycle's admissions becomes reclaimable from the next cycle.)
-        attempt = (kind, workload.queue_id, workload.priority, shape_of(workload))
+        attempt = (kind, combined, workload.queue_id, workload.priority, shape_of(workload))
         if attempt in self.failed:
             return None
-        candidates = self._candidates(workload, kind)
+        if combined:
+            candidates = self._candidates(workload, EvictionKind.PREEMPT) + self._candidates(workload, kind)
+            candidates.sort(key=self._victim_order)
+        else:
+            candidates = self._candidates(workload, kind)
         if not candidates:
             self.failed.add(attempt)
             return None
         best: list[LiveRun] | None = None
         for cluster_id in sorted({run.cluster_id for run in candidates}):
-            found = self._victims_in_cluster(workload, kind, [r for r in candidates if r.cluster_id == cluster_id])
+            in_cluster = [r for r in candidates if r.cluster_id == cluster_id]
+            found = self._victims_in_cluster(workload, kind, in_cluster, combined)
             if found is not None and (best is None or len(found) < len(best)):
                 best = found
         if best is None:
             self.failed.add(attempt)
             return None
         for victim in best:
-            self._evict(victim, workload, kind)
+            own = combined and victim.queue_id == workload.queue_id
+            self._evict(victim, workload, EvictionKind.PREEMPT if own else kind)
         self.capacity_grew()  # shapes and attempts that failed may succeed now
         placement = self.fitter.place(workload)
         assert isinstance(placement, Placement), "simulated eviction must make room"
         return placement
 
-    def _protected_by_runtime(self, run: LiveRun) -> bool:
+    def held_by_min_runtime(
+        self, workload: Workload, kinds: tuple[EvictionKind, ...]
+    ) -> tuple[tuple[str, ...], datetime] | None:
+        """When no allowed victim set made room but one would if minimum runtimes did not protect
+        its runs: those runs (workload ids) and when the last protection ends. Nothing is evicted."""
+        if self.state.budget <= 0:
+            return None
+        for kind in kinds:
+            candidates = self._candidates(workload, kind, ignore_min_runtime=True)
+            if not any(self._protected_until(run) for run in candidates):
+                continue
+            for cluster_id in sorted({run.cluster_id for run in candidates}):
+                found = self._victims_in_cluster(workload, kind, [r for r in candidates if r.cluster_id == cluster_id])
+                ends = [(run.workload_id, end) for run in found or () if (end := self._protected_until(run))]
+                if ends:
+                    return tuple(sorted(name for name, _ in ends)), max(end for _, end in ends)
+        return None
+
+    def _protected_until(self, run: LiveRun) -> datetime | None:
+        """When the run's minimum runtime ends, if it still protects the run now."""
         started = run.started_at or run.admitted_at
         if not run.min_runtime_seconds or started is None:
-            return False
-        return started + timedelta(seconds=run.min_runtime_seconds) > self.now
+            return None
+        until = started + timedelta(seconds=run.min_runtime_seconds)
+        return until if until > self.now else None
 
-    def _candidates(self, workload: Workload, kind: EvictionKind) -> list[LiveRun]:
+    def _protected_by_runtime(self, run: LiveRun) -> bool:
+        return self._protected_until(run) is not None
+
+    def _candidates(self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool = False) -> list[LiveRun]:
         live_by_queue, ledger = self.state.live_by_queue, self.state.ledger
         if kind is EvictionKind.PREEMPT:
             pool = list(live_by_queue.get(workload.queue_id, {}).values())
@@ -107,28 +141,40 @@ class Evictor:
                 if run.priority <= workload.priority
             ]
         else:
+            # When a team's or cohort's limit blocks the gang, only borrowers under it can make room.
+            wanted = {GPU_EQ: self.state.unit.least(workload)}
+            ancestor = ledger.ancestor_limit_block(workload.queue_id, wanted)
+            # A guarantee a team holds for its queues together is reclaimed from outside the team.
+            depth = ledger.guarantee_holder(workload.queue_id)
+            holder = ledger.chain(workload.queue_id)[depth].id if depth else None
             pool = [
                 run
                 for queue_id, runs in live_by_queue.items()
-                if queue_id != workload.queue_id and ledger.borrowing(queue_id)
+                if queue_id != workload.queue_id
+                and ledger.borrowing_beyond_holder(queue_id)
+                and (ancestor is None or ledger.under(queue_id, ancestor))
+                and (holder is None or not ledger.under(queue_id, holder))
                 for run in runs.values()
             ]
         runs = []
         for run in pool:
-            if not run.preemptible or self._protected_by_runtime(run) or run.workload_id == workload.id:
+            if not run.preemptible or run.workload_id == workload.id:
+                continue
+            if not ignore_min_runtime and self._protected_by_runtime(run):
                 continue
             if kind is EvictionKind.PREEMPT and run.priority >= workload.priority:
                 continue
             runs.append(run)
-        # Idle runs first, then the lowest priority, then the most recently admitted.
-        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
-        runs.sort(
-            key=lambda r: (not r.idle, r.priority, -(((r.admitted_at or epoch) - epoch).total_seconds()), r.run_id)
-        )
+        runs.sort(key=self._victim_order)
         return runs
 
+    def _victim_order(self, run: LiveRun) -> tuple[bool, int, float, str]:
+        """Idle runs first, then the lowest priority, then the most recently admitted."""
+        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
+        return (not run.idle, run.priority, -(((run.admitted_at or epoch) - epoch).total_seconds()), run.run_id)
+
     def _victims_in_cluster(
-        self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun]
+        self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun], combined: bool = False
     ) -> list[LiveRun] | None:
         """The minimal victim set in one cluster (sorted by run id), found on the real state inside
         a checkpoint that is always rolled back."""
@@ -143,11 +189,14 @@ class Evictor:
             for run in candidates:
                 if len(chosen) >= limit:
                     return None
-                if kind in (EvictionKind.RECLAIM, EvictionKind.REBALANCE) and not state.ledger.borrowing(run.queue_id):
+                reclaimed = kind is EvictionKind.RECLAIM and not (combined and run.queue_id == workload.queue_id)
+                if reclaimed and not state.ledger.borrowing_beyond_holder(run.queue_id):
                     continue  # its queue is back within its guarantee: the rest is not borrowed
+                if kind is EvictionKind.REBALANCE and not state.ledger.borrowing(run.queue_id):
+                    continue
                 state.give_back(run.assignments, run.queue_id)
                 chosen.append(run)
-                if self._room(workload, kind, only, chosen):
+                if self._room(workload, kind, only, chosen, combined):
                     break
             else:
                 return None
@@ -155,7 +204,7 @@ class Evictor:
                 without = state.checkpoint()
                 state.take(run.assignments, run.queue_id)
                 chosen.remove(run)
-                if self._room(workload, kind, only, chosen):
+                if self._room(workload, kind, only, chosen, combined):
                     state.keep(without)
                 else:
                     state.rollback(without)
@@ -164,9 +213,20 @@ class Evictor:
         finally:
             state.rollback(trial)
 
-    def _room(self, workload: Workload, kind: EvictionKind, only: tuple[Cluster, ...], victims: list[LiveRun]) -> bool:
+    def _room(
+        self,
+        workload: Workload,
+        kind: EvictionKind,
+        only: tuple[Cluster, ...],
+        victims: list[LiveRun],
+        combined: bool = False,
+    ) -> bool:
         placement = self.fitter.place(workload, clusters=only)
-        return isinstance(placement, Placement) and self._may_evict_for(workload, kind, placement, victims)
+        if not isinstance(placement, Placement):
+            return False
+        if combined and all(v.queue_id == workload.queue_id for v in victims):
+            return True  # preemption alone: its placement already passed every quota rule
+        return self._may_evict_for(workload, kind, placement, victims)
 
     def _may_evict_for(
         self, workload: Workload, kind: EvictionKind, placement: Placement, victims: list[LiveRun]
@@ -177,7 +237,7 @@ class Evictor:
             return True  # the gang's own placement already passed every quota rule
         held = self.state.unit.usage(placement.assignments, self.state.pool_of_node)
         if kind is EvictionKind.RECLAIM:
-            return self.state.ledger.within_guarantee(workload.queue_id, held)
+            return self.state.ledger.within_shared_guarantee(workload.queue_id, held)
         # Rebalance: afterwards the preemptor's queue must not have a higher share than any queue
         # it takes from. Candidates come only from queues strictly ahead, so the victims' queues
         # cannot take the capacity back next cycle (no ping-pong).

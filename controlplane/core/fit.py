@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controlplane.core.capacity import fits
-from controlplane.core.decision import IsolationOnlyTimeSliced, NoFit, NotLent, OutsideGuarantee, Why
+from controlplane.core.capacity import FleetCapacity, fits
+from controlplane.core.decision import IsolationOnlyTimeSliced, NeverFits, NoFit, NotLent, OutsideGuarantee, Why
 from controlplane.core.placement import FreeCapacity, Miss, Placement
 from controlplane.core.quota import ZERO, Usage
 from controlplane.core.scoring import Scorer
@@ -37,12 +37,17 @@ def shape_of(workload: Workload) -> Shape:
 class Fitter:
     def __init__(self, snapshot: Snapshot, policy: Policy, state: CycleState, scorer: Scorer) -> None:
         self.clusters = snapshot.clusters
+        self.nodes = snapshot.nodes
         self.policy = policy
         self.state = state
         self.scorer = scorer
         # Shapes that found no room on the real free capacity this cycle, with the reason: room
         # only shrinks until an eviction (`capacity_grew`).
         self.unplaceable: dict[Shape, Why] = {}
+        # Shapes no cluster could hold even empty (the fleet does not change within a cycle).
+        self.never: dict[Shape, NeverFits | None] = {}
+        self._empty: FleetCapacity | None = None
+        self.models_of: dict[Shape, tuple[str, ...]] = {}  # see `gpu_models`
 
     def capacity_grew(self) -> None:
         self.unplaceable.clear()
@@ -95,9 +100,48 @@ class Fitter:
     def no_fit(self, workload: Workload, miss: Miss | None) -> Why:
         if workload.requires_isolation and self._only_time_sliced(workload):
             return IsolationOnlyTimeSliced()
+        never = self.never_fits(workload)
+        if never is not None:
+            return never
         if miss is None:
             return NoFit(workload.min_available, None)
         return NoFit(workload.min_available, miss.detail, miss.placed)
+
+    def never_fits(self, workload: Workload) -> NeverFits | None:
+        """Why no cluster could hold the gang even with nothing running on the fleet as it stands
+        (cordoned nodes do not count), or None when one could: then it only waits for room."""
+        shape = shape_of(workload)
+        if shape in self.never:
+            return self.never[shape]
+        if self._empty is None:  # built once a cycle, and only when some gang found no room
+            self._empty = FleetCapacity(self.clusters, self.nodes)
+        answer = self._empty.fits(workload, prefer_same_pool=self.policy.prefer_same_pool)
+        found: NeverFits | None = None
+        if not answer.placements:
+            best = answer.best_miss
+            if best is not None:
+                found = NeverFits(workload.min_available, best.detail, best.placed)
+            else:
+                found = NeverFits(workload.min_available, None, only_over_pools=bool(self.clusters))
+        self.never[shape] = found
+        return found
+
+    def gpu_models(self, workload: Workload) -> tuple[str, ...]:
+        """The GPU models of the pools that serve some GPU pod set of the gang."""
+        shape = shape_of(workload)
+        found = self.models_of.get(shape)
+        if found is None:
+            gpu_sets = [p for p in workload.pod_sets if p.gpu_eq_per_pod()]
+            found = self.models_of[shape] = tuple(
+                sorted(
+                    {
+                        pool.gpu_model
+                        for pool in self.state.pools.values()
+                        if any(p.demand_on(pool) is not None for p in gpu_sets)
+                    }
+                )
+            )
+        return found
 
     def _only_time_sliced(self, workload: Workload) -> bool:
         """Whether some pod set could be served by time-sliced pools and by nothing else."""
@@ -119,7 +163,7 @@ class Fitter:
             return None
         if not workload.preemptible:
             return OutsideGuarantee()
-        protected = ledger.protected(self.state.lenders, excluding=workload.queue_id)
+        protected = ledger.protected(self.state.lenders, excluding=workload.queue_id, awaited=self.state.awaited)
         free_eq = self.state.free_eq
         for key, keep in protected.items():
             want = held.get(key, ZERO)

@@ -2,8 +2,10 @@
 
 A queue's share is its weighted dominant share of what it uses above its guarantee (DRF over GPU
 models), plus its weighted part of the fleet's recent consumption when the policy keeps history.
-Shares are read from the quota ledger as the cycle admits and evicts, so the order is lazy: the
-next queue is picked after the previous gang was decided.
+Queues are compared on the share each would have *after* admitting its head (Kueue's fair sharing
+does the same): a queue whose next gang is large does not go ahead of one whose next gang keeps
+it lower. Shares are read from the quota ledger as the cycle admits and evicts, so the order is
+lazy: the next queue is picked after the previous gang was decided.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class FairShare:
         self.policy = policy
         self.state = state
         self.shares: dict[str, tuple[int, Fraction]] = {}  # queue id -> (ledger version, share)
+        # (queue id, gpu-eq units of its head, models it may use) -> (ledger version, (borrowing, share) after)
+        self.shares_after: dict[tuple[str, int, tuple[str, ...]], tuple[int, tuple[bool, Fraction]]] = {}
         self.history: dict[str, Fraction] = {}
         if policy.usage_history_weight > 0 and snapshot.usage_history:
             decayed = decayed_gpu_hours(snapshot.usage_history, now, policy.usage_half_life_seconds)
@@ -58,8 +62,37 @@ class FairShare:
                 heapq.heappush(heap, self._queue_key(queue_id, items[heads[queue_id]]))
 
     def _queue_key(self, queue_id: str, head: Workload) -> tuple[int, Fraction, int, int, str]:
-        borrowing = int(self.state.ledger.borrowing(queue_id))
-        return (borrowing, self.share(queue_id), -head.priority, head.created_seq, queue_id)
+        try:
+            borrowing, share = self.after(queue_id, head)
+        except Exception:  # a gang that cannot be sized is set aside when its turn comes (`schedule`)
+            borrowing, share = self.state.ledger.borrowing(queue_id), self.share(queue_id)
+        return (int(borrowing), share, -head.priority, head.created_seq, queue_id)
+
+    def after(self, queue_id: str, head: Workload) -> tuple[bool, Fraction]:
+        """Whether the queue borrows, and its share, once `head` is admitted: the head's least
+        gpu-eq added on the GPU model it may land on (the most favourable one when it may land on
+        several: the model is only known once placed). Queues whose head stays within their
+        guarantee go first."""
+        amount = self.state.unit.least(head)
+        if not amount:
+            return self.state.ledger.borrowing(queue_id), self.share(queue_id)
+        models = _allowed_models(head, self.state.capacity)
+        memo_key = (queue_id, amount, models)
+        version = self.state.ledger.versions.get(queue_id, 0)
+        cached = self.shares_after.get(memo_key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        ledger = self.state.ledger
+        guaranteed = ledger.guarantees.get(queue_id, {})
+        if GPU_EQ in guaranteed and len(guaranteed) == 1:
+            models = models[:1]  # a model-agnostic guarantee: shares are on gpu-eq, the model is moot
+        extras = [{GPU_EQ: amount, model: amount} for model in models]
+        borrowing = ledger.borrowing(queue_id) or not any(
+            ledger.within_guarantee(queue_id, extra, queue_only=True) for extra in extras
+        )
+        answer = borrowing, min(self.share_of(queue_id, extra=extra) for extra in extras)
+        self.shares_after[memo_key] = (version, answer)
+        return answer
 
     def share(self, queue_id: str) -> Fraction:
         """`share_of` the queue, recomputed only when its usage changed."""
@@ -100,3 +133,12 @@ class FairShare:
             if above > 0:
                 dominant = max(dominant, Fraction(above, total))
         return (dominant + self.history.get(queue_id, ZERO)) / weight
+
+
+def _allowed_models(workload: Workload, capacity: Usage) -> tuple[str, ...]:
+    """The fleet's GPU models every GPU pod set of the gang accepts (all of them when none narrows)."""
+    models = {key for key in capacity if key != GPU_EQ}
+    for pod_set in workload.pod_sets:
+        if pod_set.gpu_models and pod_set.gpu_eq_per_pod():
+            models &= set(pod_set.gpu_models)
+    return tuple(sorted(models)) or (GPU_EQ,)

@@ -36,6 +36,7 @@ class Ledger:
         self.usage: dict[str, Usage] = {}
         self.versions: dict[str, int] = {}  # bumped on every change of a node's usage
         self._chains: dict[str, tuple[QueueNode, ...]] = {}
+        self._lowest_holders: list[str] | None = None  # see `idle_guarantee`
 
         # Bounds in units, converted once: the rules below run for every placement tried.
         def units(amounts: Mapping[str, float]) -> dict[str, int]:
@@ -79,6 +80,24 @@ class Ledger:
                     return QuotaLimit(node.name, key, node.limit.amounts[key], used, self.unit.gpus(want))
         return None
 
+    def ancestor_limit_block(self, queue_id: str, amounts: Mapping[str, int]) -> str | None:
+        """The id of the highest team or cohort whose limit blocks `amounts` when none of the
+        queue's own limits does (that limit is shared with, and maybe used up by, queues under it);
+        None otherwise."""
+        chain = self.chain(queue_id)
+        blocking: str | None = None
+        for depth, node in enumerate(chain):
+            for key, bound in self.limits[node.id].items():
+                want = amounts.get(key, ZERO)
+                if want and self.used(node.id, key) + want > bound:
+                    if depth == 0:
+                        return None
+                    blocking = node.id
+        return blocking
+
+    def under(self, queue_id: str, ancestor_id: str) -> bool:
+        return any(node.id == ancestor_id for node in self.chain(queue_id))
+
     def borrowing_block(self, queue_id: str, amounts: Mapping[str, int]) -> BorrowingLimit | None:
         for node in self.chain(queue_id):
             for key, bound in self.borrowing_limits[node.id].items():
@@ -104,6 +123,63 @@ class Ledger:
                     return False
         return True
 
+    def guarantee_holder(self, queue_id: str) -> int | None:
+        """Where on the queue's chain (0: the queue itself) the guarantee it may reclaim is held:
+        the queue's own, else the nearest team's or cohort's, which belongs to its queues together.
+        None when nothing on the chain declares one."""
+        for depth, node in enumerate(self.chain(queue_id)):
+            if node.guaranteed.amounts:
+                return depth
+        return None
+
+    def within_shared_guarantee(self, queue_id: str, amounts: Mapping[str, int], holder_only: bool = False) -> bool:
+        """`within_guarantee` where a queue without a guarantee of its own counts on the one its
+        nearest team or cohort holds: that holder and every ancestor above it that declares one
+        must cover `amounts` on top of their usage (only the holder with `holder_only`)."""
+        depth = self.guarantee_holder(queue_id)
+        if depth is None:
+            return False
+        chain = self.chain(queue_id)[depth:]
+        if not _covers_any(chain[0], amounts):
+            return False
+        for node in chain[:1] if holder_only else chain:
+            for key, bound in self.guarantees[node.id].items():
+                want = amounts.get(key, ZERO)
+                if want and self.used(node.id, key) + want > bound:
+                    return False
+        return True
+
+    def borrowing_beyond_holder(self, queue_id: str) -> bool:
+        """Whether the queue's work runs on borrowed capacity, counting a queue without a guarantee
+        of its own against the guarantee its nearest team or cohort holds for its queues together."""
+        depth = self.guarantee_holder(queue_id)
+        if not depth:  # its own guarantee, or none anywhere: `borrowing` says
+            return self.borrowing(queue_id)
+        holder = self.chain(queue_id)[depth]
+        if not any(value > 0 for value in self.usage.get(queue_id, {}).values()):
+            return False
+        usage = self.usage.get(holder.id, {})
+        return any(usage.get(key, ZERO) > bound for key, bound in self.guarantees[holder.id].items())
+
+    def idle_guarantee(self, excluding: str) -> Usage:
+        """Unused guarantee of the nodes that hold one for themselves (the lowest holders on every
+        chain, so a team's guarantee and its queues' are not counted twice), outside the chain of
+        `excluding`: what borrowers may use now and those holders may reclaim later."""
+        if self._lowest_holders is None:
+            holders = [i for i, g in self.guarantees.items() if g]
+            above = {node.id for h in holders for node in self.chain(h)[1:]}
+            self._lowest_holders = [h for h in holders if h not in above]
+        own = {node.id for node in self.chain(excluding)}
+        total: Usage = {}
+        for holder_id in self._lowest_holders:
+            if holder_id in own:
+                continue
+            for key, bound in self.guarantees[holder_id].items():
+                unused = bound - self.used(holder_id, key)
+                if unused > 0:
+                    total[key] = total.get(key, ZERO) + unused
+        return total
+
     def borrowing(self, queue_id: str) -> bool:
         """Whether the queue uses more than it is guaranteed (all of it, without a guarantee)."""
         node = self.tree.get(queue_id)
@@ -114,21 +190,37 @@ class Ledger:
             return any(value > 0 for value in usage.values())
         return any(usage.get(key, ZERO) > bound for key, bound in self.guarantees[queue_id].items())
 
-    def protected(self, queues: Iterable[str], excluding: str) -> Usage:
-        """Unused guarantee other queues do not lend: borrowers must leave it free."""
-        total: Usage = {}
-        for queue_id in queues:
-            node = self.tree.get(queue_id)
-            if queue_id == excluding or node is None:
+    def protected(
+        self, lenders: Iterable[str], excluding: str, awaited: Mapping[tuple[str, str], int] | None = None
+    ) -> Usage:
+        """Unused guarantee other queues do not lend: borrowers must leave it free.
+
+        `awaited`: (guarantee holder id, GPU model) -> units gangs within that guarantee wait for
+        this cycle on that model. That much of the holder's unused guarantee is not lent on that
+        model this cycle (to anyone outside the holder)."""
+        keeps: dict[tuple[str, str], int] = {}
+        for queue_id in lenders:
+            if queue_id == excluding or queue_id not in self.tree:
                 continue
             for key, bound in self.guarantees[queue_id].items():
                 lend = self.lending_limits[queue_id].get(key)
                 if lend is None:
                     continue  # without a lending limit a queue lends all it does not use
                 unused = max(ZERO, bound - self.used(queue_id, key))
-                keep = max(ZERO, unused - lend)
-                if keep:
-                    total[key] = total.get(key, ZERO) + keep
+                keeps[(queue_id, key)] = max(ZERO, unused - lend)
+        for (holder_id, model), amount in (awaited or {}).items():
+            if self.under(excluding, holder_id):
+                continue  # its own (team's) guarantee
+            guaranteed = self.guarantees[holder_id]
+            key = model if model in guaranteed else GPU_EQ
+            if key not in guaranteed:
+                continue
+            unused = max(ZERO, guaranteed[key] - self.used(holder_id, key))
+            keeps[(holder_id, model)] = max(keeps.get((holder_id, model), ZERO), min(unused, amount))
+        total: Usage = {}
+        for (_, key), keep in keeps.items():
+            if keep:
+                total[key] = total.get(key, ZERO) + keep
         return total
 
 

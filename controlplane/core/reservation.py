@@ -1,7 +1,10 @@
 """Reservations: the head of a queue that finds no room holds the nodes that free up first.
 
 Work behind it backfills there only if its declared `max_runtime_seconds` ends before the
-reservation is due, so a stream of small jobs cannot starve a large gang. Finding the nodes is a
+reservation is due, so a stream of small jobs cannot starve a large gang. Nothing is held waiting
+for a run that has no declared end and may not be evicted (non-preemptible): it may never end.
+Nor does a gang that would borrow hold capacity other queues' unused guarantees need: that idle
+guarantee is lent to borrowers (reclaimable later), unless `Policy.reserve_idle_guarantee`. Finding the nodes is a
 what-if on the cycle's state (live runs released in the order they are due, inside a checkpoint
 that is rolled back); holding them takes their free capacity out of circulation for the cycle.
 """
@@ -17,7 +20,7 @@ from controlplane.core.fit import Fitter
 from controlplane.core.placement import Placement
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState
-from controlplane.domain.model import Workload
+from controlplane.domain.model import GPU_EQ, Workload
 
 
 @dataclass
@@ -47,8 +50,10 @@ class Reservations:
         state = self.state
         best: tuple[bool, datetime, int, str, Placement] | None = None
         for cluster in self.clusters:
+            # A run with no declared end that nothing may evict may hold its capacity forever:
+            # nodes are never held waiting for it.
             runs = sorted(
-                (r for r in state.live.values() if r.cluster_id == cluster.id),
+                (r for r in state.live.values() if r.cluster_id == cluster.id and (r.preemptible or r.ends_by())),
                 key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id),
             )
             released: list[LiveRun] = []
@@ -75,6 +80,8 @@ class Reservations:
             return None
         unknown, due, _, cluster_id, placement = best
         nodes = sorted({a.node_id for a in placement.assignments})
+        if self._would_hold_idle_guarantee(workload, nodes):
+            return None
         # Held: nobody else may take what is free there now.
         held = {node_id: state.hold_node(node_id) for node_id in nodes}
         self.held.append(Reservation(workload.id, cluster_id, held, None if unknown else due))
@@ -82,6 +89,27 @@ class Reservations:
         note = ReservationNote(len(nodes), cluster_name, workload.name, None if unknown else due)
         self.by_queue[workload.queue_id] = note
         return note
+
+    def _would_hold_idle_guarantee(self, workload: Workload, nodes: list[str]) -> bool:
+        """Whether holding the free capacity of `nodes` for a gang that would borrow leaves less
+        free than other queues' unused guarantees: that idle guarantee is lent to borrowers
+        instead (reclaimable later), unless the policy reserves it."""
+        state = self.state
+        ledger = state.ledger
+        if self.policy.reserve_idle_guarantee:
+            return False
+        if ledger.within_shared_guarantee(workload.queue_id, {GPU_EQ: state.unit.least(workload)}):
+            return False
+        idle = ledger.idle_guarantee(excluding=workload.queue_id)
+        if not idle:
+            return False
+        held: dict[str, int] = {}
+        for node_id in nodes:
+            pool = state.pool_of_node[node_id]
+            amount = state.unit.of_demand(state.free[node_id], pool)
+            held[GPU_EQ] = held.get(GPU_EQ, 0) + amount
+            held[pool.gpu_model] = held.get(pool.gpu_model, 0) + amount
+        return any(state.free_eq.get(key, 0) - held.get(key, 0) < amount for key, amount in idle.items())
 
     def backfill(self, workload: Workload, admit: Callable[[Workload, Placement], None]) -> bool:
         """Admit a gang on reserved nodes when its declared runtime ends before they are due."""

@@ -90,6 +90,9 @@ class Policy:
     # A gang at the head of its queue that finds no room holds the nodes it waits for, so smaller
     # work cannot starve it; at most this many such reservations per cycle.
     max_reservations: int = 4
+    # A reservation for a gang that would borrow may hold capacity other queues' unused guarantees
+    # need (off: that idle guarantee is lent to borrowers instead, reclaimable later).
+    reserve_idle_guarantee: bool = False
     # How placements are scored (lower wins): free GPU slots left on the touched nodes, nodes left
     # partly used, and price per hour of the GPUs taken.
     fit_weight: float = 1.0

@@ -68,6 +68,9 @@ class CycleState:
         self.lenders = sorted(
             node.id for node in snapshot.queue_tree.values() if node.id not in parents and node.lending_limit.amounts
         )
+        # (guarantee holder id, GPU model) -> units gangs within that guarantee wait for this
+        # cycle on that model: not lent to borrowers until the next cycle (no admit-then-churn).
+        self.awaited: dict[tuple[str, str], int] = {}
         self.budget = policy.disruption_budget  # evictions left this cycle
         self.rebalanced = 0  # rebalancing evictions made this cycle
 

@@ -1,16 +1,16 @@
 """Cloud pool autoscaling: buy nodes for gangs that wait for room, give back nodes nobody uses.
 
-`decide` is pure. A queued gang whose pending reason is of kind `no-fit` is tried on a hypothetical fleet: the
-real free capacity (live runs subtracted), nodes already on their way (a pool's `scale_target` above
-its size) and k extra empty nodes in one cloud pool, k = 1 .. what its `max_size` allows. Of the pools
-where the gang then fits, the cheapest per GPU-hour wins, then the one needing the fewest nodes; the
-gang's pods take that room, so the next gang does not count on it too. A gang no single pool can hold
-even at its max size grows several pools of one cluster, a node at a time, cheapest pool first. A pool
-already scaling to the size a gang needs gets no second request (idempotent across passes, and across
-dispatcher restarts: the target is stored); a request the cloud has not matched after `request_ttl`
-seconds is forgotten. A pool with no live run on any of its nodes for `cooldown` seconds is scaled
-down to its `min_size`, never below. A gang that does not fit even with every pool at its max size
-buys nothing.
+`decide` is pure. A queued gang whose pending reason is of kind `no-fit` (or `never-fits`: no
+cluster holds it even empty) is tried on a hypothetical fleet: the real free capacity (live runs
+subtracted), nodes already on their way (a pool's `scale_target` above its size) and k extra empty
+nodes in one cloud pool, k = 1 .. what its `max_size` allows. Of the pools where the gang then fits,
+the cheapest per GPU-hour wins, then the one needing the fewest nodes; the gang's pods take that
+room, so the next gang does not count on it too. A gang no single pool can hold even at its max size
+grows several pools of one cluster, a node at a time, cheapest pool first. A pool already scaling to
+the size a gang needs gets no second request (idempotent across passes, and across dispatcher
+restarts: the target is stored); a request the cloud has not matched after `request_ttl` seconds is
+forgotten. A pool with no live run on any of its nodes for `cooldown` seconds is scaled down to its
+`min_size`, never below. A gang that does not fit even with every pool at its max size buys nothing.
 
 `autoscale_once` is the worker step: read (one transaction), decide, call the clouds (no transaction
 open), then record each request (audit log, `scale_target`, event `<prefix>.events.cluster.<c>.scaled`).
@@ -118,7 +118,7 @@ def decide(
     decisions: list[ScaleDecision] = []
     wanted: set[str] = set()  # pools a waiting gang counts on
     for workload in snapshot.pending:
-        if reasons.get(workload.id) != PendingKind.NO_FIT:
+        if reasons.get(workload.id) not in (PendingKind.NO_FIT, PendingKind.NEVER_FITS):
             continue
         fits_now = fleet.fits(workload).placements
         if fits_now:

@@ -17,6 +17,7 @@ from controlplane.core.decision import (
     EvictionKind,
     FairShareTurn,
     IsolationOnlyTimeSliced,
+    NeverFits,
     NoFit,
     NotConsidered,
     NotLent,
@@ -35,10 +36,25 @@ def why_text(why: Why) -> str:
     """The sentence for one reason a gang waits (without the reservation it holds)."""
     match why:
         case NoFit(pods=pods, best_cluster=None):
-            return f"no-fit: needs {pods} pods placed at once in one cluster; no cluster has room for any"
+            text = f"no-fit: needs {pods} pods placed at once in one cluster; no cluster has room for any"
+            return text + _protected_text(why)
         case NoFit(pods=pods, best_cluster=cluster, placed=placed):
             best = f"best cluster {cluster} has room for {placed}"
-            return f"no-fit: needs {pods} pods placed at once in one cluster; {best}"
+            return f"no-fit: needs {pods} pods placed at once in one cluster; {best}" + _protected_text(why)
+        case NeverFits(best_cluster=None, only_over_pools=False):
+            return "never-fits: can never fit in this fleet as it stands (the fleet has no cluster)"
+        case NeverFits(pods=pods, best_cluster=None):
+            return (
+                f"never-fits: can never fit in this fleet as it stands (needs {pods} pods placed at once in "
+                "one node pool, and only several pools together could hold them); it waits for nodes to be "
+                "added or uncordoned"
+            )
+        case NeverFits(pods=pods, best_cluster=cluster, placed=placed):
+            return (
+                f"never-fits: can never fit in this fleet as it stands (needs {pods} pods placed at once in "
+                f"one cluster; the best, {cluster}, holds {placed} even with nothing running); it waits for "
+                "nodes to be added or uncordoned"
+            )
         case IsolationOnlyTimeSliced():
             return (
                 "isolation: this workload requires isolation, and only time-sliced pools offer what it asks for; "
@@ -80,6 +96,15 @@ def why_text(why: Why) -> str:
                 "before its turn; it is considered again next cycle"
             )
     raise AssertionError(f"no wording for {why!r}")  # pragma: no cover - the match is exhaustive
+
+
+def _protected_text(why: NoFit) -> str:
+    if not why.protected or why.protected_until is None:
+        return ""
+    names = ", ".join(why.protected)
+    verb = "is protected by its" if len(why.protected) == 1 else "are protected by their"
+    until = why.protected_until.isoformat()
+    return f"; evicting {names} would make room, but {names} {verb} minimum runtime until {until}"
 
 
 def reservation_text(note: ReservationNote) -> str:

@@ -183,7 +183,7 @@ def test_waiting_gang_grows_the_cheapest_pool_once_and_idle_pool_goes_back_to_mi
     t0 = utc_now()
     assert schedule(wiring, t0) == 0
     view = client.get(f"/v1/workloads/{workload_id}", headers=team.headers).json()
-    assert view["reason"].startswith("no-fit"), view
+    assert view["reason"].startswith("never-fits: can never fit in this fleet as it stands"), view
 
     (outcome,) = eks.step(t0)
     assert outcome.ok, outcome.error
@@ -287,7 +287,7 @@ def test_gang_that_cannot_fit_even_at_max_size_scales_nothing(
     t0 = utc_now()
     assert schedule(wiring, t0) == 0
     view = client.get(f"/v1/workloads/{workload_id}", headers=team.headers).json()
-    assert view["reason"].startswith("no-fit"), view
+    assert view["reason"].startswith("never-fits"), view
     assert eks.step(t0) == []
     assert eks.step(t0 + timedelta(seconds=30)) == []
     assert eks.updates() == 0

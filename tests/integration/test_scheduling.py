@@ -73,7 +73,14 @@ def test_gangs_admitted_all_or_nothing_and_pending_reasons_shown(
         assert views[i]["reason"].startswith("no-fit: needs 4 pods")
         assert "room for 2" in views[i]["reason"]
         # Next to the sentence, the kind and fields machines read (the autoscaler reads the kind).
-        assert views[i]["reason_detail"] == {"kind": "no-fit", "pods": 4, "best_cluster": "sim-h100", "placed": 2}
+        assert views[i]["reason_detail"] == {
+            "kind": "no-fit",
+            "pods": 4,
+            "best_cluster": "sim-h100",
+            "placed": 2,
+            "protected": [],
+            "protected_until": None,
+        }
     assert [views[i]["queue_position"] for i in ids] == [1, 2, 3]
     with wiring.uow() as uow:
         kinds = uow.cloud.pending_kinds()

@@ -39,12 +39,13 @@ def test_a_gang_that_must_stay_in_one_pool_fits_nowhere_the_scheduler_would_not_
     fleet = FleetCapacity(clusters, nodes)
     assert fleet.fits(gang).placements == []
     assert fleet.fits(spread).placements
-    # submit: refused with the same answer; the scheduler leaves it pending for lack of room
+    # submit: refused with the same answer; the scheduler leaves it pending as one that never fits
     assert why_never_fits(gang, clusters, nodes) == (
         "same_pool is required, but only several node pools together could ever hold this gang"
     )
     decision = run_schedule(make_snapshot(clusters, nodes, [gang]))
-    assert reason_of(decision, "g").startswith("no-fit:")
+    assert reason_of(decision, "g").startswith("never-fits:")
+    assert "only several pools together could hold them" in reason_of(decision, "g")
 
 
 def test_the_autoscaler_buys_a_node_for_a_gang_the_scheduler_cannot_place_over_two_pools() -> None:

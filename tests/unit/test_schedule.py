@@ -93,7 +93,7 @@ def test_a_gang_that_does_not_fit_does_not_block_smaller_ones_behind_it() -> Non
     small = make_workload("small", gpus(4), priority=0)
     decision = run_schedule(make_snapshot(clusters, nodes, [big, small]))
     assert admitted_ids(decision) == ["small"]
-    assert reason_of(decision, "big").startswith("no-fit:")
+    assert reason_of(decision, "big").startswith("never-fits:")
 
 
 # --- limits ------------------------------------------------------------------------------------
@@ -132,10 +132,10 @@ def test_team_limit_does_not_constrain_another_team() -> None:
 
 def test_cohort_limit_is_shared_by_every_team() -> None:
     clusters, nodes = single_pool_fleet(nodes=2)
-    pending = [make_workload("a", gpus(6), queue="q1", seq=1), make_workload("b", gpus(4), queue="q3", seq=2)]
+    pending = [make_workload("a", gpus(4), queue="q1", seq=1), make_workload("b", gpus(6), queue="q3", seq=2)]
     decision = run_schedule(make_snapshot(clusters, nodes, pending, tree=two_team_tree(cohort=8)))
     assert admitted_ids(decision) == ["a"]
-    assert reason_of(decision, "b") == "quota: cohort limit is 8 gpu-eq, 6 in use, this gang needs 4"
+    assert reason_of(decision, "b") == "quota: cohort limit is 8 gpu-eq, 4 in use, this gang needs 6"
 
 
 def test_the_nearest_exceeded_limit_is_reported_first() -> None:
@@ -242,21 +242,39 @@ def test_workload_in_a_queue_missing_from_the_tree_has_no_limits() -> None:
 # --- reasons and queue positions ---------------------------------------------------------------
 
 
-def test_no_fit_reason_names_the_gang_size_and_the_closest_cluster() -> None:
+def test_never_fits_reason_names_the_gang_size_and_the_closest_cluster() -> None:
     p1 = make_pool("p1", "c1", gpus_per_node=8)
     p2 = make_pool("p2", "c2", gpus_per_node=8)
     clusters = (make_cluster("c1", p1, name="east"), make_cluster("c2", p2, name="west"))
     nodes = make_nodes(p1, 1) + make_nodes(p2, 2)
     decision = run_schedule(make_snapshot(clusters, nodes, [make_workload("w", gpus(8, 3))]))
+    assert reason_of(decision, "w") == (
+        "never-fits: can never fit in this fleet as it stands (needs 3 pods placed at once in one cluster; "
+        "the best, west, holds 2 even with nothing running); it waits for nodes to be added or uncordoned"
+    )
+
+
+def test_no_fit_reason_names_the_gang_size_and_the_cluster_with_most_room_now() -> None:
+    p1 = make_pool("p1", "c1", gpus_per_node=8)
+    p2 = make_pool("p2", "c2", gpus_per_node=8)
+    clusters = (make_cluster("c1", p1, name="east"), make_cluster("c2", p2, name="west"))
+    nodes = make_nodes(p1, 3) + make_nodes(p2, 3)
+    # Every east node and one west node are busy: the gang fits the fleet, just not now.
+    busy = [n for n in nodes if n.pool_id == "p1"] + [n for n in nodes if n.pool_id == "p2"][:1]
+    fillers = [make_workload(f"f{i}", gpus(8), seq=i) for i in range(len(busy))]
+    placed = run_schedule(make_snapshot(clusters, busy, fillers)).admissions
+    live = [live_run_of(a, w) for a, w in zip(placed, fillers, strict=True)]
+    decision = run_schedule(make_snapshot(clusters, nodes, [make_workload("w", gpus(8, 3))], live=live))
     assert (
         reason_of(decision, "w")
-        == "no-fit: needs 3 pods placed at once in one cluster; best cluster west has room for 2"
+        == "no-fit: needs 3 pods placed at once in one cluster; best cluster west has room for 2; "
+        "reservation: 3 node(s) of cluster west held for w, due when running work ends"
     )
 
 
 def test_no_fit_reason_on_an_empty_fleet() -> None:
     decision = run_schedule(make_snapshot((), (), [make_workload("w")]))
-    assert reason_of(decision, "w") == "no-fit: needs 1 pods placed at once in one cluster; no cluster has room for any"
+    assert reason_of(decision, "w") == "never-fits: can never fit in this fleet as it stands (the fleet has no cluster)"
 
 
 def test_every_pending_workload_gets_a_reason_and_a_one_based_position_in_its_queue() -> None:

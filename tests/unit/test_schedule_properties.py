@@ -175,7 +175,7 @@ def assert_decision_is_sound(snapshot: Snapshot, decision: Decision) -> None:
     for reason in decision.pending:
         text = pending_text(reason)
         assert text.strip()
-        assert text.startswith(("quota:", "no-fit:", "isolation:", "fair-share:")), text
+        assert text.startswith(("quota:", "no-fit:", "never-fits:", "isolation:", "fair-share:")), text
         assert text.startswith("quota:") == reason.kind.is_quota
         assert reason.kind.is_quota or text.startswith(f"{reason.kind}:"), (reason.kind, text)
         positions.setdefault(pending[reason.workload_id].queue_id, []).append(reason.queue_position)

@@ -14,6 +14,7 @@ from controlplane.core.decision import (
     EvictionKind,
     FairShareTurn,
     IsolationOnlyTimeSliced,
+    NeverFits,
     NoFit,
     NotConsidered,
     NotLent,
@@ -31,6 +32,10 @@ from controlplane.service.wording import eviction_fields, eviction_text, pending
 EVERY_WHY: list[Why] = [
     NoFit(4, "sim-h100", 2),
     NoFit(1, None),
+    NoFit(1, "c1", 0, ("guarded",), datetime(2026, 1, 1, tzinfo=UTC)),
+    NeverFits(3, "c1", 1),
+    NeverFits(2, None, only_over_pools=True),
+    NeverFits(1, None),
     IsolationOnlyTimeSliced(),
     FairShareTurn("q1", 0.25, ("a", "b", "c"), 2),
     QuotaLimit("q1", "gpu-eq", 4.0, 4.0, 1.0),
@@ -46,6 +51,7 @@ EVERY_WHY: list[Why] = [
 
 PREFIX = {
     PendingKind.NO_FIT: "no-fit:",
+    PendingKind.NEVER_FITS: "never-fits: can never fit in this fleet",
     PendingKind.ISOLATION: "isolation:",
     PendingKind.FAIR_SHARE: "fair-share:",
     PendingKind.ERROR: "error:",
@@ -103,3 +109,12 @@ def test_every_eviction_kind_names_its_end_cause_and_beneficiary(kind: EvictionK
     assert fields["kind"] == kind.value
     assert fields["end_cause"] == eviction.end_cause.value
     assert json.loads(json.dumps(fields)) == fields
+
+
+def test_a_victim_protected_by_its_minimum_runtime_is_named_with_when_protection_ends() -> None:
+    until = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    text = pending_text(PendingReason("w", NoFit(1, "c1", 0, ("a", "b"), until), 1))
+    assert text.endswith(
+        "; evicting a, b would make room, but a, b are protected by their minimum runtime "
+        "until 2026-01-01T12:00:00+00:00"
+    )
