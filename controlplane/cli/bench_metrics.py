@@ -42,15 +42,21 @@ from adapters.sql.tables import (
 from controlplane.bootstrap import utc_now
 
 GPUS_PER_NODE = 8
+# (kind stored in workloads.reason_kind, the sentence people read): the gauges group on the kind.
 REASONS = (
-    "no-fit: needs {n} pods placed at once in one cluster; best: {c} fits {m}",
-    "quota: team-{n} limit is {m} gpu-eq, {n} in use",
-    "fair-share: queue q-{n} (share 0.{m}) waits its turn",
-    "no-fit: nothing free; reservation: holds {n} nodes",
-    "preempted: workload w-{n} (priority {m}) needs the capacity",
-    "",
+    ("no-fit", "no-fit: needs {n} pods placed at once in one cluster; best: {c} fits {m}"),
+    ("quota-limit", "quota: team-{n} limit is {m} gpu-eq, {n} in use"),
+    ("fair-share", "fair-share: queue q-{n} (share 0.{m}) waits its turn"),
+    ("no-fit", "no-fit: nothing free; reservation: holds {n} nodes"),
+    ("", "preempted: workload w-{n} (priority {m}) needs the capacity"),
+    ("", ""),
 )
 STAGES = ("none", "notify", "deprioritize", "reclaim")
+
+
+def _reason(rng: random.Random) -> dict[str, str]:
+    kind, text = rng.choice(REASONS)
+    return {"reason_kind": kind, "reason": text.format(n=rng.randint(1, 64), m=rng.randint(1, 999), c="cluster-0")}
 
 
 def populate(engine: Engine, clusters: int, nodes: int, queues: int, queued: int, live: int, seed: int) -> None:
@@ -112,7 +118,7 @@ def populate(engine: Engine, clusters: int, nodes: int, queues: int, queued: int
                     "queue_id": f"q{i % queues}",
                     "name": f"queued-{i}",
                     "state": "queued",
-                    "reason": rng.choice(REASONS).format(n=rng.randint(1, 64), m=rng.randint(1, 999), c="cluster-0"),
+                    **_reason(rng),
                     "created_seq": i,
                     "created_at": now,
                     "updated_at": now,
