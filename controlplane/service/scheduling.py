@@ -34,6 +34,8 @@ class CycleResult:
     admitted: int
     reasons_written: int
     evicted: int = 0
+    # Seconds per phase of this cycle, in order (what the cycle metrics report), for benches and logs.
+    phases: tuple[tuple[CyclePhase, float], ...] = ()
 
 
 def acquire_leadership(
@@ -220,4 +222,4 @@ def run_cycle(
     for queue, waited in admitted_waits:
         metrics.admitted(queue, waited)
     metrics.cycle_done(time.perf_counter() - started, len(decision.pending))
-    return CycleResult(epoch, len(decision.pending), admitted, written, evicted)
+    return CycleResult(epoch, len(decision.pending), admitted, written, evicted, tuple(phases))
