@@ -130,9 +130,7 @@ class _SchedulerThread:
 
 def _decided(wiring: Wiring, workload_id: str) -> bool:
     with wiring.engine.connect() as conn:
-        row = conn.execute(
-            select(WorkloadRow.state, WorkloadRow.reason).where(WorkloadRow.id == workload_id)
-        ).one()
+        row = conn.execute(select(WorkloadRow.state, WorkloadRow.reason).where(WorkloadRow.id == workload_id)).one()
     return bool(row.state != "queued" or row.reason != WAITING)
 
 
@@ -239,4 +237,3 @@ def bench_live(
                 click.echo(f"{inner:>32}: {figure}")
         else:
             click.echo(f"{key:>34}: {value}")
-

@@ -85,7 +85,9 @@ def _workload_row(w: Workload, state: str, reason: str, now: datetime) -> dict[s
         "kind": str(w.kind),
         "requires_isolation": w.requires_isolation,
         "min_available": w.min_available,
-        "tolerations": [{"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect} for t in w.tolerations],
+        "tolerations": [
+            {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect} for t in w.tolerations
+        ],
         "duration_seconds": w.duration_seconds,
         "max_runtime_seconds": w.max_runtime_seconds,
         "spot": w.spot,
@@ -116,7 +118,7 @@ def _live_workload(run: LiveRun, team_id: str, seq: int, now: datetime) -> tuple
     by_set: dict[str, list[dict[str, int]]] = {}
     for a in run.assignments:
         by_set.setdefault(a.pod_set, []).append(dict(a.demand))
-    pod_sets = [
+    pod_sets: list[dict[str, Any]] = [
         {
             "workload_id": run.workload_id,
             "ordinal": i,
@@ -232,7 +234,10 @@ def _write(engine: Engine, fleet: SyntheticFleet, live: tuple[LiveRun, ...], now
     )
     put(
         ClusterRow,
-        ({"id": c.id, "name": c.name, "provider": c.provider, "region": c.region, "created_at": now} for c in fleet.clusters),
+        (
+            {"id": c.id, "name": c.name, "provider": c.provider, "region": c.region, "created_at": now}
+            for c in fleet.clusters
+        ),
     )
     put(
         NodePoolRow,
