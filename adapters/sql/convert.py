@@ -19,6 +19,8 @@ from controlplane.domain.model import (
 )
 from controlplane.domain.sharing import SharingMode
 
+_KINDS = {kind.value: kind for kind in WorkloadKind}  # a dict look-up, not an enum call, per row
+
 
 def pool_from_row(row: NodePoolRow | Row[Any]) -> NodePool:
     """From an ORM row or a Core row that selects the same columns under the same names."""
@@ -120,7 +122,7 @@ def workload_from_columns(
         name=row.name,
         priority_class=row.priority_class,
         priority=row.priority,
-        kind=WorkloadKind(row.kind),
+        kind=_KINDS.get(row.kind) or WorkloadKind(row.kind),
         pod_sets=pod_sets,
         min_available=row.min_available,
         requires_isolation=row.requires_isolation,

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Row, Text, cast, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
-from adapters.sql.convert import pod_set_from_row, pool_from_row, workload_from_columns
+from adapters.sql.convert import pool_from_row, workload_from_columns
 from adapters.sql.tables import (
     ClusterRow,
     CohortRow,
@@ -58,11 +58,16 @@ def _tree_node(row: Row[Any], parent_id: str | None) -> QueueNode:
     )
 
 
-def _columns(row: type[Any], *names: str) -> list[Any]:
+def _columns(row: type[Any], *names: str, as_text: frozenset[str] = frozenset()) -> list[Any]:
     """Core columns of a table labelled by their attribute names (rows then read like ORM rows,
-    without an identity map or instrumented instances: the snapshot only reads)."""
+    without an identity map or instrumented instances: the snapshot only reads); those named in
+    `as_text` are JSON columns read as their text, for the caller to parse once per distinct text."""
     table = row.__table__
-    return [getattr(row, name).expression.label(name) if name in _RENAMED else table.c[name] for name in names]
+    columns = []
+    for name in names:
+        column = getattr(row, name).expression if name in _RENAMED else table.c[name]
+        columns.append(cast(column, Text).label(name) if name in as_text else column.label(name))
+    return columns
 
 
 _RENAMED = frozenset({"limit"})  # attributes whose column has another name ("limit_")
@@ -117,26 +122,33 @@ _WORKLOAD_COLUMNS = (
 
 class _Interned:
     """One immutable value per distinct content: a deep backlog repeats a few pod-set shapes and
-    toleration lists thousands of times, so each is built once per read."""
+    toleration lists thousands of times, so each is parsed and built once per read (the JSON
+    columns are read as their text, the key)."""
 
     def __init__(self) -> None:
         self.pod_sets: dict[tuple[Any, ...], PodSet] = {}
-        self.tolerations: dict[str, tuple[Toleration, ...]] = {}
+        self.tolerations: dict[str | None, tuple[Toleration, ...]] = {}
 
     def pod_set(self, row: Row[Any]) -> PodSet:
-        key = tuple(row[1:-1]) + tuple(row.gpu_models)
+        key: tuple[Any, ...] = tuple(row[1:])
         found = self.pod_sets.get(key)
         if found is None:
-            found = self.pod_sets[key] = pod_set_from_row(row)
+            found = self.pod_sets[key] = PodSet(
+                name=row.name,
+                replicas=row.replicas,
+                gpus=row.gpus,
+                mig_profile=row.mig_profile,
+                gpu_fraction=row.gpu_fraction,
+                cpu_millis=row.cpu_millis,
+                memory_mib=row.memory_mib,
+                gpu_models=tuple(json.loads(row.gpu_models)) if row.gpu_models else (),
+            )
         return found
 
-    def toleration_list(self, raw: list[dict[str, Any]]) -> tuple[Toleration, ...]:
-        if not raw:
-            return ()
-        key = repr(raw)
-        found = self.tolerations.get(key)
+    def toleration_list(self, text: str | None) -> tuple[Toleration, ...]:
+        found = self.tolerations.get(text)
         if found is None:
-            found = self.tolerations[key] = tuple(Toleration(**t) for t in raw)
+            found = self.tolerations[text] = tuple(Toleration(**t) for t in json.loads(text)) if text else ()
         return found
 
 
@@ -201,11 +213,13 @@ class SqlSnapshotReader:
         return clusters, nodes
 
     def _pending(self, classes: dict[str, Row[Any]]) -> tuple[Workload, ...]:
-        """Queued workloads in submission order; their pod sets in one query, grouped here."""
+        """Queued workloads in submission order; their pod sets in one query, grouped here.
+        Executed on the connection: plain Core rows, no ORM result layer per row."""
+        connection = self.s.connection()
         interned = _Interned()
         pod_sets: dict[str, list[PodSet]] = {}
-        for row in self.s.execute(
-            select(*_columns(PodSetRow, *_POD_SET_COLUMNS))
+        for row in connection.execute(
+            select(*_columns(PodSetRow, *_POD_SET_COLUMNS, as_text=frozenset({"gpu_models"})))
             .join(WorkloadRow, WorkloadRow.id == PodSetRow.workload_id)
             .where(WorkloadRow.state == WorkloadState.QUEUED)
             .order_by(PodSetRow.workload_id, PodSetRow.ordinal)
@@ -218,8 +232,8 @@ class SqlSnapshotReader:
                 classes[row.priority_class],
                 interned.toleration_list(row.tolerations),
             )
-            for row in self.s.execute(
-                select(*_columns(WorkloadRow, *_WORKLOAD_COLUMNS))
+            for row in connection.execute(
+                select(*_columns(WorkloadRow, *_WORKLOAD_COLUMNS, as_text=frozenset({"tolerations"})))
                 .where(WorkloadRow.state == WorkloadState.QUEUED)
                 .order_by(WorkloadRow.created_seq)
             )
@@ -231,7 +245,7 @@ class SqlSnapshotReader:
         mapping shared (PodAssignment.demand is read-only)."""
         demands: dict[str, dict[str, int]] = {}
         by_run: dict[str, list[PodAssignment]] = {}
-        for run_id, pod_set, pod_index, node_id, text in self.s.execute(
+        for run_id, pod_set, pod_index, node_id, text in self.s.connection().execute(
             select(
                 RunAssignmentRow.run_id,
                 RunAssignmentRow.pod_set,
