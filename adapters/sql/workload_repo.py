@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -347,7 +348,11 @@ class SqlWorkloadRepository:
             for r in reasons
             if r.workload_id in current and current[r.workload_id] != (r.text, r.kind, r.queue_position)
         ]
-        if changed:
+        if not changed:
+            pass
+        elif self.s.get_bind().dialect.name == "postgresql":
+            self._record_pending_postgresql(changed)
+        else:  # SQLite runs in-process: executemany costs no round trips
             self.s.connection().execute(
                 update(WorkloadRow.__table__)  # type: ignore[arg-type]
                 .where(
@@ -379,6 +384,30 @@ class SqlWorkloadRepository:
             .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
         )
+
+    def _record_pending_postgresql(self, changed: Sequence[dict[str, Any]]) -> None:
+        """One UPDATE ... FROM unnest(arrays) per 10,000 reasons: executemany would pay one round
+        trip per row, tens of thousands on a deep backlog."""
+        statement = text(
+            "UPDATE workloads AS w SET reason = v.reason, reason_kind = v.rkind,"
+            " reason_detail = CAST(v.detail AS json), queue_position = v.pos"
+            " FROM unnest(CAST(:wid AS text[]), CAST(:reason AS text[]), CAST(:rkind AS text[]),"
+            " CAST(:detail AS text[]), CAST(:pos AS integer[])) AS v(wid, reason, rkind, detail, pos)"
+            " WHERE w.id = v.wid AND w.state = :queued"
+        )
+        for start in range(0, len(changed), 10_000):
+            chunk = changed[start : start + 10_000]
+            self.s.execute(
+                statement,
+                {
+                    "wid": [c["wid"] for c in chunk],
+                    "reason": [c["reason"] for c in chunk],
+                    "rkind": [c["rkind"] for c in chunk],
+                    "detail": [json.dumps(c["detail"]) for c in chunk],
+                    "pos": [c["pos"] for c in chunk],
+                    "queued": WorkloadState.QUEUED.value,
+                },
+            )
 
     def event_data(self, workload_id: str) -> dict[str, Any]:
         row = self.s.execute(self._event_query().where(WorkloadRow.id == workload_id)).one()
