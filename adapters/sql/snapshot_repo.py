@@ -214,7 +214,8 @@ class SqlSnapshotReader:
 
     def _pending(self, classes: dict[str, Row[Any]]) -> tuple[Workload, ...]:
         """Queued workloads in submission order; their pod sets in one query, grouped here.
-        Executed on the connection: plain Core rows, no ORM result layer per row."""
+        Executed on the connection (plain Core rows, no ORM result layer per row) and fetched at
+        once: iterating a Core result fetches one row per driver call."""
         connection = self.s.connection()
         interned = _Interned()
         pod_sets: dict[str, list[PodSet]] = {}
@@ -223,7 +224,7 @@ class SqlSnapshotReader:
             .join(WorkloadRow, WorkloadRow.id == PodSetRow.workload_id)
             .where(WorkloadRow.state == WorkloadState.QUEUED)
             .order_by(PodSetRow.workload_id, PodSetRow.ordinal)
-        ):
+        ).all():
             pod_sets.setdefault(row.workload_id, []).append(interned.pod_set(row))
         return tuple(
             workload_from_columns(
@@ -236,7 +237,7 @@ class SqlSnapshotReader:
                 select(*_columns(WorkloadRow, *_WORKLOAD_COLUMNS, as_text=frozenset({"tolerations"})))
                 .where(WorkloadRow.state == WorkloadState.QUEUED)
                 .order_by(WorkloadRow.created_seq)
-            )
+            ).all()
         )
 
     def _assignments(self, *where: Any) -> dict[str, list[PodAssignment]]:
@@ -245,17 +246,21 @@ class SqlSnapshotReader:
         mapping shared (PodAssignment.demand is read-only)."""
         demands: dict[str, dict[str, int]] = {}
         by_run: dict[str, list[PodAssignment]] = {}
-        for run_id, pod_set, pod_index, node_id, text in self.s.connection().execute(
-            select(
-                RunAssignmentRow.run_id,
-                RunAssignmentRow.pod_set,
-                RunAssignmentRow.pod_index,
-                RunAssignmentRow.node_id,
-                cast(RunAssignmentRow.demand, Text),
+        for run_id, pod_set, pod_index, node_id, text in (
+            self.s.connection()
+            .execute(
+                select(
+                    RunAssignmentRow.run_id,
+                    RunAssignmentRow.pod_set,
+                    RunAssignmentRow.pod_index,
+                    RunAssignmentRow.node_id,
+                    cast(RunAssignmentRow.demand, Text),
+                )
+                .join(RunRow, RunRow.id == RunAssignmentRow.run_id)
+                .where(*where)
+                .order_by(RunAssignmentRow.run_id, RunAssignmentRow.ordinal)
             )
-            .join(RunRow, RunRow.id == RunAssignmentRow.run_id)
-            .where(*where)
-            .order_by(RunAssignmentRow.run_id, RunAssignmentRow.ordinal)
+            .all()
         ):
             demand = demands.get(text)
             if demand is None:
