@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Row
+
 from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, PodSetRow, PriorityClassRow, WorkloadRow
 from controlplane.domain.model import (
     Cluster,
@@ -17,8 +19,11 @@ from controlplane.domain.model import (
 )
 from controlplane.domain.sharing import SharingMode
 
+_KINDS = {kind.value: kind for kind in WorkloadKind}  # a dict look-up, not an enum call, per row
 
-def pool_from_row(row: NodePoolRow) -> NodePool:
+
+def pool_from_row(row: NodePoolRow | Row[Any]) -> NodePool:
+    """From an ORM row or a Core row that selects the same columns under the same names."""
     return NodePool(
         id=row.id,
         cluster_id=row.cluster_id,
@@ -72,7 +77,7 @@ def cluster_from_row(row: ClusterRow) -> Cluster:
     return Cluster(row.id, row.name, row.provider, row.region, tuple(pool_from_row(p) for p in row.pools))
 
 
-def pod_set_from_row(row: PodSetRow) -> PodSet:
+def pod_set_from_row(row: PodSetRow | Row[Any]) -> PodSet:
     return PodSet(
         name=row.name,
         replicas=row.replicas,
@@ -99,6 +104,17 @@ def pod_set_dict(row: PodSetRow) -> dict[str, Any]:
 
 
 def workload_from_row(row: WorkloadRow, priority_class: PriorityClassRow) -> Workload:
+    return workload_from_columns(row, tuple(pod_set_from_row(p) for p in row.pod_sets), priority_class)
+
+
+def workload_from_columns(
+    row: WorkloadRow | Row[Any],
+    pod_sets: tuple[PodSet, ...],
+    priority_class: PriorityClassRow | Row[Any],
+    tolerations: tuple[Toleration, ...] | None = None,
+) -> Workload:
+    """A workload from its columns (an ORM row, or a Core row selecting them under the same
+    names), its pod sets read apart; `tolerations` when the caller has already parsed them."""
     return Workload(
         id=row.id,
         team_id=row.team_id,
@@ -106,11 +122,11 @@ def workload_from_row(row: WorkloadRow, priority_class: PriorityClassRow) -> Wor
         name=row.name,
         priority_class=row.priority_class,
         priority=row.priority,
-        kind=WorkloadKind(row.kind),
-        pod_sets=tuple(pod_set_from_row(p) for p in row.pod_sets),
+        kind=_KINDS.get(row.kind) or WorkloadKind(row.kind),
+        pod_sets=pod_sets,
         min_available=row.min_available,
         requires_isolation=row.requires_isolation,
-        tolerations=tuple(Toleration(**t) for t in row.tolerations),
+        tolerations=tuple(Toleration(**t) for t in row.tolerations) if tolerations is None else tolerations,
         duration_seconds=row.duration_seconds,
         created_seq=row.created_seq,
         preemptible=priority_class.preemptible,

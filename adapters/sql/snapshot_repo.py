@@ -2,25 +2,50 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import exists, func, or_, select
-from sqlalchemy.orm import Session, aliased, selectinload
+from sqlalchemy import Row, Text, cast, exists, func, or_, select
+from sqlalchemy.orm import Session, aliased
 
-from adapters.sql.admin_repo import SqlAdminRepository
-from adapters.sql.convert import workload_from_row
-from adapters.sql.tables import CohortRow, IdleFindingRow, PriorityClassRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from adapters.sql.convert import pool_from_row, workload_from_columns
+from adapters.sql.tables import (
+    ClusterRow,
+    CohortRow,
+    IdleFindingRow,
+    NodePoolRow,
+    NodeRow,
+    PodSetRow,
+    PriorityClassRow,
+    QueueRow,
+    RunAssignmentRow,
+    RunRow,
+    TeamRow,
+    WorkloadRow,
+)
 from controlplane.core.decision import EndCause
 from controlplane.core.gpu_eq import held_gpu_eq
 from controlplane.core.history import UsageInterval
 from controlplane.core.snapshot import LiveRun, Snapshot
-from controlplane.domain.model import Node, NodePool, PodAssignment, QueueNode, Quota, Workload, WorkloadState
+from controlplane.domain.model import (
+    Cluster,
+    Node,
+    NodePool,
+    PodAssignment,
+    PodSet,
+    QueueNode,
+    Quota,
+    Toleration,
+    Workload,
+    WorkloadState,
+)
 
 LIVE = ("admitted", "dispatching", "running")
 
 
-def _tree_node(row: CohortRow | TeamRow | QueueRow, parent_id: str | None) -> QueueNode:
+def _tree_node(row: Row[Any], parent_id: str | None) -> QueueNode:
     return QueueNode(
         id=row.id,
         name=row.name,
@@ -33,6 +58,100 @@ def _tree_node(row: CohortRow | TeamRow | QueueRow, parent_id: str | None) -> Qu
     )
 
 
+def _columns(row: type[Any], *names: str, as_text: frozenset[str] = frozenset()) -> list[Any]:
+    """Core columns of a table labelled by their attribute names (rows then read like ORM rows,
+    without an identity map or instrumented instances: the snapshot only reads); those named in
+    `as_text` are JSON columns read as their text, for the caller to parse once per distinct text."""
+    table = row.__table__
+    columns = []
+    for name in names:
+        column = getattr(row, name).expression if name in _RENAMED else table.c[name]
+        columns.append(cast(column, Text).label(name) if name in as_text else column.label(name))
+    return columns
+
+
+_RENAMED = frozenset({"limit"})  # attributes whose column has another name ("limit_")
+_TREE_COLUMNS = ("id", "name", "guaranteed", "limit", "weight", "borrowing_limit", "lending_limit")
+_POOL_COLUMNS = (
+    "id",
+    "cluster_id",
+    "name",
+    "gpu_model",
+    "gpus_per_node",
+    "cpu_millis",
+    "memory_mib",
+    "sharing",
+    "taints",
+    "labels",
+    "price_per_gpu_hour",
+    "spot",
+    "node_count",
+    "resource_names",
+    "max_shares_per_pod",
+)
+_POD_SET_COLUMNS = (
+    "workload_id",
+    "name",
+    "replicas",
+    "gpus",
+    "mig_profile",
+    "gpu_fraction",
+    "cpu_millis",
+    "memory_mib",
+    "gpu_models",
+)
+# Only what `workload_from_columns` reads.
+_WORKLOAD_COLUMNS = (
+    "id",
+    "team_id",
+    "queue_id",
+    "name",
+    "priority_class",
+    "priority",
+    "kind",
+    "min_available",
+    "requires_isolation",
+    "tolerations",
+    "duration_seconds",
+    "created_seq",
+    "max_runtime_seconds",
+    "spot",
+    "same_pool",
+)
+
+
+class _Interned:
+    """One immutable value per distinct content: a deep backlog repeats a few pod-set shapes and
+    toleration lists thousands of times, so each is parsed and built once per read (the JSON
+    columns are read as their text, the key)."""
+
+    def __init__(self) -> None:
+        self.pod_sets: dict[tuple[Any, ...], PodSet] = {}
+        self.tolerations: dict[str | None, tuple[Toleration, ...]] = {}
+
+    def pod_set(self, row: Row[Any]) -> PodSet:
+        key: tuple[Any, ...] = tuple(row[1:])
+        found = self.pod_sets.get(key)
+        if found is None:
+            found = self.pod_sets[key] = PodSet(
+                name=row.name,
+                replicas=row.replicas,
+                gpus=row.gpus,
+                mig_profile=row.mig_profile,
+                gpu_fraction=row.gpu_fraction,
+                cpu_millis=row.cpu_millis,
+                memory_mib=row.memory_mib,
+                gpu_models=tuple(json.loads(row.gpu_models)) if row.gpu_models else (),
+            )
+        return found
+
+    def toleration_list(self, text: str | None) -> tuple[Toleration, ...]:
+        found = self.tolerations.get(text)
+        if found is None:
+            found = self.tolerations[text] = tuple(Toleration(**t) for t in json.loads(text)) if text else ()
+        return found
+
+
 class SqlSnapshotReader:
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -41,53 +160,18 @@ class SqlSnapshotReader:
         if self.s.get_bind().dialect.name == "postgresql":
             # Every query below must see the same committed state.
             self.s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        clusters, nodes = SqlAdminRepository(self.s).fleet()
+        clusters, nodes = self._fleet()
         tree: dict[str, QueueNode] = {}
-        for cohort in self.s.scalars(select(CohortRow)):
-            tree[cohort.id] = _tree_node(cohort, None)
-        for team in self.s.scalars(select(TeamRow)):
-            tree[team.id] = _tree_node(team, team.cohort_id)
-        for queue in self.s.scalars(select(QueueRow)):
-            tree[queue.id] = _tree_node(queue, queue.team_id)
-        classes = {pc.name: pc for pc in self.s.scalars(select(PriorityClassRow))}
-        pending = tuple(
-            workload_from_row(row, classes[row.priority_class])
-            for row in self.s.scalars(
-                select(WorkloadRow)
-                .where(WorkloadRow.state == WorkloadState.QUEUED)
-                .order_by(WorkloadRow.created_seq)
-                .options(selectinload(WorkloadRow.pod_sets))
-            )
-        )
-        live = tuple(
-            LiveRun(
-                workload_id=run.workload_id,
-                queue_id=queue_id,
-                cluster_id=run.cluster_id,
-                priority=priority,
-                assignments=tuple(
-                    PodAssignment(a.pod_set, a.pod_index, a.node_id, dict(a.demand)) for a in run.assignments
-                ),
-                run_id=run.id,
-                preemptible=classes[pc_name].preemptible,
-                started_at=run.started_at,
-                admitted_at=run.created_at,
-                min_runtime_seconds=classes[pc_name].min_runtime_seconds,
-                max_runtime_seconds=max_runtime,
-            )
-            for run, queue_id, priority, pc_name, max_runtime in self.s.execute(
-                select(
-                    RunRow,
-                    WorkloadRow.queue_id,
-                    WorkloadRow.priority,
-                    WorkloadRow.priority_class,
-                    WorkloadRow.max_runtime_seconds,
-                )
-                .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
-                .where(RunRow.state.in_(LIVE))
-                .options(selectinload(RunRow.assignments))
-            )
-        )
+        for level, parent in ((CohortRow, None), (TeamRow, "cohort_id"), (QueueRow, "team_id")):
+            names = _TREE_COLUMNS + ((parent,) if parent else ())
+            for row in self.s.execute(select(*_columns(level, *names))):
+                tree[row.id] = _tree_node(row, getattr(row, parent) if parent else None)
+        classes = {
+            pc.name: pc
+            for pc in self.s.execute(select(*_columns(PriorityClassRow, "name", "preemptible", "min_runtime_seconds")))
+        }
+        pending = self._pending(classes)
+        live = self._live(classes)
         live = self._with_idle_marks(live)
         pending = self._without_evictions_after_idle_reclaim(pending)
         pools = {pool.id: pool for cluster in clusters for pool in cluster.pools}
@@ -105,6 +189,118 @@ class SqlSnapshotReader:
             live_runs=live,
             usage_history=history,
             last_rebalance_at=last_rebalance_at,
+        )
+
+    def _fleet(self) -> tuple[tuple[Cluster, ...], tuple[Node, ...]]:
+        """The same fleet `SqlAdminRepository.fleet` reads, in the same order, as plain rows."""
+        pools: dict[str, list[NodePool]] = {}
+        for row in self.s.execute(select(*_columns(NodePoolRow, *_POOL_COLUMNS)).order_by(NodePoolRow.name)):
+            pools.setdefault(row.cluster_id, []).append(pool_from_row(row))
+        clusters = tuple(
+            Cluster(c.id, c.name, c.provider, c.region, tuple(pools.get(c.id, ())))
+            for c in self.s.execute(
+                select(ClusterRow.id, ClusterRow.name, ClusterRow.provider, ClusterRow.region).order_by(ClusterRow.name)
+            )
+        )
+        nodes = tuple(
+            Node(*row)
+            for row in self.s.execute(
+                select(NodeRow.id, NodeRow.cluster_id, NodeRow.pool_id, NodeRow.name, NodeRow.schedulable).order_by(
+                    NodeRow.name
+                )
+            )
+        )
+        return clusters, nodes
+
+    def _pending(self, classes: dict[str, Row[Any]]) -> tuple[Workload, ...]:
+        """Queued workloads in submission order; their pod sets in one query, grouped here.
+        Executed on the connection (plain Core rows, no ORM result layer per row) and fetched at
+        once: iterating a Core result fetches one row per driver call."""
+        connection = self.s.connection()
+        interned = _Interned()
+        pod_sets: dict[str, list[PodSet]] = {}
+        for row in connection.execute(
+            select(*_columns(PodSetRow, *_POD_SET_COLUMNS, as_text=frozenset({"gpu_models"})))
+            .join(WorkloadRow, WorkloadRow.id == PodSetRow.workload_id)
+            .where(WorkloadRow.state == WorkloadState.QUEUED)
+            .order_by(PodSetRow.workload_id, PodSetRow.ordinal)
+        ).all():
+            pod_sets.setdefault(row.workload_id, []).append(interned.pod_set(row))
+        return tuple(
+            workload_from_columns(
+                row,
+                tuple(pod_sets.get(row.id, ())),
+                classes[row.priority_class],
+                interned.toleration_list(row.tolerations),
+            )
+            for row in connection.execute(
+                select(*_columns(WorkloadRow, *_WORKLOAD_COLUMNS, as_text=frozenset({"tolerations"})))
+                .where(WorkloadRow.state == WorkloadState.QUEUED)
+                .order_by(WorkloadRow.created_seq)
+            ).all()
+        )
+
+    def _assignments(self, *where: Any) -> dict[str, list[PodAssignment]]:
+        """The assignments of the runs `where` selects, per run, in their order: one query. A
+        fleet's demands repeat a few shapes, so each distinct JSON text is parsed once and its
+        mapping shared (PodAssignment.demand is read-only)."""
+        demands: dict[str, dict[str, int]] = {}
+        by_run: dict[str, list[PodAssignment]] = {}
+        for run_id, pod_set, pod_index, node_id, text in (
+            self.s.connection()
+            .execute(
+                select(
+                    RunAssignmentRow.run_id,
+                    RunAssignmentRow.pod_set,
+                    RunAssignmentRow.pod_index,
+                    RunAssignmentRow.node_id,
+                    cast(RunAssignmentRow.demand, Text),
+                )
+                .join(RunRow, RunRow.id == RunAssignmentRow.run_id)
+                .where(*where)
+                .order_by(RunAssignmentRow.run_id, RunAssignmentRow.ordinal)
+            )
+            .all()
+        ):
+            demand = demands.get(text)
+            if demand is None:
+                demand = demands[text] = json.loads(text)
+            by_run.setdefault(run_id, []).append(PodAssignment(pod_set, pod_index, node_id, demand))
+        return by_run
+
+    def _live(self, classes: dict[str, Row[Any]]) -> tuple[LiveRun, ...]:
+        assignments = self._assignments(RunRow.state.in_(LIVE))
+        return tuple(
+            LiveRun(
+                workload_id=workload_id,
+                queue_id=queue_id,
+                cluster_id=cluster_id,
+                priority=priority,
+                assignments=tuple(assignments.get(run_id, ())),
+                run_id=run_id,
+                preemptible=classes[pc_name].preemptible,
+                started_at=started_at,
+                admitted_at=created_at,
+                min_runtime_seconds=classes[pc_name].min_runtime_seconds,
+                max_runtime_seconds=max_runtime,
+            )
+            for run_id, workload_id, cluster_id, started_at, created_at, queue_id, priority, pc_name, max_runtime in (
+                self.s.execute(
+                    select(
+                        RunRow.id,
+                        RunRow.workload_id,
+                        RunRow.cluster_id,
+                        RunRow.started_at,
+                        RunRow.created_at,
+                        WorkloadRow.queue_id,
+                        WorkloadRow.priority,
+                        WorkloadRow.priority_class,
+                        WorkloadRow.max_runtime_seconds,
+                    )
+                    .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+                    .where(RunRow.state.in_(LIVE))
+                )
+            )
         )
 
     def _with_idle_marks(self, live: tuple[LiveRun, ...]) -> tuple[LiveRun, ...]:
@@ -154,20 +350,21 @@ class SqlSnapshotReader:
         """What every run that held capacity since `since` consumed, per queue (for fair share)."""
         pool_of_node = {node.id: pools[node.pool_id] for node in nodes if node.pool_id in pools}
         intervals = []
+        held = or_(RunRow.finished_at.is_(None), RunRow.finished_at >= since)
+        assignments = self._assignments(held)
         rows = self.s.execute(
-            select(RunRow, WorkloadRow.queue_id)
+            select(RunRow.id, RunRow.started_at, RunRow.created_at, RunRow.finished_at, WorkloadRow.queue_id)
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
-            .where(or_(RunRow.finished_at.is_(None), RunRow.finished_at >= since))
-            .options(selectinload(RunRow.assignments))
+            .where(held)
         )
-        for run, queue_id in rows:
-            start = run.started_at or run.created_at
+        for run_id, started_at, created_at, finished_at, queue_id in rows:
+            start = started_at or created_at
             known = tuple(
-                PodAssignment(a.pod_set, a.pod_index, a.node_id, dict(a.demand))
-                for a in run.assignments
+                a
+                for a in assignments.get(run_id, ())
                 if a.node_id in pool_of_node  # a node since removed from the fleet no longer counts
             )
             gpu_eq = held_gpu_eq(known, pool_of_node)
             if gpu_eq:
-                intervals.append(UsageInterval(queue_id, float(gpu_eq), start, run.finished_at))
+                intervals.append(UsageInterval(queue_id, float(gpu_eq), start, finished_at))
         return tuple(intervals)

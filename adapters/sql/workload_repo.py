@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,6 +31,8 @@ from controlplane.service.ports import PendingRecord, WorkloadFilter, WorkloadHe
 from controlplane.service.views import AssignmentView, IdleView, RunView, WorkloadView
 
 LIVE = ("admitted", "dispatching", "running")
+CHUNK = 500  # ids per IN list
+_EVENT_KEYS = ("workload_id", "name", "team", "queue", "state", "reason", "priority_class", "version")
 
 
 class SqlWorkloadRepository:
@@ -245,51 +248,84 @@ class SqlWorkloadRepository:
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
-    def admit(self, admission: Admission, epoch: int, now: datetime) -> str | None:
-        moved = self.s.execute(
-            update(WorkloadRow)
-            .where(WorkloadRow.id == admission.workload_id, WorkloadRow.state == WorkloadState.QUEUED)
-            .values(
-                state=WorkloadState.ADMITTED,
-                reason="admitted",
-                queue_position=None,
-                updated_at=now,
-                version=WorkloadRow.version + 1,
+    def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:
+        admitted: dict[str, str] = {}
+        workloads: Table = WorkloadRow.__table__  # type: ignore[assignment]
+        for start in range(0, len(admissions), CHUNK):  # bounded IN lists, however many a cycle admits
+            chunk = admissions[start : start + CHUNK]
+            ids = [a.workload_id for a in chunk]
+            moved = set(
+                self.s.execute(
+                    update(workloads)
+                    .where(workloads.c.id.in_(ids), workloads.c.state == WorkloadState.QUEUED.value)
+                    .values(
+                        state=WorkloadState.ADMITTED.value,
+                        reason="admitted",
+                        queue_position=None,
+                        updated_at=now,
+                        version=workloads.c.version + 1,
+                    )
+                    .returning(workloads.c.id)
+                ).scalars()
             )
-            .execution_options(synchronize_session=False)
-        )
-        if not moved.rowcount:  # type: ignore[attr-defined]
-            return None
-        attempt = (
-            self.s.scalar(select(func.max(RunRow.attempt)).where(RunRow.workload_id == admission.workload_id)) or 0
-        ) + 1
-        run = RunRow(
-            id=f"run-{admission.workload_id[3:]}-{attempt}",
-            workload_id=admission.workload_id,
-            attempt=attempt,
-            cluster_id=admission.cluster_id,
-            epoch=epoch,
-            state="admitted",
-            dispatch_state="pending",
-            created_at=now,
-        )
-        run.assignments = [
-            RunAssignmentRow(ordinal=i, pod_set=a.pod_set, pod_index=a.index, node_id=a.node_id, demand=dict(a.demand))
-            for i, a in enumerate(admission.assignments)
-        ]
-        self.s.add(run)
-        self.s.flush()
-        return self.s.scalar(
-            select(QueueRow.name)
-            .join(WorkloadRow, WorkloadRow.queue_id == QueueRow.id)
-            .where(WorkloadRow.id == admission.workload_id)
-        )
+            if not moved:
+                continue
+            attempts = dict(
+                self.s.execute(
+                    select(RunRow.workload_id, func.max(RunRow.attempt))
+                    .where(RunRow.workload_id.in_(moved))
+                    .group_by(RunRow.workload_id)
+                ).all()
+            )
+            runs: list[dict[str, Any]] = []
+            assignments: list[dict[str, Any]] = []
+            for admission in chunk:
+                if admission.workload_id not in moved:
+                    continue  # cancelled since the snapshot was read
+                attempt = (attempts.get(admission.workload_id) or 0) + 1
+                run_id = f"run-{admission.workload_id[3:]}-{attempt}"
+                runs.append(
+                    {
+                        "id": run_id,
+                        "workload_id": admission.workload_id,
+                        "attempt": attempt,
+                        "cluster_id": admission.cluster_id,
+                        "epoch": epoch,
+                        "state": "admitted",
+                        "dispatch_state": "pending",
+                        "message": "",
+                        "end_cause": "",
+                        "created_at": now,
+                    }
+                )
+                assignments.extend(
+                    {
+                        "run_id": run_id,
+                        "ordinal": i,
+                        "pod_set": a.pod_set,
+                        "pod_index": a.index,
+                        "node_id": a.node_id,
+                        "demand": dict(a.demand),
+                    }
+                    for i, a in enumerate(admission.assignments)
+                )
+            self.s.execute(insert(RunRow.__table__), runs)  # type: ignore[arg-type]
+            if assignments:
+                self.s.execute(insert(RunAssignmentRow.__table__), assignments)  # type: ignore[arg-type]
+            admitted.update(
+                self.s.execute(
+                    select(WorkloadRow.id, QueueRow.name)
+                    .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+                    .where(WorkloadRow.id.in_(moved))
+                ).all()
+            )
+        return {a.workload_id: admitted[a.workload_id] for a in admissions if a.workload_id in admitted}
 
     def submitted_at(self, workload_ids: Collection[str]) -> dict[str, datetime]:
         ids = list(workload_ids)
         found: dict[str, datetime] = {}
-        for start in range(0, len(ids), 500):  # bounded IN lists, however many a cycle admits
-            chunk = ids[start : start + 500]
+        for start in range(0, len(ids), CHUNK):  # bounded IN lists, however many a cycle admits
+            chunk = ids[start : start + CHUNK]
             for workload_id, created_at in self.s.execute(
                 select(WorkloadRow.id, WorkloadRow.created_at).where(WorkloadRow.id.in_(chunk))
             ):
@@ -312,7 +348,11 @@ class SqlWorkloadRepository:
             for r in reasons
             if r.workload_id in current and current[r.workload_id] != (r.text, r.kind, r.queue_position)
         ]
-        if changed:
+        if not changed:
+            pass
+        elif self.s.get_bind().dialect.name == "postgresql":
+            self._record_pending_postgresql(changed)
+        else:  # SQLite runs in-process: executemany costs no round trips
             self.s.connection().execute(
                 update(WorkloadRow.__table__)  # type: ignore[arg-type]
                 .where(
@@ -329,8 +369,8 @@ class SqlWorkloadRepository:
             )
         return len(changed)
 
-    def event_data(self, workload_id: str) -> dict[str, Any]:
-        row = self.s.execute(
+    def _event_query(self) -> Any:
+        return (
             select(
                 WorkloadRow.id,
                 WorkloadRow.name,
@@ -343,7 +383,40 @@ class SqlWorkloadRepository:
             )
             .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
-            .where(WorkloadRow.id == workload_id)
-        ).one()
-        keys = ("workload_id", "name", "team", "queue", "state", "reason", "priority_class", "version")
-        return dict(zip(keys, row, strict=True))
+        )
+
+    def _record_pending_postgresql(self, changed: Sequence[dict[str, Any]]) -> None:
+        """One UPDATE ... FROM unnest(arrays) per 10,000 reasons: executemany would pay one round
+        trip per row, tens of thousands on a deep backlog."""
+        statement = text(
+            "UPDATE workloads AS w SET reason = v.reason, reason_kind = v.rkind,"
+            " reason_detail = CAST(v.detail AS json), queue_position = v.pos"
+            " FROM unnest(CAST(:wid AS text[]), CAST(:reason AS text[]), CAST(:rkind AS text[]),"
+            " CAST(:detail AS text[]), CAST(:pos AS integer[])) AS v(wid, reason, rkind, detail, pos)"
+            " WHERE w.id = v.wid AND w.state = :queued"
+        )
+        for start in range(0, len(changed), 10_000):
+            chunk = changed[start : start + 10_000]
+            self.s.execute(
+                statement,
+                {
+                    "wid": [c["wid"] for c in chunk],
+                    "reason": [c["reason"] for c in chunk],
+                    "rkind": [c["rkind"] for c in chunk],
+                    "detail": [json.dumps(c["detail"]) for c in chunk],
+                    "pos": [c["pos"] for c in chunk],
+                    "queued": WorkloadState.QUEUED.value,
+                },
+            )
+
+    def event_data(self, workload_id: str) -> dict[str, Any]:
+        row = self.s.execute(self._event_query().where(WorkloadRow.id == workload_id)).one()
+        return dict(zip(_EVENT_KEYS, row, strict=True))
+
+    def event_data_many(self, workload_ids: Collection[str]) -> dict[str, dict[str, Any]]:
+        ids = list(workload_ids)
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(ids), CHUNK):
+            for row in self.s.execute(self._event_query().where(WorkloadRow.id.in_(ids[start : start + CHUNK]))):
+                found[row[0]] = dict(zip(_EVENT_KEYS, row, strict=True))
+        return found

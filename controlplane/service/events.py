@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -64,3 +65,17 @@ def emit(
     event_id, payload = envelope(f"workload.{event}", data, now)
     subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
     uow.outbox.add(subject, event_id, payload, now)
+
+
+def emit_many(
+    uow: UnitOfWork, prefix: str, event: str, items: Sequence[tuple[str, str]], now: datetime, **extra: object
+) -> None:
+    """`emit` for many workloads at once, `items` as (workload id, queue name): the same events,
+    their data read in a few queries instead of one per workload (a cycle may admit thousands)."""
+    found = uow.workloads.event_data_many([workload_id for workload_id, _ in items])
+    for workload_id, queue in items:
+        data = found[workload_id]
+        data.update(extra)
+        event_id, payload = envelope(f"workload.{event}", data, now)
+        subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
+        uow.outbox.add(subject, event_id, payload, now)

@@ -169,7 +169,12 @@ class WorkloadRepository(Protocol):
     def set_state(
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool: ...
-    def admit(self, admission: Admission, epoch: int, now: datetime) -> str | None: ...
+    def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:
+        """Admit every workload of `admissions` that is still queued: a new run with its
+        assignments each. Returns the queue name of each admitted workload by its id; one cancelled
+        since the snapshot was read is left out."""
+        ...
+
     def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
         """Store the reasons of queued workloads whose reason or position changed; returns how many."""
 
@@ -178,6 +183,9 @@ class WorkloadRepository(Protocol):
         ...
 
     def event_data(self, workload_id: str) -> dict[str, Any]: ...
+    def event_data_many(self, workload_ids: Collection[str]) -> dict[str, dict[str, Any]]:
+        """`event_data` of each of these workloads, by id, in a few queries however many."""
+        ...
 
 
 class RunRepository(Protocol):
