@@ -345,3 +345,21 @@ def test_a_cordoned_node_still_counts_for_what_the_fleet_could_ever_hold() -> No
     nodes = make_nodes(pool, 2, unschedulable=[1])
     assert why_never_fits(make_workload("w", gpus(8, 2)), (cluster,), nodes) is None
     assert why_never_fits(make_workload("w", gpus(8, 3)), (cluster,), nodes) is not None
+
+
+def test_a_cpu_only_launcher_does_not_take_the_cpu_its_gpu_workers_need() -> None:
+    """Found by the property test: best fit pod by pod put the launcher (no GPU) on the GPU node,
+    whose CPU the three workers then lacked, though a node of another pool had room for it."""
+    gpu_pool = make_pool("gpu", gpus_per_node=4, cpu_millis=3000)
+    other = make_pool("shared", gpus_per_node=1, sharing="timeslice:4", cpu_millis=4000)
+    cluster = make_cluster("c1", gpu_pool, other)
+    nodes = (*make_nodes(gpu_pool, 1), *make_nodes(other, 1))
+    by_pool, free = layout([cluster], nodes)
+    gang = make_workload("w", cpu_only(cpu_millis=500), gpus(1, replicas=3, cpu_millis=1000))
+    result = place_in_cluster(gang, cluster, by_pool, free)
+    assert not isinstance(result, Miss), result
+    [placement] = result if isinstance(result, list) else [result]
+    placed = {(a.pod_set, a.index): a.node_id for a in placement.assignments}
+    assert placed == {("launcher", 0): "shared-n0", **{("worker", i): "gpu-n0" for i in range(3)}}
+    assert [a.pod_set for a in placement.assignments] == ["launcher", "worker", "worker", "worker"]
+    assert why_never_fits(gang, [cluster], nodes) is None

@@ -189,6 +189,8 @@ class SearchContext:
                 # placement, so the spread adds nothing, and when no pool fits it places none.
                 return fits or Miss(cluster.id, 0, cluster.name)
         spread = self._place(shape, shape_id, cluster, pools, exact=True)
+        if isinstance(spread, Miss) and not fits:
+            spread = self._gpu_pods_first(shape, cluster, pools) or spread
         if isinstance(spread, Miss):
             return fits or spread
         if not fits:
@@ -196,6 +198,21 @@ class SearchContext:
         if not any(p.assignments == spread.assignments for p in fits):
             fits.append(replace(spread, spread=True))
         return fits
+
+    def _gpu_pods_first(self, shape: GangShape, cluster: Cluster, pools: list[NodePool]) -> Placement | None:
+        """Best fit pod by pod is greedy: a CPU-only launcher placed first may take the CPU its own
+        GPU workers need on the only node with their GPUs, when another pool's node had room for it.
+        After such a miss, the GPU pod sets go first (assignments keep the gang's pod-set order)."""
+        order = sorted(range(len(shape.pod_sets)), key=lambda i: not _needs_gpu(shape.pod_sets[i]))
+        if order == sorted(order):
+            return None  # already GPU pods first: the same attempt again would miss again
+        reordered = replace(shape, pod_sets=tuple(shape.pod_sets[i] for i in order))
+        reordered_id = self.shape_ids.setdefault(reordered, len(self.shape_ids))
+        found = self._place(reordered, reordered_id, cluster, pools, exact=True)
+        if isinstance(found, Miss):
+            return None
+        rank = {ps.name: i for i, ps in enumerate(shape.pod_sets)}
+        return replace(found, assignments=tuple(sorted(found.assignments, key=lambda a: (rank[a.pod_set], a.index))))
 
     def _single(self, shape: GangShape, shape_id: int, cluster: Cluster, pool: NodePool) -> Placement | Miss:
         """The gang in `pool` alone (exact only when a Placement), remembered per pool version:
@@ -361,3 +378,7 @@ def search_context(free: FreeCapacity, nodes_by_pool: Mapping[str, list[Node]]) 
             context = ledger.context = SearchContext(free, nodes_by_pool, ledger)
         return context
     return SearchContext(free, nodes_by_pool, None)
+
+
+def _needs_gpu(pod_set: PodSet) -> bool:
+    return bool(pod_set.gpus or pod_set.mig_profile or pod_set.gpu_fraction)
