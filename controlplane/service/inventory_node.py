@@ -13,6 +13,8 @@ from pydantic import Field
 from controlplane.service.commands import Strict, TaintSpec
 
 ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
+# A resource amount as the adapter parsed it: never negative (a negative `reserved` would add capacity).
+Amount = Annotated[int, Field(ge=0, le=2**63 - 1)]
 LabelKey = Annotated[str, Field(min_length=1, max_length=317)]  # 253 prefix + "/" + 63 name
 LabelValue = Annotated[str, Field(max_length=63)]
 AnnotationValue = Annotated[str, Field(max_length=1024)]
@@ -37,11 +39,11 @@ class InventoryNode(Strict):
     # Extended resource that serves each gpufleet demand key here: gpu, share, mig:<profile>.
     gpu_resources: dict[DemandKey, ResourceName] = Field(default_factory=dict, max_length=16)
     # Quantities as integers: cpu in millicores, everything else in its base unit (memory in bytes).
-    allocatable: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
-    capacity: dict[ResourceName, int] = Field(default_factory=dict, max_length=64)
+    allocatable: dict[ResourceName, Amount] = Field(default_factory=dict, max_length=64)
+    capacity: dict[ResourceName, Amount] = Field(default_factory=dict, max_length=64)
     # Requested by live pods gpufleet did not place (DaemonSets, system pods, other tenants), in the
     # units of `allocatable`: what a gang cannot have of this node. None: not known (pods not listed).
-    reserved: dict[ResourceName, int] | None = Field(default=None, max_length=64)
+    reserved: dict[ResourceName, Amount] | None = Field(default=None, max_length=64)
     instance_type: str = Field(default="", max_length=80)
     spot: bool = False
     taints: list[TaintSpec] = Field(default_factory=list, max_length=32)

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from adapters.kubernetes.nodes import observe_node
 from adapters.kubernetes.reserved import pod_requests, reserved_by_node
+from controlplane.service.inventory_node import InventoryNode
 from controlplane.service.node_pools import plan_node_pools
 from tests.kubernetes.nodes import presets as real
 
@@ -79,3 +83,13 @@ def test_without_a_pod_list_the_pool_is_planned_on_bare_allocatable() -> None:
     assert node.reserved is None
     (pool,) = plan_node_pools([node]).pools
     assert pool.spec.cpu_millis == node.allocatable["cpu"]
+
+
+def test_an_inventory_report_cannot_add_capacity_with_negative_or_huge_amounts() -> None:
+    """A report is input from a cluster's credential: what it says is reserved can only take away."""
+    node = observe_node(real.onprem_h100("h100-0"))
+    for bad in ({"cpu": -64_000}, {"memory": 2**64}):
+        with pytest.raises(ValidationError):
+            InventoryNode.model_validate({**node.model_dump(), "reserved": bad})
+        with pytest.raises(ValidationError):
+            InventoryNode.model_validate({**node.model_dump(), "allocatable": bad})
