@@ -51,10 +51,16 @@ Verdict = tuple[Why, ReservationNote | None]
 
 
 class Cycle:
-    def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime) -> None:
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime, state: CycleState | None = None) -> None:
+        """`state` is the fleet state kept across cycles (`incremental.py`), already matching the
+        snapshot; by default a fresh one is built from the snapshot."""
         self.snapshot = snapshot
         self.policy = policy
-        self.state = CycleState(snapshot, policy)
+        if state is None:
+            state = CycleState(snapshot, policy)
+        else:
+            state.begin_cycle(policy)
+        self.state = state
         self.fair_share = FairShare(snapshot, policy, now, self.state)
         scorer = Scorer(policy, self.state, workload_mix(snapshot.pending[:MIX_SAMPLE]))
         self.fitter = Fitter(snapshot, policy, self.state, scorer)

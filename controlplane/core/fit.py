@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controlplane.core.capacity import FleetCapacity, fits
+from controlplane.core.capacity import fits
 from controlplane.core.decision import IsolationOnlyTimeSliced, NeverFits, NoFit, NotLent, OutsideGuarantee, Why
 from controlplane.core.placement import FreeCapacity, Miss, Placement
 from controlplane.core.quota import ZERO, Usage
@@ -44,9 +44,9 @@ class Fitter:
         # Shapes that found no room on the real free capacity this cycle, with the reason: room
         # only shrinks until an eviction (`capacity_grew`).
         self.unplaceable: dict[Shape, Why] = {}
-        # Shapes no cluster could hold even empty (the fleet does not change within a cycle).
-        self.never: dict[Shape, NeverFits | None] = {}
-        self._empty: FleetCapacity | None = None
+        # Shapes no cluster could hold even empty: kept with the state, which is rebuilt whenever
+        # the fleet changes (so across cycles when the state is kept, `incremental.py`).
+        self.never = state.never_fits_memo.setdefault(policy.prefer_same_pool, {})
         self.models_of: dict[Shape, tuple[str, ...]] = {}  # see `gpu_models`
 
     def capacity_grew(self) -> None:
@@ -113,9 +113,7 @@ class Fitter:
         shape = shape_of(workload)
         if shape in self.never:
             return self.never[shape]
-        if self._empty is None:  # built once a cycle, and only when some gang found no room
-            self._empty = FleetCapacity(self.clusters, self.nodes)
-        answer = self._empty.fits(workload, prefer_same_pool=self.policy.prefer_same_pool)
+        answer = self.state.empty_fleet().fits(workload, prefer_same_pool=self.policy.prefer_same_pool)
         found: NeverFits | None = None
         if not answer.placements:
             best = answer.best_miss

@@ -61,12 +61,14 @@ class FairShare:
             if heads[queue_id] < len(items):
                 heapq.heappush(heap, self._queue_key(queue_id, items[heads[queue_id]]))
 
-    def _queue_key(self, queue_id: str, head: Workload) -> tuple[int, Fraction, int, int, str]:
+    def _queue_key(self, queue_id: str, head: Workload) -> tuple[int, float, Fraction, int, int, str]:
         try:
             borrowing, share = self.after(queue_id, head)
         except Exception:  # a gang that cannot be sized is set aside when its turn comes (`schedule`)
             borrowing, share = self.state.ledger.borrowing(queue_id), self.share(queue_id)
-        return (int(borrowing), share, -head.priority, head.created_seq, queue_id)
+        # The float goes first only for speed: a correctly rounded division never orders two
+        # ratios the other way round, and the exact Fraction settles equal floats.
+        return (int(borrowing), float(share), share, -head.priority, head.created_seq, queue_id)
 
     def after(self, queue_id: str, head: Workload) -> tuple[bool, Fraction]:
         """Whether the queue borrows, and its share, once `head` is admitted: the head's least

@@ -63,11 +63,20 @@ class Ledger:
         return self.usage.get(node_id, {}).get(key, ZERO)
 
     def charge(self, queue_id: str, amounts: Mapping[str, int], sign: int = 1) -> None:
+        """Add (or with `sign` -1 take back) usage on the queue's chain. Usage that comes back to
+        zero is removed: a ledger holds the same entries however it got to its amounts (a state
+        kept across cycles charges and refunds, a fresh one never held them)."""
         for node in self.chain(queue_id):
             self.versions[node.id] = self.versions.get(node.id, 0) + 1
             bucket = self.usage.setdefault(node.id, {})
             for key, value in amounts.items():
-                bucket[key] = bucket.get(key, ZERO) + sign * value
+                total = bucket.get(key, ZERO) + sign * value
+                if total:
+                    bucket[key] = total
+                else:
+                    bucket.pop(key, None)
+            if not bucket:
+                del self.usage[node.id]
 
     # -- rules ---------------------------------------------------------------------------------
 

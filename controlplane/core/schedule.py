@@ -29,7 +29,7 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
     holds a value no arithmetic can use (an infinity, NaN, negative or beyond MAX_QUOTA_AMOUNT)
     keeps its gangs pending with that reason, and a gang whose scheduling raises gets an `error:`
     reason while the rest of the fleet is scheduled."""
-    snapshot, held = _quarantine_queues(snapshot)
+    snapshot, held = quarantine_queues(snapshot)
     failed: dict[str, tuple[Workload, Why]] = {}
     while True:
         todo = tuple(w for w in snapshot.pending if w.id not in failed)
@@ -45,6 +45,16 @@ def schedule(snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
                 if rest.id not in decided and rest.id not in failed:
                     cycle.leave_pending(rest, (NotConsidered(len(failed)), None))
             break
+    return decision_of(cycle, snapshot, held, failed)
+
+
+def decision_of(
+    cycle: Cycle,
+    snapshot: Snapshot,
+    held: list[tuple[Workload, Why]],
+    failed: dict[str, tuple[Workload, Why]],
+) -> Decision:
+    """The decision of a finished cycle, with the gangs set aside (`held`, `failed`) left pending."""
     for workload, why in [*failed.values(), *held]:
         cycle.leave_pending(workload, (why, None))
     return Decision(
@@ -82,7 +92,7 @@ def _unusable(node: QueueNode) -> UnusableQuota | None:
     return None
 
 
-def _quarantine_queues(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[Workload, Why]]]:
+def quarantine_queues(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[Workload, Why]]]:
     """Set aside the pending gangs of queues under a node with an unusable quota (it got into the
     database before the API bounded it, or by hand), and make that node's quota harmless for the
     cycle: unusable amounts become 0, so its live runs still count and nothing more is admitted."""

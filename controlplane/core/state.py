@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from controlplane.core.capacity import FleetCapacity
+from controlplane.core.decision import NeverFits
 from controlplane.core.gpu_eq import GpuEqUnit, quota_amounts
 from controlplane.core.placement import FreeCapacity
 from controlplane.core.quota import ZERO, Ledger, Usage
@@ -45,6 +46,10 @@ class CycleState:
         self.nodes_by_pool: dict[str, list[Node]] = fleet.nodes_by_pool
         self.nodes_by_cluster: dict[str, list[str]] = fleet.nodes_by_cluster
         self.free: FreeCapacity = fleet.free
+        self._clusters, self._nodes = snapshot.clusters, snapshot.nodes
+        self._empty: FleetCapacity | None = None
+        # prefer_same_pool -> shape -> why no cluster could hold it empty (None: one could); for `Fitter`.
+        self.never_fits_memo: dict[bool, dict[tuple[object, ...], NeverFits | None]] = {}
         schedulable = [node for nodes in fleet.nodes_by_pool.values() for node in nodes]
         # Quota amounts are integers in this unit (see gpu_eq.py).
         self.unit = GpuEqUnit.for_fleet(self.pools.values(), quota_amounts(snapshot.queue_tree))
@@ -73,6 +78,58 @@ class CycleState:
         self.awaited: dict[tuple[str, str], int] = {}
         self.budget = policy.disruption_budget  # evictions left this cycle
         self.rebalanced = 0  # rebalancing evictions made this cycle
+
+    def empty_fleet(self) -> FleetCapacity:
+        """The fleet with nothing running (cordoned nodes left out), built when first asked for."""
+        if self._empty is None:
+            self._empty = FleetCapacity(self._clusters, self._nodes)
+        return self._empty
+
+    def begin_cycle(self, policy: Policy) -> None:
+        """Reset what one cycle counts, for a state kept across cycles."""
+        self.awaited = {}
+        self.budget = policy.disruption_budget
+        self.rebalanced = 0
+
+    def release_live(self, runs: Iterable[LiveRun]) -> None:
+        """Undo `hold_live` for runs that ended (or changed) between cycles: their capacity and
+        quota are given back and they are forgotten. Usage that drops to zero is removed, so the
+        ledger is what a fresh build from the next snapshot would hold (`Ledger.charge`)."""
+        per_queue: dict[str, Usage] = {}
+        for run in runs:
+            key = live_key(run)
+            del self.live[key]
+            del self.live_by_queue[run.queue_id][key]
+            if not self.live_by_queue[run.queue_id]:
+                del self.live_by_queue[run.queue_id]
+            free = self.free
+            for a in run.assignments:
+                node_free = free.get(a.node_id)
+                if node_free is not None:
+                    for resource, amount in a.demand.items():
+                        node_free[resource] = node_free.get(resource, 0) + amount
+            totals = per_queue.setdefault(run.queue_id, {})
+            for resource, amount in self.unit.usage(run.assignments, self.pool_of_node).items():
+                totals[resource] = totals.get(resource, 0) + amount
+        for queue_id, totals in per_queue.items():
+            if any(totals.values()):
+                self._charge(queue_id, totals, -1)
+
+    def relist_live(self, runs: Iterable[LiveRun]) -> None:
+        """List the live runs in this order (the snapshot's), as a fresh build does."""
+        self.live = {}
+        self.live_by_queue = {}
+        for run in runs:
+            self.live[live_key(run)] = run
+            self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
+
+    def add_live(self, runs: Iterable[LiveRun]) -> None:
+        """`hold_live` for runs that started (or changed) between cycles."""
+        runs = list(runs)
+        for run in runs:
+            self.live[live_key(run)] = run
+            self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
+        self.hold_live(runs)
 
     # -- mutation points -----------------------------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""The incremental scheduler decides exactly what the one-shot `schedule()` decides.
+
+Hypothesis drives random event sequences through one long-lived `IncrementalScheduler`: each
+cycle's admissions become live runs and its evictions send their gangs back to the queue (as the
+live scheduler applies a decision), and between cycles runs end, gangs arrive or are cancelled,
+runs are marked idle, nodes are cordoned or uncordoned, quotas change and time passes. After
+every event the decision of the kept state must equal `schedule()` on the same snapshot: the
+one-shot entry point is the oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controlplane.core.incremental import IncrementalScheduler
+from controlplane.core.schedule import schedule
+from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
+from controlplane.domain.model import Cluster, Node, QueueNode, Quota, Workload
+from tests.unit.builders import NOW, live_run_of, make_snapshot
+from tests.unit.test_schedule_properties import PROPERTY_SETTINGS, QUEUES, fleets, queue_trees, workloads
+
+POLICIES = (
+    Policy(),
+    Policy(fair_share=False),
+    Policy(rebalance=True, rebalance_interval_seconds=0.0),
+    Policy(max_reservations=1, disruption_budget=1),
+)
+EVENTS = ("finish", "arrive", "cancel", "idle", "cordon", "quota", "guarantee", "nothing")
+
+
+def _apply(snapshot: Snapshot, decision: Decision, waiting: dict[str, Workload], step: int) -> Snapshot:
+    """What the next snapshot holds once the live scheduler applied `decision`."""
+    by_id = {w.id: w for w in snapshot.pending}
+    evicted = {e.run_id for e in decision.evictions}
+    live = [r for r in snapshot.live_runs if r.run_id not in evicted]
+    for eviction in decision.evictions:
+        workload = waiting[eviction.workload_id]
+        by_id[workload.id] = workload  # requeued
+    for admission in decision.admissions:
+        run = live_run_of(admission, by_id.pop(admission.workload_id))
+        live.append(replace(run, run_id=f"{admission.workload_id}-r{step}", admitted_at=NOW))
+    return replace(snapshot, pending=tuple(by_id.values()), live_runs=tuple(live))
+
+
+@given(
+    fleets(),
+    queue_trees(),
+    workloads("w", 0),
+    st.sampled_from(POLICIES),
+    st.lists(st.tuples(st.sampled_from(EVENTS), st.integers(0, 1000), workloads("n", 50)), min_size=1, max_size=6),
+)
+@PROPERTY_SETTINGS
+def test_every_decision_of_the_kept_state_equals_the_one_shot_decision(
+    fleet: tuple[tuple[Cluster, ...], tuple[Node, ...]],
+    tree: dict[str, QueueNode],
+    first: list[Workload],
+    policy: Policy,
+    events: list[tuple[str, int, list[Workload]]],
+) -> None:
+    clusters, nodes = fleet
+    scheduler = IncrementalScheduler()
+    snapshot = make_snapshot(clusters, nodes, first, tree=tree)
+    waiting = {w.id: w for w in first}  # every workload ever submitted, for requeues
+    now = NOW
+    for step, (event, pick, arrivals) in enumerate(events):
+        decision = scheduler.decide(snapshot, policy, now)
+        _same(decision, schedule(snapshot, policy, now), f"step {step}, events {[e[0] for e in events[:step]]}")
+        snapshot = _apply(snapshot, decision, waiting, step)
+        snapshot, now = _event(snapshot, event, pick, [replace(w, id=f"{w.id}s{step}") for w in arrivals], now)
+        waiting.update({w.id: w for w in snapshot.pending})
+    _same(scheduler.decide(snapshot, policy, now), schedule(snapshot, policy, now), "last step")
+
+
+def _same(kept: Decision, one_shot: Decision, where: str) -> None:
+    """Equal decisions, or a failure that shows where they part."""
+    if kept == one_shot:
+        return
+    lines = [where]
+    for name in ("admissions", "evictions", "pending"):
+        mine, theirs = getattr(kept, name), getattr(one_shot, name)
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+            if a != b:
+                lines.append(f"{name}[{i}]: kept {a}\n  one-shot {b}")
+                break
+        if len(mine) != len(theirs):
+            lines.append(f"{name}: kept {len(mine)}, one-shot {len(theirs)}")
+    lines.append(f"stats: kept {kept.stats}, one-shot {one_shot.stats}")
+    raise AssertionError("\n".join(lines))
+
+
+def _event(
+    snapshot: Snapshot, event: str, pick: int, arrivals: list[Workload], now: datetime
+) -> tuple[Snapshot, datetime]:
+    live = list(snapshot.live_runs)
+    if event == "finish" and live:
+        del live[pick % len(live)]
+        return replace(snapshot, live_runs=tuple(live)), now
+    if event == "arrive":
+        return replace(snapshot, pending=snapshot.pending + tuple(arrivals)), now
+    if event == "cancel" and snapshot.pending:
+        pending = list(snapshot.pending)
+        del pending[pick % len(pending)]
+        return replace(snapshot, pending=tuple(pending)), now
+    if event == "idle" and live:
+        i = pick % len(live)
+        live[i] = _marked_idle(live[i])
+        return replace(snapshot, live_runs=tuple(live)), now
+    if event == "cordon" and snapshot.nodes:
+        nodes = list(snapshot.nodes)
+        i = pick % len(nodes)
+        nodes[i] = replace(nodes[i], schedulable=not nodes[i].schedulable)
+        return replace(snapshot, nodes=tuple(nodes)), now
+    if event in ("quota", "guarantee"):
+        tree = dict(snapshot.queue_tree)
+        queue = QUEUES[pick % len(QUEUES)]
+        amount = Quota({"gpu-eq": float(pick % 9)})
+        tree[queue] = replace(tree[queue], **{"limit" if event == "quota" else "guaranteed": amount})
+        return replace(snapshot, queue_tree=tree), now
+    return snapshot, now + timedelta(seconds=pick)
+
+
+def _marked_idle(run: LiveRun) -> LiveRun:
+    return replace(run, idle=True, idle_reclaimable=not run.idle_reclaimable)
