@@ -118,7 +118,10 @@ def _event(
         tree = dict(snapshot.queue_tree)
         queue = QUEUES[pick % len(QUEUES)]
         amount = Quota({"gpu-eq": float(pick % 9)})
-        tree[queue] = replace(tree[queue], **{"limit" if event == "quota" else "guaranteed": amount})
+        if event == "quota":
+            tree[queue] = replace(tree[queue], limit=amount)
+        else:
+            tree[queue] = replace(tree[queue], guaranteed=amount)
         return replace(snapshot, queue_tree=tree), now
     return snapshot, now + timedelta(seconds=pick)
 
