@@ -59,7 +59,8 @@ def test_minimums_round_trip_through_sql(wiring: Wiring, client: TestClient, ten
         ("launcher", 1, None),
         ("workers", 4, 2),
     ]
-    assert pending.min_available == 3 and pending.reducible
+    assert pending.min_available == 3
+    assert pending.reducible
 
 
 def test_openapi_documents_the_minimum(client: TestClient) -> None:

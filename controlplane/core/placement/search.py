@@ -382,13 +382,13 @@ def search_context(free: FreeCapacity, nodes_by_pool: Mapping[str, list[Node]]) 
 
 
 def _meets_minimums(shape: GangShape, assignments: list[PodAssignment]) -> bool:
-    """Whether every pod set got at least its `min_replicas` (a gang asked as it is, with its
-    minimums: `capacity.fits` asks at fixed counts instead, see partial.py)."""
-    minimums = {ps.name: ps.min_replicas for ps in shape.pod_sets if ps.min_replicas is not None}
-    if not minimums:
+    """Whether every pod set got its minimum, for a gang asked as it is with pod-set minimums (a
+    set without one needs all its replicas); `capacity.fits` asks at fixed counts instead, see
+    partial.py. A gang without minimums only needs `min_available` pods in all."""
+    if all(ps.min_replicas is None for ps in shape.pod_sets):
         return True
     placed = Counter(a.pod_set for a in assignments)
-    return all(placed[name] >= least for name, least in minimums.items())
+    return all(placed[ps.name] >= ps.least for ps in shape.pod_sets)
 
 
 def _needs_gpu(pod_set: PodSet) -> bool:
