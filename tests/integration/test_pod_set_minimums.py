@@ -89,3 +89,17 @@ def test_a_gang_admitted_partially_dispatches_exactly_its_admitted_pods(
     assert order.min_available == 3
     shown = client.get(f"/v1/workloads/{workload_id}", headers=tenant.headers).json()
     assert shown["state"] == "admitted"
+
+
+def test_submit_judges_can_this_ever_fit_by_the_minimums(client: TestClient, tenant: Tenant) -> None:
+    """Four 8-GPU nodes: six workers never fit, but a gang that may start with two of them is
+    accepted; one whose minimum (five workers and the launcher) exceeds the fleet is refused."""
+    accepted = client.post("/v1/workloads", json=_mpi("elastic", tenant.queue, workers=6), headers=tenant.headers)
+    assert accepted.status_code == 201, accepted.text
+    refused = client.post("/v1/workloads", json=_mpi("huge", tenant.queue, workers=8, least=5), headers=tenant.headers)
+    assert refused.status_code == 422, refused.text
+    assert "needs 6 pods placed at once" in refused.json()["detail"]
+    plain = client.post(
+        "/v1/workloads", json=_mpi("plain", tenant.queue, workers=6, least=None), headers=tenant.headers
+    )
+    assert plain.status_code == 422, plain.text

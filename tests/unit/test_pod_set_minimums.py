@@ -11,11 +11,15 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+from pydantic import ValidationError
+
 from controlplane.core.capacity import FleetCapacity, why_never_fits
 from controlplane.core.decision import Admission, NeverFits, NoFit, PendingKind, QuotaLimit
 from controlplane.core.fit import fewer_pods
 from controlplane.core.placement import Miss, at_counts, largest_fit, place_gang
 from controlplane.domain.model import Cluster, Node, NodePool, PodAssignment, PodSet, Workload
+from controlplane.service.commands import SubmitWorkload, gang_minimum
 from tests.unit.builders import (
     cpu_only,
     default_tree,
@@ -262,3 +266,34 @@ def test_least_is_all_replicas_without_a_minimum() -> None:
     assert PodSet("w", 4).least == 4
     assert PodSet("w", 4, min_replicas=2).least == 2
     assert not make_workload("w", PodSet("w", 4, gpus=1, min_replicas=4)).reducible
+
+
+# --- the submit model (shared by the REST API and the NATS submit subject) -------------------------
+
+
+def _submit(least: int, **extra: object) -> dict[str, object]:
+    return {
+        "name": "mpi",
+        "queue": "q",
+        "pod_sets": [
+            {"name": "launcher", "replicas": 1},
+            {"name": "workers", "replicas": 4, "gpus": 8, "min_replicas": least},
+        ],
+        **extra,
+    }
+
+
+def test_the_submit_model_refuses_minimums_out_of_range_in_a_sentence() -> None:
+    with pytest.raises(ValidationError, match="pod set workers: min_replicas 5 is more than its 4 replicas"):
+        SubmitWorkload.model_validate(_submit(5))
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        SubmitWorkload.model_validate(_submit(0))
+    with pytest.raises(ValidationError, match="min_available 2 disagrees with the pod sets' min_replicas"):
+        SubmitWorkload.model_validate(_submit(2, min_available=2))
+
+
+def test_the_submit_model_makes_the_sum_of_the_minimums_the_gang_threshold() -> None:
+    request = SubmitWorkload.model_validate(_submit(2))
+    assert [p.to_pod_set().min_replicas for p in request.pod_sets] == [None, 2]
+    assert gang_minimum(request.pod_sets, request.min_available) == 3
+    assert SubmitWorkload.model_validate(_submit(2, min_available=3)).min_available == 3
