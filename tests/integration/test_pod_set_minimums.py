@@ -1,20 +1,26 @@
 """Per-pod-set minimums (issue 12, rule 7) through the REST API and the database, on SQLite and
 PostgreSQL: the submit edge refuses bad minimums with a clear 422, a minimum survives the round
 trip through SQL (API view, scheduler snapshot), and a gang admitted partially dispatches exactly
-its admitted pods."""
+its admitted pods, which a simulated cluster runs to success."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from adapters.sim.cluster import SimCluster
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
+from controlplane.service.dispatch import dispatch_once
+from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from tests.integration.fleet import Tenant, gang
+from tests.integration.test_dispatch import Clock, Recorder
 
 
 def _mpi(name: str, queue: str, workers: int = 4, least: int | None = 2, **extra: Any) -> dict[str, Any]:
@@ -103,3 +109,39 @@ def test_submit_judges_can_this_ever_fit_by_the_minimums(client: TestClient, ten
         "/v1/workloads", json=_mpi("plain", tenant.queue, workers=6, least=None), headers=tenant.headers
     )
     assert plain.status_code == 422, plain.text
+
+
+async def test_a_simulated_cluster_runs_exactly_the_admitted_pods_to_success(
+    wiring: Wiring, client: TestClient, tenant: Tenant, tmp_path: Path
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    client.post("/v1/workloads", json=gang("occupant", tenant.queue, replicas=2), headers=tenant.headers)
+    body = _mpi("mpi", tenant.queue, duration_seconds=5)
+    workload_id = client.post("/v1/workloads", json=body, headers=tenant.headers).json()["id"]
+    epoch = acquire_leadership(wiring.uow, "me", utc_now(), 15.0)
+    assert epoch is not None
+    run_cycle(wiring.uow, "me", epoch, Policy(), prefix, utc_now(), 15.0, True)
+    recorder, clock = Recorder(), Clock()
+    sim = SimCluster("sim-h100", recorder.publish, "p", tmp_path / "sim.json", start_delay=1.0, clock=clock)
+    await dispatch_once(wiring.uow, {"sim-h100": sim}, prefix, utc_now)
+    [run] = [r for r in sim.runs.values() if any(p[0] == "launcher" for p in r.pods)]
+    assert sorted((pod_set, index) for pod_set, index, _ in run.pods) == [
+        ("launcher", 0),
+        ("workers", 0),
+        ("workers", 1),
+    ]
+    for t, state in ((1_001.5, "running"), (1_007.0, "succeeded")):
+        clock.t = t
+        recorder.sent.clear()
+        await sim.tick()
+        for _, report, msg_id in recorder.sent:
+            if report["run_id"] != run.run_id:
+                continue
+            result = handle(
+                wiring.uow(),
+                InboundMessage(f"{prefix}.cluster.sim-h100.pods", json.dumps(report).encode(), {}, msg_id),
+                prefix,
+                utc_now(),
+            )
+            assert result.outcome is Outcome.APPLIED, result.detail
+        assert client.get(f"/v1/workloads/{workload_id}", headers=tenant.headers).json()["state"] == state
