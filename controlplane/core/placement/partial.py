@@ -16,7 +16,11 @@ A pod set may say the gang can start with fewer of its replicas (`PodSet.min_rep
    last (newer Kueue's `giveBack`): each grows to the largest count that still fits, a later one
    seeing only what the earlier ones left.
 
-Every attempt is all-or-nothing at its counts (`at_counts`). The counts admitted are fixed for the
+Classic Kueue lets one pod set per Workload have a `minCount`; gpufleet allows any number, which is
+what the proportional shrink and the give-back are for. Fit here is capacity (nodes, pools, one
+cluster); quota is checked afterwards on the chosen placement (`fit.Fitter.place`), dropping pods
+of the last pod set still above its minimum until the queue's rules pass, so quota is charged for
+the pods placed. Every attempt is all-or-nothing at its counts (`at_counts`). The counts admitted are fixed for the
 run: it never grows back towards its full counts (Kueue's partial admission does not either); the
 gang's `min_available` is the sum of the minimums (what its cluster's gang object requires).
 """
