@@ -87,6 +87,7 @@ def pod_set_from_row(row: PodSetRow | Row[Any]) -> PodSet:
         cpu_millis=row.cpu_millis,
         memory_mib=row.memory_mib,
         gpu_models=tuple(row.gpu_models),
+        min_replicas=row.min_replicas,
     )
 
 
@@ -100,6 +101,7 @@ def pod_set_dict(row: PodSetRow) -> dict[str, Any]:
         "cpu_millis": row.cpu_millis,
         "memory_mib": row.memory_mib,
         "gpu_models": list(row.gpu_models),
+        "min_replicas": row.min_replicas,
     }
 
 

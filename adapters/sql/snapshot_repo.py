@@ -99,6 +99,7 @@ _POD_SET_COLUMNS = (
     "cpu_millis",
     "memory_mib",
     "gpu_models",
+    "min_replicas",
 )
 # Only what `workload_from_columns` reads.
 _WORKLOAD_COLUMNS = (
@@ -142,6 +143,7 @@ class _Interned:
                 cpu_millis=row.cpu_millis,
                 memory_mib=row.memory_mib,
                 gpu_models=tuple(json.loads(row.gpu_models)) if row.gpu_models else (),
+                min_replicas=row.min_replicas,
             )
         return found
 

@@ -223,6 +223,8 @@ class PodSetRow(Base):
     cpu_millis: Mapped[int] = mapped_column(Integer)
     memory_mib: Mapped[int] = mapped_column(Integer)
     gpu_models: Mapped[list[Any]] = mapped_column(default=list)
+    # The fewest replicas the gang may start with; NULL: all of them (migration 0008).
+    min_replicas: Mapped[int | None] = mapped_column(Integer)
 
 
 class RunRow(Base):

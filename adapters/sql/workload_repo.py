@@ -89,6 +89,7 @@ class SqlWorkloadRepository:
                 cpu_millis=p.cpu_millis,
                 memory_mib=p.memory_mib,
                 gpu_models=list(p.gpu_models),
+                min_replicas=p.min_replicas,
             )
             for i, p in enumerate(workload.pod_sets)
         ]

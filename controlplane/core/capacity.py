@@ -22,6 +22,7 @@ from controlplane.core.placement import (
     Placement,
     candidate_pools,
     empty_capacity,
+    largest_fit,
     place_gang,
     placements_in_cluster,
 )
@@ -102,7 +103,26 @@ def fits(
     free: FreeCapacity,
     prefer_same_pool: bool = True,
 ) -> Fits:
-    """The one fit question: every placement of the gang on `free` its constraints allow."""
+    """The one fit question: every placement of the gang on `free` its constraints allow.
+
+    A gang whose pod sets have minimums is asked at its full counts first, then at the largest
+    reduced counts that fit (`placement.partial`): the placements then hold that many pods, and
+    with none the miss is the one at its minimum counts."""
+    return largest_fit(
+        workload,
+        lambda gang: _fits_as_is(gang, clusters, nodes_by_pool, pool_of_node, free, prefer_same_pool),
+        lambda answer: bool(answer.placements),
+    )
+
+
+def _fits_as_is(
+    workload: Workload,
+    clusters: Sequence[Cluster],
+    nodes_by_pool: Mapping[str, list[Node]],
+    pool_of_node: Mapping[str, NodePool],
+    free: FreeCapacity,
+    prefer_same_pool: bool,
+) -> Fits:
     placements: list[Placement] = []
     best_miss: Miss | None = None
     for cluster in clusters:

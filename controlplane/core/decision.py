@@ -65,6 +65,16 @@ class Admission:
     cluster_id: str
     assignments: tuple[PodAssignment, ...]
 
+    @property
+    def pod_counts(self) -> dict[str, int]:
+        """Pods admitted per pod set (pod set name -> count), in the order of the assignments: fewer
+        than a pod set's replicas when the gang was admitted partially (down to its minimums). Only
+        these pods are dispatched, and the counts hold for the whole run."""
+        counts: dict[str, int] = {}
+        for a in self.assignments:
+            counts[a.pod_set] = counts.get(a.pod_set, 0) + 1
+        return counts
+
 
 @dataclass(frozen=True)
 class Eviction:

@@ -2,12 +2,15 @@
 
 `Fitter.place` asks the placement search (`placement.py`) for every feasible placement in the
 fleet (or some clusters), ranks them (`scoring.py`) and returns the best one the quota ledger
-accepts, trimming an elastic gang down to `min_available` pods if that is what fits; otherwise
-the precise reason it waits (no room, isolation, a limit, a guarantee not lent).
+accepts, trimming an elastic gang down to `min_available` pods (a gang with pod-set minimums down
+to those, `fewer_pods`) if that is what fits; otherwise the precise reason it waits (no room,
+isolation, a limit, a guarantee not lent). The counts of a gang with pod-set minimums are chosen by
+the fit question itself (`capacity.fits`, `placement/partial.py`): the cycle gets a Placement.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from controlplane.core.capacity import fits
@@ -17,7 +20,7 @@ from controlplane.core.quota import ZERO, Usage
 from controlplane.core.scoring import Scorer
 from controlplane.core.snapshot import Policy, Snapshot
 from controlplane.core.state import CycleState
-from controlplane.domain.model import Cluster, Workload
+from controlplane.domain.model import Cluster, PodAssignment, Workload
 
 Shape = tuple[object, ...]
 
@@ -32,6 +35,26 @@ def shape_of(workload: Workload) -> Shape:
         workload.spot,
         workload.same_pool,
     )
+
+
+def fewer_pods(workload: Workload, assignments: tuple[PodAssignment, ...]) -> tuple[PodAssignment, ...] | None:
+    """The assignments with one pod less that the gang may still start with, or None.
+
+    The last pod goes, as long as `min_available` are left; for a gang whose pod sets have
+    minimums, the last pod (the highest index) of the last pod set still above its minimum, so
+    every pod set keeps its minimum and its pods keep the indices 0..n-1.
+    """
+    if len(assignments) <= workload.min_available:
+        return None
+    if not workload.reducible:
+        return assignments[:-1]
+    placed = Counter(a.pod_set for a in assignments)
+    least = {ps.name: ps.least for ps in workload.pod_sets}
+    for i in range(len(assignments) - 1, -1, -1):
+        name = assignments[i].pod_set
+        if placed[name] > least.get(name, 0):
+            return assignments[:i] + assignments[i + 1 :]
+    return None
 
 
 class Fitter:
@@ -84,15 +107,15 @@ class Fitter:
             return no_fit
         first_reason: Why | None = None
         for placement in scorer.ranked(placements, workload):
-            assignments = placement.assignments
-            while True:
+            assignments: tuple[PodAssignment, ...] | None = placement.assignments
+            blocked: Why | None = None
+            while assignments is not None:
+                # Quota is charged for the pods placed, whatever the counts the gang asked for.
                 blocked = self.quota_block(workload, state.unit.usage(assignments, state.pool_of_node))
                 if blocked is None:
                     return replace(placement, assignments=assignments)
-                if len(assignments) <= workload.min_available:
-                    break
-                # An elastic gang may start with fewer pods: drop the last one and ask again.
-                assignments = assignments[:-1]
+                # An elastic gang may start with fewer pods: drop one and ask again.
+                assignments = fewer_pods(workload, assignments)
             first_reason = first_reason or blocked
         assert first_reason is not None
         return first_reason

@@ -179,6 +179,15 @@ class PodSet:
     cpu_millis: int = 1000
     memory_mib: int = 4096
     gpu_models: tuple[str, ...] = ()
+    # The fewest replicas the gang may start with (Kueue's PodSet `minCount`); None: all of them.
+    # A gang with a minimum below `replicas` is admitted with the largest counts that fit, at least
+    # every pod set's minimum (core/placement/partial.py); the counts are fixed for the run.
+    min_replicas: int | None = None
+
+    @property
+    def least(self) -> int:
+        """The fewest pods of this set a gang may be admitted with."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
 
     def gpu_eq_per_pod(self) -> Fraction:
         if self.mig_profile:
@@ -298,6 +307,11 @@ class Workload:
     @property
     def total_pods(self) -> int:
         return sum(ps.replicas for ps in self.pod_sets)
+
+    @property
+    def reducible(self) -> bool:
+        """Whether some pod set may start with fewer replicas than it asks for (partial admission)."""
+        return any(ps.least < ps.replicas for ps in self.pod_sets)
 
     def gpu_eq(self) -> Fraction:
         return sum((ps.gpu_eq_per_pod() * ps.replicas for ps in self.pod_sets), Fraction(0))

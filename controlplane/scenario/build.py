@@ -19,6 +19,7 @@ from controlplane.domain.model import (
     WorkloadKind,
 )
 from controlplane.scenario.format import QuotaChange, ScenarioDoc, TreeNodeDoc, WorkloadDoc
+from controlplane.service.commands import gang_minimum
 
 
 def tree_id(level: str, name: str) -> str:
@@ -119,7 +120,7 @@ def _workloads(doc: ScenarioDoc) -> tuple[Workload, ...]:
                 priority=pc.value,
                 kind=spec.kind,
                 pod_sets=pod_sets,
-                min_available=spec.min_available or sum(p.replicas for p in pod_sets),
+                min_available=gang_minimum(spec.pod_sets, spec.min_available),
                 requires_isolation=isolation,
                 tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in spec.tolerations),
                 duration_seconds=spec.duration,

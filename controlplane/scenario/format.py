@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from controlplane.core.snapshot import Policy
 from controlplane.domain.model import WorkloadKind
-from controlplane.service.commands import ClusterSpec, Name, PodSetSpec, QuotaMap, TolerationSpec
+from controlplane.service.commands import ClusterSpec, Name, PodSetSpec, QuotaMap, TolerationSpec, check_minimums
 
 Seconds = float
 # A scenario is a test: more cycles than this is a mistake in `until` or `cycle_seconds`.
@@ -90,6 +90,7 @@ class WorkloadDoc(Strict):
         total = sum(p.replicas for p in self.pod_sets)
         if self.min_available is not None and self.min_available > total:
             raise ValueError(f"min_available {self.min_available} is more than the {total} pods of the gang")
+        check_minimums(self.pod_sets, self.min_available)
         if not any(p.gpus or p.mig_profile or p.gpu_fraction for p in self.pod_sets):
             raise ValueError("a workload must request at least one GPU (gpus, mig_profile or gpu_fraction)")
         return self

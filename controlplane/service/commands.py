@@ -338,6 +338,13 @@ class PodSetSpec(Strict):
     cpu_millis: int = Field(default=1000, ge=1, le=1_000_000)
     memory_mib: int = Field(default=4096, ge=1, le=10_000_000)
     gpu_models: list[str] = Field(default_factory=list, max_length=20)
+    min_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_PODS_PER_GANG,
+        description="the gang may start with as few as this many of the replicas (1 to replicas), the most "
+        "that fit being admitted; the counts are fixed for the run. Default: all replicas are required",
+    )
 
     def to_pod_set(self) -> PodSet:
         return PodSet(
@@ -349,10 +356,19 @@ class PodSetSpec(Strict):
             cpu_millis=self.cpu_millis,
             memory_mib=self.memory_mib,
             gpu_models=tuple(self.gpu_models),
+            min_replicas=self.min_replicas,
         )
+
+    @property
+    def least(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
 
     @model_validator(mode="after")
     def _one_gpu_request(self) -> PodSetSpec:
+        if self.min_replicas is not None and self.min_replicas > self.replicas:
+            raise ValueError(
+                f"pod set {self.name}: min_replicas {self.min_replicas} is more than its {self.replicas} replicas"
+            )
         asked = [self.gpus > 0, self.mig_profile is not None, self.gpu_fraction is not None]
         if sum(asked) > 1:
             raise ValueError("a pod set asks for whole GPUs, a MIG profile or a GPU fraction, not several")
@@ -426,9 +442,30 @@ class SubmitWorkload(Strict):
             raise ValueError(f"a gang has at most {MAX_PODS_PER_GANG} pods in all its pod sets, not {total}")
         if self.min_available is not None and self.min_available > total:
             raise ValueError(f"min_available {self.min_available} is more than the {total} pods of the gang")
+        check_minimums(self.pod_sets, self.min_available)
         if not any(p.gpus or p.mig_profile or p.gpu_fraction for p in self.pod_sets):
             raise ValueError("a workload must request at least one GPU (gpus, mig_profile or gpu_fraction)")
         return self
+
+
+def gang_minimum(pod_sets: list[PodSetSpec], min_available: int | None) -> int:
+    """The gang's `min_available`: as given, else with pod-set minimums their sum, else all pods."""
+    if min_available is not None:
+        return min_available
+    return sum(p.least for p in pod_sets)
+
+
+def check_minimums(pod_sets: list[PodSetSpec], min_available: int | None) -> None:
+    """Pod-set minimums and `min_available` are two ways to say how small the gang may start: with
+    minimums, the gang's threshold is their sum, so a `min_available` given too must be that sum."""
+    if min_available is None or all(p.min_replicas is None for p in pod_sets):
+        return
+    least = sum(p.least for p in pod_sets)
+    if min_available != least:
+        raise ValueError(
+            f"min_available {min_available} disagrees with the pod sets' min_replicas, which let the gang start "
+            f"with {least} pods; leave min_available out (it is then {least})"
+        )
 
 
 class CancelWorkload(Strict):

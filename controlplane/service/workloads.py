@@ -13,7 +13,7 @@ from controlplane.domain.model import (
     WorkloadState,
 )
 from controlplane.service import events
-from controlplane.service.commands import SubmitWorkload
+from controlplane.service.commands import SubmitWorkload, gang_minimum
 from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
@@ -123,7 +123,6 @@ def _to_domain(
     now: datetime,
 ) -> Workload:
     pod_sets = tuple(p.to_pod_set() for p in request.pod_sets)
-    total = sum(p.replicas for p in pod_sets)
     isolation = request.requires_isolation
     if isolation is None:
         isolation = request.kind is WorkloadKind.INFERENCE
@@ -136,7 +135,7 @@ def _to_domain(
         priority=priority,
         kind=request.kind,
         pod_sets=pod_sets,
-        min_available=request.min_available or total,
+        min_available=gang_minimum(request.pod_sets, request.min_available),
         requires_isolation=isolation,
         tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in request.tolerations),
         duration_seconds=request.duration_seconds,

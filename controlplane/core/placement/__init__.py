@@ -3,7 +3,8 @@
 The rule is plain best fit: pods are placed one after the other (pod sets in order, replicas in
 order), each on the node that leaves the fewest free GPU slots (whole GPUs, MIG slices, shares)
 after taking it, ties broken by node id; a gang is a `Placement` once `min_available` of its pods
-are placed, else a `Miss` that says how many were.
+are placed (and every pod set its `min_replicas`), else a `Miss` that says how many were. Which
+counts of a gang whose pod sets have minimums to ask for is `partial.py`'s rule.
 
 Scanning every node for every pod is far too slow for 10,000 nodes and a backlog of 100,000 gangs
 (issue 3, "Speed"), so the same rule is computed from indexes and remembered answers:
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from controlplane.core.placement.partial import at_counts, largest_fit
 from controlplane.core.placement.search import search_context
 from controlplane.core.placement.tracking import NodeFree, TrackedCapacity
 from controlplane.core.placement.types import FreeCapacity, Miss, Placement, candidate_pools, gpu_slots
@@ -38,10 +40,12 @@ __all__ = [
     "FreeCapacity",
     "Miss",
     "Placement",
+    "at_counts",
     "candidate_pools",
     "copy_capacity",
     "empty_capacity",
     "gpu_slots",
+    "largest_fit",
     "place_gang",
     "place_in_cluster",
     "placements_in_cluster",

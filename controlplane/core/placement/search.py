@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -267,7 +268,7 @@ class SearchContext:
                 self._place_pod_set(pod_set, options, by_pool, trial, trial_slots, trial_pool, assignments)
             if not exact and len(assignments) + remaining < shape.min_available:
                 return Miss(cluster.id, len(assignments), cluster.name)
-        if len(assignments) < shape.min_available:
+        if len(assignments) < shape.min_available or not _meets_minimums(shape, assignments):
             return Miss(cluster.id, len(assignments), cluster.name)
         leftover = sum(trial_slots.values())
         return Placement(cluster.id, tuple(assignments), leftover)
@@ -378,6 +379,16 @@ def search_context(free: FreeCapacity, nodes_by_pool: Mapping[str, list[Node]]) 
             context = ledger.context = SearchContext(free, nodes_by_pool, ledger)
         return context
     return SearchContext(free, nodes_by_pool, None)
+
+
+def _meets_minimums(shape: GangShape, assignments: list[PodAssignment]) -> bool:
+    """Whether every pod set got its minimum, for a gang asked as it is with pod-set minimums (a
+    set without one needs all its replicas); `capacity.fits` asks at fixed counts instead, see
+    partial.py. A gang without minimums only needs `min_available` pods in all."""
+    if all(ps.min_replicas is None for ps in shape.pod_sets):
+        return True
+    placed = Counter(a.pod_set for a in assignments)
+    return all(placed[ps.name] >= ps.least for ps in shape.pod_sets)
 
 
 def _needs_gpu(pod_set: PodSet) -> bool:
