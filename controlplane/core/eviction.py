@@ -168,10 +168,12 @@ class Evictor:
         runs.sort(key=self._victim_order)
         return runs
 
-    def _victim_order(self, run: LiveRun) -> tuple[bool, int, float, str]:
-        """Idle runs first, then the lowest priority, then the most recently admitted."""
+    def _victim_order(self, run: LiveRun) -> tuple[bool, int, float, str, str]:
+        """Idle runs first, then the lowest priority, then the most recently admitted (ids settle
+        ties, so the order never depends on the order runs were listed in)."""
         epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
-        return (not run.idle, run.priority, -(((run.admitted_at or epoch) - epoch).total_seconds()), run.run_id)
+        admitted = -(((run.admitted_at or epoch) - epoch).total_seconds())
+        return (not run.idle, run.priority, admitted, run.run_id, run.workload_id)
 
     def _victims_in_cluster(
         self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun], combined: bool = False
@@ -209,7 +211,7 @@ class Evictor:
                 else:
                     state.rollback(without)
                     chosen.append(run)
-            return sorted(chosen, key=lambda r: r.run_id)
+            return sorted(chosen, key=lambda r: (r.run_id, r.workload_id))
         finally:
             state.rollback(trial)
 

@@ -54,7 +54,7 @@ class Reservations:
             # nodes are never held waiting for it.
             runs = sorted(
                 (r for r in state.live.values() if r.cluster_id == cluster.id and (r.preemptible or r.ends_by())),
-                key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id),
+                key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id, r.workload_id),
             )
             released: list[LiveRun] = []
             found = None
