@@ -32,6 +32,7 @@ class FairShare:
         # (queue id, gpu-eq units of its head, models it may use) -> (ledger version, (borrowing, share) after)
         self.shares_after: dict[tuple[str, int, tuple[str, ...]], tuple[int, tuple[bool, Fraction]]] = {}
         self.history: dict[str, Fraction] = {}
+        self.weights: dict[str, Fraction] = {}  # queue id -> its weight as a ratio, worked out once
         if policy.usage_history_weight > 0 and snapshot.usage_history:
             decayed = decayed_gpu_hours(snapshot.usage_history, now, policy.usage_half_life_seconds)
             weight = Fraction(policy.usage_history_weight).limit_denominator(1000)
@@ -109,8 +110,10 @@ class FairShare:
     def share_of(self, queue_id: str, extra: Usage | None = None) -> Fraction:
         """The queue's weighted dominant share, plus its weighted part of recent consumption when
         the policy keeps history; `extra` is usage it would add (for rebalancing trials)."""
-        node = self.tree.get(queue_id)
-        weight = Fraction(node.weight).limit_denominator(1000) if node else Fraction(1)
+        weight = self.weights.get(queue_id)
+        if weight is None:
+            node = self.tree.get(queue_id)
+            weight = self.weights[queue_id] = Fraction(node.weight).limit_denominator(1000) if node else Fraction(1)
         ledger = self.state.ledger
         guaranteed = ledger.guarantees.get(queue_id, {})
         usage = ledger.usage.get(queue_id, {})
