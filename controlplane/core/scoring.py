@@ -30,7 +30,7 @@ class Scorer:
     def ranked(self, placements: list[Placement], workload: Workload) -> list[Placement]:
         """Best first. Every placement gets the cheap terms (fit, price, topology, spot); the
         fragmentation term, which simulates the gang pod by pod, only the best few of them."""
-        base = {id(p): self.score(p, workload, fragmentation=False) for p in placements}
+        base = {id(p): self._cheap(p, workload) for p in placements}
         ranked = sorted(placements, key=lambda p: (p.spread, base[id(p)], p.cluster_id))
         if self.mix is None or len(ranked) < 2:
             return ranked
@@ -38,6 +38,21 @@ class Scorer:
         weight = self.policy.fragmentation_weight
         head.sort(key=lambda p: (p.spread, base[id(p)] + weight * self._fragmentation(p, workload), p.cluster_id))
         return head + tail
+
+    def _cheap(self, placement: Placement, workload: Workload) -> float:
+        """The cheap terms of `score`, which read only the placement and the gang's spot wish.
+        The placement search hands out the same Placement objects for as long as its answer
+        holds (across cycles, for a state kept across cycles), so they are scored once."""
+        memo = self.state.cheap_scores
+        if memo.policy is not self.policy:
+            memo.reset(self.policy)
+        key = (id(placement), workload.spot)
+        found = memo.scores.get(key)
+        if found is not None and found[0] is placement:
+            return found[1]
+        score = self.score(placement, workload, fragmentation=False)
+        memo.remember(key, placement, score)
+        return score
 
     def _fragmentation(self, placement: Placement, workload: Workload) -> float:
         assert self.mix is not None

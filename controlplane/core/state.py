@@ -33,6 +33,25 @@ def live_key(run: LiveRun) -> str:
     return run.run_id or run.workload_id
 
 
+class ScoreMemo:
+    """Cheap placement scores (`scoring.py`) by placement identity, for one policy. Entries keep
+    their placement alive, so an id is never reused while remembered; bounded by a reset."""
+
+    LIMIT = 200_000
+
+    def __init__(self) -> None:
+        self.policy: object | None = None
+        self.scores: dict[tuple[int, str], tuple[object, float]] = {}
+
+    def reset(self, policy: object) -> None:
+        self.policy, self.scores = policy, {}
+
+    def remember(self, key: tuple[int, str], placement: object, score: float) -> None:
+        if len(self.scores) >= self.LIMIT:
+            self.scores = {}
+        self.scores[key] = (placement, score)
+
+
 class CycleState:
     """Capacity, quota and live runs of the fleet, as admissions and evictions change them."""
 
@@ -50,6 +69,7 @@ class CycleState:
         self._empty: FleetCapacity | None = None
         # prefer_same_pool -> shape -> why no cluster could hold it empty (None: one could); for `Fitter`.
         self.never_fits_memo: dict[bool, dict[tuple[object, ...], NeverFits | None]] = {}
+        self.cheap_scores = ScoreMemo()
         schedulable = [node for nodes in fleet.nodes_by_pool.values() for node in nodes]
         # Quota amounts are integers in this unit (see gpu_eq.py).
         self.unit = GpuEqUnit.for_fleet(self.pools.values(), quota_amounts(snapshot.queue_tree))
