@@ -143,7 +143,15 @@ class SqlWorkloadRepository:
             if node_ids
             else {}
         )
-        clusters = dict(self.s.execute(select(ClusterRow.id, ClusterRow.name)).all())
+        clusters = (
+            dict(
+                self.s.execute(
+                    select(ClusterRow.id, ClusterRow.name).where(ClusterRow.id.in_({r.cluster_id for r in runs}))
+                ).all()
+            )
+            if runs
+            else {}
+        )
         live_ids = [run.id for run in runs if run.state in ("admitted", "dispatching", "running")]
         findings = (
             {

@@ -39,11 +39,10 @@ def submit(
     fit: FleetFit | None = None,
 ) -> tuple[WorkloadView, bool]:
     """Returns the workload and whether it was created (False: an idempotent retry). `fit` is the
-    process's memo of the fleet check; without one the fleet is read afresh."""
-    workload_id, created = create(uow, principal, request, prefix, now, fit)
-    with uow:
-        view = uow.workloads.view(workload_id)
-    assert view is not None
+    process's memo of the fleet check; without one the fleet is read afresh. The workload is read
+    back in the transaction that creates it (one transaction per submit, not two)."""
+    workload_id, created, view = _create(uow, principal, request, prefix, now, fit, read_back=True)
+    assert view is not None, workload_id
     return view, created
 
 
@@ -57,6 +56,19 @@ def create(
 ) -> tuple[str, bool]:
     """`submit` without reading the workload back (NATS submits answer no one): its id, and whether it
     was created."""
+    workload_id, created, _ = _create(uow, principal, request, prefix, now, fit, read_back=False)
+    return workload_id, created
+
+
+def _create(
+    uow: UnitOfWork,
+    principal: Principal,
+    request: SubmitWorkload,
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None,
+    read_back: bool,
+) -> tuple[str, bool, WorkloadView | None]:
     with uow:
         queue = uow.admin.get_tree_node("queue", request.queue)
         if queue is None or (not principal.is_admin and queue.parent_id != principal.team_id):
@@ -67,7 +79,8 @@ def create(
         if request.idempotency_key:
             existing = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
             if existing is not None:
-                return _replayed(request.idempotency_key, existing, fingerprint), False
+                replayed = _replayed(request.idempotency_key, existing, fingerprint)
+                return replayed, False, uow.workloads.view(replayed) if read_back else None
         pc = (
             uow.admin.get_priority_class(request.priority_class)
             if request.priority_class
@@ -94,10 +107,12 @@ def create(
             assert request.idempotency_key is not None
             winner = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
             assert winner is not None
-            return _replayed(request.idempotency_key, winner, fingerprint), False
+            replayed = _replayed(request.idempotency_key, winner, fingerprint)
+            return replayed, False, uow.workloads.view(replayed) if read_back else None
         emit(uow, prefix, queue.name, "queued", workload.id, now)
+        view = uow.workloads.view(workload.id) if read_back else None
         uow.commit()
-    return workload.id, True
+    return workload.id, True, view
 
 
 def _fingerprint(request: SubmitWorkload) -> str:
