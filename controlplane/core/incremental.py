@@ -38,6 +38,12 @@ from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState, live_key
 
 
+# The kept state's memos (placement answers per gang shape, the shapes of gangs seen, scores)
+# only grow while it lives: it is rebuilt after this many cycles, which bounds them by what that
+# many cycles can see (at one cycle a second, a rebuild every ten minutes or so).
+REBUILD_AFTER_CYCLES = 600
+
+
 @dataclass
 class _Kept:
     """The snapshot the kept state matches, and that state."""
@@ -45,6 +51,7 @@ class _Kept:
     snapshot: Snapshot
     state: CycleState
     runs: dict[str, LiveRun]  # live key -> run, as held in the state
+    cycles: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ class IncrementalScheduler:
 
     def _sync(self, snapshot: Snapshot, policy: Policy) -> CycleState:
         kept = self._kept
-        if kept is None or not _same_fleet(kept.snapshot, snapshot):
+        if kept is None or kept.cycles >= REBUILD_AFTER_CYCLES or not _same_fleet(kept.snapshot, snapshot):
             state = CycleState(snapshot, policy)
             self._kept = _Kept(snapshot, state, {live_key(run): run for run in snapshot.live_runs})
             self.last_sync = SyncStats(rebuilt=True, runs_released=0, runs_added=len(snapshot.live_runs))
@@ -115,6 +122,7 @@ class IncrementalScheduler:
         # The live runs in the snapshot's order, as a fresh build lists them.
         state.relist_live(snapshot.live_runs)
         kept.snapshot, kept.runs = snapshot, now_runs
+        kept.cycles += 1
         self.last_sync = SyncStats(rebuilt=False, runs_released=len(released), runs_added=len(added))
         return state
 

@@ -13,14 +13,25 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.core.incremental import IncrementalScheduler
+from controlplane.core import incremental
+from controlplane.core.incremental import IncrementalScheduler, SyncStats
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
 from controlplane.domain.model import Cluster, Node, QueueNode, Quota, Workload
-from tests.unit.builders import NOW, live_run_of, make_snapshot
+from tests.unit.builders import (
+    NOW,
+    gpus,
+    live_run_of,
+    make_cluster,
+    make_nodes,
+    make_pool,
+    make_snapshot,
+    make_workload,
+)
 from tests.unit.test_schedule_properties import PROPERTY_SETTINGS, QUEUES, fleets, queue_trees, workloads
 
 POLICIES = (
@@ -128,3 +139,34 @@ def _event(
 
 def _marked_idle(run: LiveRun) -> LiveRun:
     return replace(run, idle=True, idle_reclaimable=not run.idle_reclaimable)
+
+
+def test_the_kept_state_is_synced_by_delta_and_rebuilt_when_the_fleet_changes_or_it_grew_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = make_pool("p", "c", gpus_per_node=8)
+    nodes = make_nodes(pool, 2)
+    first = [make_workload(f"w{i}", gpus(4)) for i in range(3)]
+    snapshot = make_snapshot([make_cluster("c", pool)], nodes, first)
+    scheduler = IncrementalScheduler()
+    decision = scheduler.decide(snapshot, Policy(), NOW)
+    assert scheduler.last_sync.rebuilt
+    assert len(decision.admissions) == 3
+    snapshot = _apply(snapshot, decision, {w.id: w for w in first}, 0)
+    assert scheduler.decide(snapshot, Policy(), NOW) == schedule(snapshot, Policy(), NOW)
+    assert scheduler.last_sync == SyncStats(rebuilt=False, runs_released=0, runs_added=3)
+    ended = replace(snapshot, live_runs=snapshot.live_runs[1:])
+    assert scheduler.decide(ended, Policy(), NOW) == schedule(ended, Policy(), NOW)
+    assert scheduler.last_sync == SyncStats(rebuilt=False, runs_released=1, runs_added=0)
+    cordoned = replace(ended, nodes=(replace(nodes[0], schedulable=False), nodes[1]))
+    assert scheduler.decide(cordoned, Policy(), NOW) == schedule(cordoned, Policy(), NOW)
+    assert scheduler.last_sync.rebuilt
+    monkeypatch.setattr(incremental, "REBUILD_AFTER_CYCLES", 2)
+    rebuilt = []
+    for _ in range(3):
+        scheduler.decide(cordoned, Policy(), NOW)
+        rebuilt.append(scheduler.last_sync.rebuilt)
+    assert rebuilt == [False, False, True]
+    scheduler.reset()
+    scheduler.decide(cordoned, Policy(), NOW)
+    assert scheduler.last_sync.rebuilt
