@@ -39,6 +39,16 @@ from controlplane.core.history import UsageInterval
 from controlplane.service.ports import ChangeCursor, SnapshotChanges
 
 _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+# Up to this many changed keys are bound as a list (the indexes on ids are used); more (a burst of
+# submits, a restart's first refresh) are selected from the log in the query itself (one scan),
+# which also keeps under SQLite's limit of bound parameters.
+_LISTED_KEYS = 900
+
+
+def _keys(keys: frozenset[str], entity: str, after: ColumnElement[bool]) -> Any:
+    if len(keys) <= _LISTED_KEYS:
+        return sorted(keys)
+    return select(SnapshotChangeRow.key).where(SnapshotChangeRow.entity == entity, after)
 
 
 class SqlSnapshotChanges(SqlSnapshotReader):
@@ -73,8 +83,8 @@ class SqlSnapshotChanges(SqlSnapshotReader):
             return SnapshotChanges(now_at, classes_changed=True)
         workload_ids = frozenset(touched.get("workload", ()))
         run_ids = frozenset(touched.get("run", ()))
-        changed_workloads = select(SnapshotChangeRow.key).where(SnapshotChangeRow.entity == "workload", after)
-        changed_runs = select(SnapshotChangeRow.key).where(SnapshotChangeRow.entity == "run", after)
+        changed_workloads = _keys(workload_ids, "workload", after)
+        changed_runs = _keys(run_ids, "run", after)
         # The runs whose values may differ: those changed and those of changed workloads (a run
         # carries its workload's queue, priority and class).
         runs_touched = or_(RunRow.id.in_(changed_runs), RunRow.workload_id.in_(changed_workloads))
