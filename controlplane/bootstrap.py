@@ -593,6 +593,7 @@ async def run_components(
                     settings.lease_ttl,
                     settings.check_invariants,
                     metrics,
+                    settings.snapshot_rebuild_interval,
                 ),
                 name="scheduler",
             )

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     # often Prometheus scrapes; only processes that run the API export them.
     metrics_fleet_interval: float = Field(default=5.0, ge=0)
     scheduler_interval: float = Field(default=1.0, gt=0)
+    # The scheduler keeps its snapshot across cycles and reads only what changed (service/
+    # snapshot_cache.py); as a safety net it still reloads everything at least this often (seconds).
+    snapshot_rebuild_interval: float = Field(default=600.0, gt=0)
     lease_ttl: float = Field(default=15.0, gt=0)
     dispatcher_interval: float = Field(default=0.3, gt=0)
     orphan_gc_interval: float = Field(default=30.0, gt=0)

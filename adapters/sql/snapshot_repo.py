@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Text, cast, exists, func, or_, select
+from sqlalchemy import Row, Text, and_, cast, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from adapters.sql.convert import pool_from_row, workload_from_columns
@@ -159,30 +160,16 @@ class SqlSnapshotReader:
         self.s = session
 
     def load(self, history_since: datetime | None = None, last_rebalance: bool = False) -> Snapshot:
-        if self.s.get_bind().dialect.name == "postgresql":
-            # Every query below must see the same committed state.
-            self.s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        self._repeatable_read()
         clusters, nodes = self._fleet()
-        tree: dict[str, QueueNode] = {}
-        for level, parent in ((CohortRow, None), (TeamRow, "cohort_id"), (QueueRow, "team_id")):
-            names = _TREE_COLUMNS + ((parent,) if parent else ())
-            for row in self.s.execute(select(*_columns(level, *names))):
-                tree[row.id] = _tree_node(row, getattr(row, parent) if parent else None)
-        classes = {
-            pc.name: pc
-            for pc in self.s.execute(select(*_columns(PriorityClassRow, "name", "preemptible", "min_runtime_seconds")))
-        }
+        tree = self._queue_tree()
+        classes = self._classes()
         pending = self._pending(classes)
         live = self._live(classes)
         live = self._with_idle_marks(live)
         pending = self._without_evictions_after_idle_reclaim(pending)
         pools = {pool.id: pool for cluster in clusters for pool in cluster.pools}
         history = () if history_since is None else self._history(history_since, nodes, pools)
-        last_rebalance_at = None
-        if last_rebalance:
-            last_rebalance_at = self.s.scalar(
-                select(func.max(RunRow.finished_at)).where(RunRow.end_cause == EndCause.REBALANCED.value)
-            )
         return Snapshot(
             clusters=clusters,
             nodes=nodes,
@@ -190,8 +177,31 @@ class SqlSnapshotReader:
             pending=pending,
             live_runs=live,
             usage_history=history,
-            last_rebalance_at=last_rebalance_at,
+            last_rebalance_at=self._last_rebalance_at() if last_rebalance else None,
         )
+
+    def _repeatable_read(self) -> None:
+        if self.s.get_bind().dialect.name == "postgresql":
+            # Every query of the read must see the same committed state. (SQLite: every transaction
+            # begins IMMEDIATE, so no write can land in between either.)
+            self.s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+
+    def _queue_tree(self) -> dict[str, QueueNode]:
+        tree: dict[str, QueueNode] = {}
+        for level, parent in ((CohortRow, None), (TeamRow, "cohort_id"), (QueueRow, "team_id")):
+            names = _TREE_COLUMNS + ((parent,) if parent else ())
+            for row in self.s.execute(select(*_columns(level, *names))):
+                tree[row.id] = _tree_node(row, getattr(row, parent) if parent else None)
+        return tree
+
+    def _classes(self) -> dict[str, Row[Any]]:
+        return {
+            pc.name: pc
+            for pc in self.s.execute(select(*_columns(PriorityClassRow, "name", "preemptible", "min_runtime_seconds")))
+        }
+
+    def _last_rebalance_at(self) -> datetime | None:
+        return self.s.scalar(select(func.max(RunRow.finished_at)).where(RunRow.end_cause == EndCause.REBALANCED.value))
 
     def _fleet(self) -> tuple[tuple[Cluster, ...], tuple[Node, ...]]:
         """The same fleet `SqlAdminRepository.fleet` reads, in the same order, as plain rows."""
@@ -214,17 +224,24 @@ class SqlSnapshotReader:
         )
         return clusters, nodes
 
-    def _pending(self, classes: dict[str, Row[Any]]) -> tuple[Workload, ...]:
-        """Queued workloads in submission order; their pod sets in one query, grouped here.
-        Executed on the connection (plain Core rows, no ORM result layer per row) and fetched at
-        once: iterating a Core result fetches one row per driver call."""
+    def pending_order(self) -> tuple[Any, ...]:
+        """Submission order; the id breaks ties (`created_seq` is a microsecond timestamp, so a burst
+        of submits can share one), compared bytewise on every backend so the snapshot cache can keep
+        the same order in Python."""
+        by_id = WorkloadRow.id.collate("C") if self.s.get_bind().dialect.name == "postgresql" else WorkloadRow.id
+        return (WorkloadRow.created_seq, by_id)
+
+    def _pending(self, classes: Mapping[str, Row[Any]], *where: Any) -> tuple[Workload, ...]:
+        """Queued workloads (of those `where` selects) in submission order; their pod sets in one
+        query, grouped here. Executed on the connection (plain Core rows, no ORM result layer per
+        row) and fetched at once: iterating a Core result fetches one row per driver call."""
         connection = self.s.connection()
         interned = _Interned()
         pod_sets: dict[str, list[PodSet]] = {}
         for row in connection.execute(
             select(*_columns(PodSetRow, *_POD_SET_COLUMNS, as_text=frozenset({"gpu_models"})))
             .join(WorkloadRow, WorkloadRow.id == PodSetRow.workload_id)
-            .where(WorkloadRow.state == WorkloadState.QUEUED)
+            .where(WorkloadRow.state == WorkloadState.QUEUED, *where)
             .order_by(PodSetRow.workload_id, PodSetRow.ordinal)
         ).all():
             pod_sets.setdefault(row.workload_id, []).append(interned.pod_set(row))
@@ -237,8 +254,8 @@ class SqlSnapshotReader:
             )
             for row in connection.execute(
                 select(*_columns(WorkloadRow, *_WORKLOAD_COLUMNS, as_text=frozenset({"tolerations"})))
-                .where(WorkloadRow.state == WorkloadState.QUEUED)
-                .order_by(WorkloadRow.created_seq)
+                .where(WorkloadRow.state == WorkloadState.QUEUED, *where)
+                .order_by(*self.pending_order())
             ).all()
         )
 
@@ -270,8 +287,8 @@ class SqlSnapshotReader:
             by_run.setdefault(run_id, []).append(PodAssignment(pod_set, pod_index, node_id, demand))
         return by_run
 
-    def _live(self, classes: dict[str, Row[Any]]) -> tuple[LiveRun, ...]:
-        assignments = self._assignments(RunRow.state.in_(LIVE))
+    def _live(self, classes: Mapping[str, Row[Any]], *where: Any) -> tuple[LiveRun, ...]:
+        assignments = self._assignments(RunRow.state.in_(LIVE), *where)
         return tuple(
             LiveRun(
                 workload_id=workload_id,
@@ -300,17 +317,17 @@ class SqlSnapshotReader:
                         WorkloadRow.max_runtime_seconds,
                     )
                     .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
-                    .where(RunRow.state.in_(LIVE))
+                    .where(RunRow.state.in_(LIVE), *where)
                 )
             )
         )
 
-    def _with_idle_marks(self, live: tuple[LiveRun, ...]) -> tuple[LiveRun, ...]:
+    def _with_idle_marks(self, live: tuple[LiveRun, ...], *where: Any) -> tuple[LiveRun, ...]:
         """The idle policy's stage per run: deprioritized runs are taken first as victims, runs at
         the reclaim stage may be taken by any waiting gang that fits."""
         stages = dict(
             self.s.execute(
-                select(IdleFindingRow.run_id, IdleFindingRow.stage).where(IdleFindingRow.status == "idle")
+                select(IdleFindingRow.run_id, IdleFindingRow.stage).where(IdleFindingRow.status == "idle", *where)
             ).all()
         )
         if not stages:
@@ -326,7 +343,7 @@ class SqlSnapshotReader:
             for run in live
         )
 
-    def _without_evictions_after_idle_reclaim(self, pending: tuple[Workload, ...]) -> tuple[Workload, ...]:
+    def _without_evictions_after_idle_reclaim(self, pending: tuple[Workload, ...], *where: Any) -> tuple[Workload, ...]:
         """A workload whose last run was reclaimed for idleness waits for free capacity: it may not
         evict anyone to get its GPUs straight back."""
         # Read on every cycle, so only the few runs ended by an idle reclaim, not every run of the backlog.
@@ -339,6 +356,7 @@ class SqlSnapshotReader:
                     WorkloadRow.state == WorkloadState.QUEUED,
                     RunRow.end_cause == EndCause.RECLAIMED_IDLE.value,
                     ~exists().where(newer.workload_id == RunRow.workload_id, newer.created_at > RunRow.created_at),
+                    *where,
                 )
             )
         )
@@ -350,9 +368,16 @@ class SqlSnapshotReader:
         self, since: datetime, nodes: tuple[Node, ...], pools: dict[str, NodePool]
     ) -> tuple[UsageInterval, ...]:
         """What every run that held capacity since `since` consumed, per queue (for fair share)."""
+        return tuple(interval for interval in self._usage_of_runs(since, nodes, pools).values() if interval)
+
+    def _usage_of_runs(
+        self, since: datetime, nodes: tuple[Node, ...], pools: Mapping[str, NodePool], *where: Any
+    ) -> dict[str, UsageInterval | None]:
+        """Per run (of those `where` selects) that held capacity since `since`: what it consumed,
+        or None when it held no GPUs on a node of the fleet."""
         pool_of_node = {node.id: pools[node.pool_id] for node in nodes if node.pool_id in pools}
-        intervals = []
-        held = or_(RunRow.finished_at.is_(None), RunRow.finished_at >= since)
+        intervals: dict[str, UsageInterval | None] = {}
+        held = and_(or_(RunRow.finished_at.is_(None), RunRow.finished_at >= since), *where)
         assignments = self._assignments(held)
         rows = self.s.execute(
             select(RunRow.id, RunRow.started_at, RunRow.created_at, RunRow.finished_at, WorkloadRow.queue_id)
@@ -367,6 +392,5 @@ class SqlSnapshotReader:
                 if a.node_id in pool_of_node  # a node since removed from the fleet no longer counts
             )
             gpu_eq = held_gpu_eq(known, pool_of_node)
-            if gpu_eq:
-                intervals.append(UsageInterval(queue_id, float(gpu_eq), start, finished_at))
-        return tuple(intervals)
+            intervals[run_id] = UsageInterval(queue_id, float(gpu_eq), start, finished_at) if gpu_eq else None
+        return intervals

@@ -391,3 +391,18 @@ class IdleFindingRow(Base):
     action: Mapped[str] = mapped_column(String(20))
     stage_since: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class SnapshotChangeRow(Base):
+    """One write that changed what the scheduling snapshot reads (migration 0009). Written only by
+    triggers, read by the scheduler's snapshot cache (adapters/sql/snapshot_changes.py).
+
+    `entity` says which part of the snapshot to re-read (workload, run, fleet, tree, class) and
+    `key` which object; `txid` is the writing transaction's id on PostgreSQL (NULL on SQLite)."""
+
+    __tablename__ = "snapshot_changes"
+    seq: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    entity: Mapped[str] = mapped_column(String(10))
+    key: Mapped[str] = mapped_column(String(253))
+    txid: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    at: Mapped[datetime]

@@ -15,7 +15,7 @@ from adapters.sql.idle_repo import SqlIdleRepository
 from adapters.sql.messaging_repo import SqlAudit, SqlClusterCredentials, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
 from adapters.sql.report_repo import SqlReportRepository
 from adapters.sql.run_repo import SqlRunRepository
-from adapters.sql.snapshot_repo import SqlSnapshotReader
+from adapters.sql.snapshot_changes import SqlSnapshotChanges
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from adapters.sql.workload_repo import SqlWorkloadRepository
 from controlplane.service.errors import StoreUnavailable
@@ -50,7 +50,7 @@ class SqlUnitOfWork:
             self.tokens = SqlTokens(s)
             self.cluster_credentials = SqlClusterCredentials(s)
             self.audit = SqlAudit(s)
-            self.snapshots = SqlSnapshotReader(s)
+            self.snapshots = SqlSnapshotChanges(s)
             self.telemetry = SqlTelemetryRepository(s)
             self.idle = SqlIdleRepository(s)
             self.cloud = SqlCloudRepository(s)

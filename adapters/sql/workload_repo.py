@@ -341,9 +341,12 @@ class SqlWorkloadRepository:
                 found[workload_id] = created_at
         return found
 
-    def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
+    def record_pending(self, reasons: Sequence[PendingRecord], compare_stored: bool = True) -> int:
         if not reasons:
             return 0
+        if not compare_stored:  # the snapshot cache knows these differ from what it wrote this term
+            self._write_pending([_pending_row(r) for r in reasons])
+            return len(reasons)
         current = {
             wid: (reason, kind, pos)
             for wid, reason, kind, pos in self.s.execute(
@@ -353,10 +356,14 @@ class SqlWorkloadRepository:
             )
         }
         changed = [
-            {"wid": r.workload_id, "reason": r.text, "rkind": r.kind, "detail": dict(r.detail), "pos": r.queue_position}
+            _pending_row(r)
             for r in reasons
             if r.workload_id in current and current[r.workload_id] != (r.text, r.kind, r.queue_position)
         ]
+        self._write_pending(changed)
+        return len(changed)
+
+    def _write_pending(self, changed: Sequence[dict[str, Any]]) -> None:
         if not changed:
             pass
         elif self.s.get_bind().dialect.name == "postgresql":
@@ -376,7 +383,6 @@ class SqlWorkloadRepository:
                 ),
                 changed,
             )
-        return len(changed)
 
     def _event_query(self) -> Any:
         return (
@@ -429,3 +435,13 @@ class SqlWorkloadRepository:
             for row in self.s.execute(self._event_query().where(WorkloadRow.id.in_(ids[start : start + CHUNK]))):
                 found[row[0]] = dict(zip(_EVENT_KEYS, row, strict=True))
         return found
+
+
+def _pending_row(record: PendingRecord) -> dict[str, Any]:
+    return {
+        "wid": record.workload_id,
+        "reason": record.text,
+        "rkind": record.kind,
+        "detail": dict(record.detail),
+        "pos": record.queue_position,
+    }

@@ -12,8 +12,9 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from controlplane.core.decision import Admission, EndCause
-from controlplane.core.snapshot import Snapshot
-from controlplane.domain.model import Cluster, Node, Workload
+from controlplane.core.history import UsageInterval
+from controlplane.core.snapshot import LiveRun, Snapshot
+from controlplane.domain.model import Cluster, Node, QueueNode, Workload
 from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.idle_records import IdleRepository
 from controlplane.service.report_records import ReportRepository
@@ -175,8 +176,10 @@ class WorkloadRepository(Protocol):
         since the snapshot was read is left out."""
         ...
 
-    def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
-        """Store the reasons of queued workloads whose reason or position changed; returns how many."""
+    def record_pending(self, reasons: Sequence[PendingRecord], compare_stored: bool = True) -> int:
+        """Store the reasons of queued workloads whose reason or position changed; returns how many.
+        With `compare_stored` False the caller already knows these differ from what is stored (the
+        snapshot cache remembers what it wrote): they are written without reading the stored ones."""
 
     def submitted_at(self, workload_ids: Collection[str]) -> dict[str, datetime]:
         """When each of these workloads was submitted (metrics: time to admission and to running)."""
@@ -259,11 +262,66 @@ class AuditLog(Protocol):
     ) -> None: ...
 
 
+@dataclass(frozen=True)
+class ChangeCursor:
+    """Where a reader of the snapshot's change log stands (adapters/sql/snapshot_changes.py).
+    `seq`: the highest change read; `horizon`: on PostgreSQL, the oldest transaction that may still
+    have been writing when it was read (its changes and later ones are read again), else None."""
+
+    seq: int
+    horizon: int | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotChanges:
+    """What changed since a cursor, as current values: the snapshot cache merges them.
+
+    `workload_ids`/`run_ids` were touched; of them, `pending` holds those queued now and `live_runs`
+    those live now (a touched id in neither is gone from that part). `clusters`/`nodes` and
+    `queue_tree` are the whole fleet or tree, given only when some of it changed. `usage` maps the
+    touched runs that held capacity in the history window to their interval (None: no longer
+    counts); with `usage_complete`, it is the whole window (the fleet changed, so every run's GPU
+    equivalents may have). `classes_changed`: a priority class changed (the cache rebuilds)."""
+
+    cursor: ChangeCursor
+    workload_ids: frozenset[str] = frozenset()
+    run_ids: frozenset[str] = frozenset()
+    pending: tuple[Workload, ...] = ()
+    live_runs: tuple[LiveRun, ...] = ()
+    clusters: tuple[Cluster, ...] | None = None
+    nodes: tuple[Node, ...] | None = None
+    queue_tree: Mapping[str, QueueNode] | None = None
+    classes_changed: bool = False
+    usage: Mapping[str, UsageInterval | None] = field(default_factory=dict)
+    usage_complete: bool = False
+    last_rebalance_at: datetime | None = None
+    last_rebalance_read: bool = False
+
+
 class SnapshotReader(Protocol):
     def load(self, history_since: datetime | None = None, last_rebalance: bool = False) -> Snapshot:
         """The scheduling snapshot; with `history_since`, also the consumption of runs that ran
         since then (fair-share history); with `last_rebalance`, when a run last ended rebalanced
         (the rebalancing rate limit)."""
+        ...
+
+    def change_cursor(self) -> ChangeCursor:
+        """The cursor of what this transaction sees: call it after `load` in the same unit of work,
+        and `changes_since` it later reads every change `load` did not see."""
+        ...
+
+    def changes_since(
+        self, cursor: ChangeCursor, history_since: datetime | None = None, last_rebalance: bool = False
+    ) -> SnapshotChanges:
+        """Everything `load` would read differently than at `cursor`, in one read transaction."""
+        ...
+
+    def usage_by_run(self, since: datetime) -> Mapping[str, UsageInterval | None]:
+        """`load`'s usage history per run id (the snapshot cache updates it run by run)."""
+        ...
+
+    def prune_changes(self, cursor: ChangeCursor, before: datetime) -> int:
+        """Forget changes logged before `before` that `cursor` has read; returns how many."""
         ...
 
 

@@ -17,6 +17,7 @@ from controlplane.service.errors import LostLeadership
 from controlplane.service.events import emit_many
 from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, seconds_between
 from controlplane.service.ports import PendingRecord, UnitOfWorkFactory
+from controlplane.service.snapshot_cache import SnapshotCache
 from controlplane.service.wording import eviction_fields, eviction_text, pending_fields, pending_text
 from controlplane.service.workloads import emit
 
@@ -113,6 +114,30 @@ def run_cycle(
     ttl: float,
     check_invariants: bool = False,
     metrics: Metrics = NO_METRICS,
+    cache: SnapshotCache | None = None,
+) -> CycleResult:
+    """One cycle. With the leadership term's `cache` the snapshot is refreshed from what changed
+    since the last cycle; without one it is loaded in full (a throwaway cache)."""
+    cache = cache if cache is not None else SnapshotCache()
+    try:
+        return _cycle(uow_factory, holder, epoch, policy, prefix, now, ttl, check_invariants, metrics, cache)
+    except BaseException:
+        # The decision may or may not have landed, the cache's view may be torn: rebuild next cycle.
+        cache.invalidate()
+        raise
+
+
+def _cycle(
+    uow_factory: UnitOfWorkFactory,
+    holder: str,
+    epoch: int,
+    policy: Policy,
+    prefix: str,
+    now: datetime,
+    ttl: float,
+    check_invariants: bool,
+    metrics: Metrics,
+    cache: SnapshotCache,
 ) -> CycleResult:
     started = mark = time.perf_counter()
     phases: list[tuple[CyclePhase, float]] = []
@@ -122,11 +147,10 @@ def run_cycle(
         phases.append((phase, time.perf_counter() - mark))
         mark = time.perf_counter()
 
-    with uow_factory() as uow:
-        since = None
-        if policy.usage_history_weight > 0:
-            since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
-        snapshot = uow.snapshots.load(history_since=since, last_rebalance=policy.rebalance)
+    since = None
+    if policy.usage_history_weight > 0:
+        since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
+    snapshot = cache.refresh(uow_factory, epoch, now, history_since=since, last_rebalance=policy.rebalance)
     phase_done(CyclePhase.SNAPSHOT)
     decision: Decision = schedule(snapshot, policy, now)
     phase_done(CyclePhase.SCHEDULE)
@@ -197,7 +221,9 @@ def run_cycle(
             admitted += 1
             admitted_waits.append((queue, seconds_between(submitted.get(workload_id), now)))
         emit_many(uow, prefix, "admitted", list(queues.items()), now, epoch=epoch)
-        written = uow.workloads.record_pending(_pending_records(decision))
+        records = _pending_records(decision)
+        to_write, compare_stored = cache.pending_to_write(records)
+        written = uow.workloads.record_pending(to_write, compare_stored=compare_stored)
         # The epoch check and every write of this decision share one transaction: a deposed
         # leader's decision can never land. Checked last, so the lease row is locked only for
         # the commit, never while the decision is written (the background renewal and a standby
@@ -205,6 +231,7 @@ def run_cycle(
         if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
             raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
         uow.commit()
+    cache.pending_written(records)
     phase_done(CyclePhase.APPLY)
     # Reported once the decision has landed: a deposed leader's cycle counts nothing.
     for phase, seconds in phases:

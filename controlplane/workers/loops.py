@@ -33,6 +33,7 @@ from controlplane.service.scheduling import (
     renew_leadership,
     run_cycle,
 )
+from controlplane.service.snapshot_cache import DEFAULT_REBUILD_INTERVAL, SnapshotCache
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -128,12 +129,19 @@ async def scheduler_loop(
     lease_ttl: float,
     check_invariants: bool = False,
     metrics: Metrics = NO_METRICS,
+    snapshot_rebuild_interval: float = DEFAULT_REBUILD_INTERVAL,
 ) -> None:
     term = LeaseTerm(uow_factory, LEASE_NAME, holder_id("scheduler"), clock, lease_ttl, metrics)
+    # The snapshot kept across this leadership term's cycles; a new term or any error starts afresh.
+    cache: SnapshotCache | None = None
     while not stop.is_set():
         try:
             epoch = await term.ensure()
-            if epoch is not None:
+            if epoch is None:
+                cache = None
+            else:
+                if cache is None or cache.epoch not in (None, epoch):
+                    cache = SnapshotCache(snapshot_rebuild_interval)
                 result = await asyncio.to_thread(
                     run_cycle,
                     uow_factory,
@@ -145,14 +153,17 @@ async def scheduler_loop(
                     lease_ttl,
                     check_invariants,
                     metrics,
+                    cache,
                 )
                 if result.admitted:
                     log.info("cycle: admitted %d, %d pending", result.admitted, result.pending, extra={"epoch": epoch})
         except LostLeadership as exc:
             log.warning("%s", exc, extra={"epoch": term.epoch})
             term.lose()
+            cache = None
         except Exception:
             log.exception("scheduler cycle failed; retrying")
+            cache = None
         await sleep_or_stop(stop, interval)
     await term.release()
 

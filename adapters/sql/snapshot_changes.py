@@ -1,0 +1,137 @@
+"""Reading what changed in the scheduling snapshot since a cursor (the change log of migration 0009).
+
+Triggers log every write that changes what `SqlSnapshotReader.load` returns in `snapshot_changes`:
+(seq, entity, key, txid). The scheme a reader follows so that no change is ever lost:
+
+SQLite. Every transaction begins IMMEDIATE (adapters/sql/engine.py): writers and this reader are
+serialised, so `seq` (autoincrement, taken under the write lock) grows in commit order. The cursor
+is the highest `seq` read; the next read takes `seq > cursor`.
+
+PostgreSQL. `seq` comes from a sequence and is taken when the row is written, not when its
+transaction commits: transaction A may take seq 10, B seq 11, B commit, a reader see 11 but not 10,
+then A commit. A reader that went on from "seq > 11" would never see A's change. So the cursor is
+not a seq but a transaction horizon: each read, in one REPEATABLE READ snapshot, also notes that
+snapshot's xmin (`pg_snapshot_xmin(pg_current_snapshot())`, the oldest transaction still in flight
+for it; every transaction below it had ended, so its changes were visible to that read if it
+committed). Every row the read could not see belongs to a transaction that was in flight or not yet
+begun, whose id is therefore >= that xmin; and the trigger stores its writer's top-level id
+(`pg_current_xact_id()`, the xid8, 64 bits so it never wraps) in `txid`. The next read takes
+`txid >= previous xmin`: it re-reads the few changes of transactions that overlapped the previous
+read (harmless: the cache keeps the same object when the re-read value is equal) and can never skip
+one. A long-running writer holds the horizon back and widens the overlap; it cannot cause a miss.
+Read-only transactions have no xid and never hold it back.
+
+Pruning only removes rows below the pruning reader's own horizon (or seq) and older than a
+retention (an hour, see SnapshotCache): another reader (a new leader) begins with a full load, and
+a cache whose cursor is older than the retention rebuilds instead of reading the log.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, delete, func, or_, select, text
+
+from adapters.sql.snapshot_repo import SqlSnapshotReader
+from adapters.sql.tables import IdleFindingRow, RunRow, SnapshotChangeRow, WorkloadRow
+from controlplane.core.history import UsageInterval
+from controlplane.service.ports import ChangeCursor, SnapshotChanges
+
+_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+# Up to this many changed keys are bound as a list (the indexes on ids are used); more (a burst of
+# submits, a restart's first refresh) are selected from the log in the query itself (one scan),
+# which also keeps under SQLite's limit of bound parameters.
+_LISTED_KEYS = 900
+
+
+def _keys(keys: frozenset[str], entity: str, after: ColumnElement[bool]) -> Any:
+    if len(keys) <= _LISTED_KEYS:
+        return sorted(keys)
+    return select(SnapshotChangeRow.key).where(SnapshotChangeRow.entity == entity, after)
+
+
+class SqlSnapshotChanges(SqlSnapshotReader):
+    """The snapshot reader, with the change log: `load` then `change_cursor`, later `changes_since`."""
+
+    def _postgresql(self) -> bool:
+        return self.s.get_bind().dialect.name == "postgresql"
+
+    def change_cursor(self) -> ChangeCursor:
+        seq = self.s.scalar(select(func.coalesce(func.max(SnapshotChangeRow.seq), 0)))
+        horizon = self.s.scalar(text(_HORIZON)) if self._postgresql() else None
+        return ChangeCursor(int(seq or 0), None if horizon is None else int(horizon))
+
+    def _after(self, cursor: ChangeCursor) -> ColumnElement[bool]:
+        if self._postgresql():
+            assert cursor.horizon is not None, "a PostgreSQL cursor has a transaction horizon"
+            return SnapshotChangeRow.txid >= cursor.horizon
+        return SnapshotChangeRow.seq > cursor.seq
+
+    def changes_since(
+        self, cursor: ChangeCursor, history_since: datetime | None = None, last_rebalance: bool = False
+    ) -> SnapshotChanges:
+        self._repeatable_read()
+        after = self._after(cursor)
+        now_at = self.change_cursor()  # the same snapshot as every read below
+        touched: dict[str, set[str]] = {}
+        for entity, key in self.s.execute(
+            select(SnapshotChangeRow.entity, SnapshotChangeRow.key).where(after).distinct()
+        ):
+            touched.setdefault(entity, set()).add(key)
+        if "class" in touched:  # a class's preemptibility reaches every gang and run: the cache rebuilds
+            return SnapshotChanges(now_at, classes_changed=True)
+        workload_ids = frozenset(touched.get("workload", ()))
+        run_ids = frozenset(touched.get("run", ()))
+        changed_workloads = _keys(workload_ids, "workload", after)
+        changed_runs = _keys(run_ids, "run", after)
+        # The runs whose values may differ: those changed and those of changed workloads (a run
+        # carries its workload's queue, priority and class).
+        runs_touched = or_(RunRow.id.in_(changed_runs), RunRow.workload_id.in_(changed_workloads))
+        pending: tuple[Any, ...] = ()
+        live: tuple[Any, ...] = ()
+        if workload_ids or run_ids:
+            classes = self._classes()
+            if workload_ids:
+                pending = self._pending(classes, WorkloadRow.id.in_(changed_workloads))
+                pending = self._without_evictions_after_idle_reclaim(pending, RunRow.workload_id.in_(changed_workloads))
+            live = self._live(classes, runs_touched)
+            live = self._with_idle_marks(live, IdleFindingRow.run_id.in_(select(RunRow.id).where(runs_touched)))
+        fleet = self._fleet() if "fleet" in touched else None
+        usage: dict[str, UsageInterval | None] = {}
+        usage_complete = False
+        if history_since is not None and (fleet is not None or workload_ids or run_ids):
+            clusters, nodes = fleet or self._fleet()
+            pools = {pool.id: pool for cluster in clusters for pool in cluster.pools}
+            if fleet is not None:  # every run's GPU equivalents depend on the pools: the whole window
+                usage, usage_complete = self._usage_of_runs(history_since, nodes, pools), True
+            else:
+                usage = dict.fromkeys(run_ids, None)  # a run no longer in the window
+                usage.update(self._usage_of_runs(history_since, nodes, pools, runs_touched))
+        rebalance_read = last_rebalance and bool(workload_ids or run_ids)
+        return SnapshotChanges(
+            cursor=now_at,
+            workload_ids=workload_ids,
+            run_ids=run_ids,
+            pending=pending,
+            live_runs=live,
+            clusters=None if fleet is None else fleet[0],
+            nodes=None if fleet is None else fleet[1],
+            queue_tree=self._queue_tree() if "tree" in touched else None,
+            usage=usage,
+            usage_complete=usage_complete,
+            last_rebalance_at=self._last_rebalance_at() if rebalance_read else None,
+            last_rebalance_read=rebalance_read,
+        )
+
+    def usage_by_run(self, since: datetime) -> dict[str, UsageInterval | None]:
+        clusters, nodes = self._fleet()
+        return self._usage_of_runs(since, nodes, {pool.id: pool for cluster in clusters for pool in cluster.pools})
+
+    def prune_changes(self, cursor: ChangeCursor, before: datetime) -> int:
+        read = SnapshotChangeRow.seq <= cursor.seq
+        if self._postgresql():
+            assert cursor.horizon is not None
+            read = SnapshotChangeRow.txid < cursor.horizon
+        result = self.s.execute(delete(SnapshotChangeRow).where(read, SnapshotChangeRow.at < before))
+        return int(result.rowcount or 0)  # type: ignore[attr-defined]
