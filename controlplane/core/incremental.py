@@ -37,7 +37,6 @@ from controlplane.core.schedule import decision_of, quarantine_queues, schedule
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState, live_key
 
-
 # The kept state's memos (placement answers per gang shape, the shapes of gangs seen, scores)
 # only grow while it lives: it is rebuilt after this many cycles, which bounds them by what that
 # many cycles can see (at one cycle a second, a rebuild every ten minutes or so).

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controlplane.core.decision import Decision, Eviction, EvictionKind
+from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Policy
@@ -115,15 +116,20 @@ def run_cycle(
     check_invariants: bool = False,
     metrics: Metrics = NO_METRICS,
     cache: SnapshotCache | None = None,
+    scheduler: IncrementalScheduler | None = None,
 ) -> CycleResult:
     """One cycle. With the leadership term's `cache` the snapshot is refreshed from what changed
-    since the last cycle; without one it is loaded in full (a throwaway cache)."""
+    since the last cycle; without one it is loaded in full (a throwaway cache). With the term's
+    `scheduler` the core decides on the fleet state it kept from the last cycle; without one,
+    one-shot `schedule()` (the same decision, built from scratch)."""
     cache = cache if cache is not None else SnapshotCache()
     try:
-        return _cycle(uow_factory, holder, epoch, policy, prefix, now, ttl, check_invariants, metrics, cache)
+        return _cycle(uow_factory, holder, epoch, policy, prefix, now, ttl, check_invariants, metrics, cache, scheduler)
     except BaseException:
         # The decision may or may not have landed, the cache's view may be torn: rebuild next cycle.
         cache.invalidate()
+        if scheduler is not None:
+            scheduler.reset()
         raise
 
 
@@ -138,6 +144,7 @@ def _cycle(
     check_invariants: bool,
     metrics: Metrics,
     cache: SnapshotCache,
+    scheduler: IncrementalScheduler | None,
 ) -> CycleResult:
     started = mark = time.perf_counter()
     phases: list[tuple[CyclePhase, float]] = []
@@ -152,7 +159,7 @@ def _cycle(
         since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
     snapshot = cache.refresh(uow_factory, epoch, now, history_since=since, last_rebalance=policy.rebalance)
     phase_done(CyclePhase.SNAPSHOT)
-    decision: Decision = schedule(snapshot, policy, now)
+    decision = scheduler.decide(snapshot, policy, now) if scheduler is not None else schedule(snapshot, policy, now)
     phase_done(CyclePhase.SCHEDULE)
     if check_invariants:
         check_decision(snapshot, decision)

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from controlplane.core.idle import IdleRules
+from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.snapshot import Policy
 from controlplane.service import ingest, telemetry
 from controlplane.service.dispatch import collect_orphans, dispatch_once
@@ -132,8 +133,10 @@ async def scheduler_loop(
     snapshot_rebuild_interval: float = DEFAULT_REBUILD_INTERVAL,
 ) -> None:
     term = LeaseTerm(uow_factory, LEASE_NAME, holder_id("scheduler"), clock, lease_ttl, metrics)
-    # The snapshot kept across this leadership term's cycles; a new term or any error starts afresh.
+    # The snapshot and the core's fleet state kept across this leadership term's cycles; a new
+    # term or any error starts afresh.
     cache: SnapshotCache | None = None
+    scheduler = IncrementalScheduler()
     while not stop.is_set():
         try:
             epoch = await term.ensure()
@@ -142,6 +145,7 @@ async def scheduler_loop(
             else:
                 if cache is None or cache.epoch not in (None, epoch):
                     cache = SnapshotCache(snapshot_rebuild_interval)
+                    scheduler.reset()
                 result = await asyncio.to_thread(
                     run_cycle,
                     uow_factory,
@@ -154,6 +158,7 @@ async def scheduler_loop(
                     check_invariants,
                     metrics,
                     cache,
+                    scheduler,
                 )
                 if result.admitted:
                     log.info("cycle: admitted %d, %d pending", result.admitted, result.pending, extra={"epoch": epoch})
