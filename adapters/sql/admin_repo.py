@@ -96,13 +96,6 @@ class SqlAdminRepository:
         self.s.add_all([node_to_row(n) for n in nodes])
         self.s.flush()
 
-    def replace_pools(self, cluster: Cluster, nodes: Sequence[Node]) -> None:
-        self.s.execute(delete(NodeRow).where(NodeRow.cluster_id == cluster.id))
-        self.s.execute(delete(NodePoolRow).where(NodePoolRow.cluster_id == cluster.id))
-        self.s.execute(update(ClusterRow).where(ClusterRow.id == cluster.id).values(region=cluster.region))
-        self.s.expire_all()
-        self._add_pools(cluster, nodes)
-
     def set_cluster_region(self, cluster_id: str, region: str) -> None:
         self.s.execute(update(ClusterRow).where(ClusterRow.id == cluster_id).values(region=region))
 
@@ -130,6 +123,9 @@ class SqlAdminRepository:
         self.s.execute(delete(NodeRow).where(NodeRow.cluster_id == cluster_id))
         self.s.execute(delete(NodePoolRow).where(NodePoolRow.cluster_id == cluster_id))
         self.s.execute(delete(ClusterRow).where(ClusterRow.id == cluster_id))
+
+    def cluster_run_count(self, cluster_id: str) -> int:
+        return self.s.scalar(select(func.count()).select_from(RunRow).where(RunRow.cluster_id == cluster_id)) or 0
 
     def cluster_has_live_runs(self, cluster_id: str) -> bool:
         return bool(

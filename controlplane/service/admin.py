@@ -6,6 +6,7 @@ from datetime import datetime
 
 from controlplane.domain.model import Cluster, Node, NodePool
 from controlplane.service.cloud_ports import UnsafeKubeconfig, validate_user_kubeconfig
+from controlplane.service.cloud_state import SyncedPool
 from controlplane.service.commands import (
     CLOUD_PROVIDERS,
     ClusterSpec,
@@ -111,10 +112,21 @@ def update_cluster(uow: UnitOfWork, ref: str, update: ClusterUpdate, actor: str,
                 raise Invalid(f"cluster {current.name}: kubernetes pools come from the cluster's nodes")
             if uow.admin.cluster_has_live_runs(current.id):
                 raise Conflict(f"cluster {current.name} has live runs; drain it before changing its pools")
-            spec = ClusterSpec(name=current.name, provider="sim", region=current.region, pools=update.pools)
-            cluster, nodes = _build_fleet(current.id, spec, update.region or current.region)
-            uow.admin.replace_pools(cluster, nodes)
-        elif update.region is not None:
+            # Reconciled by name, as fleet sync does for a cloud: nodes an ended run's history names
+            # stay (cordoned) and so do their pools, so the history and its reports stay whole.
+            synced = [
+                SyncedPool(
+                    spec=pool,
+                    min_size=0,
+                    max_size=None,
+                    instance_type="",
+                    cloud_pool_id="",
+                    node_names=tuple(f"{current.name}-{pool.name}-{i}" for i in range(pool.node_count)),
+                )
+                for pool in update.pools
+            ]
+            uow.cloud.sync_pools(current.id, synced, (), now, cloud_synced=False)
+        if update.region is not None:
             uow.admin.set_cluster_region(current.id, update.region)
         detail = update.model_dump(exclude_none=True, exclude={"kubernetes"})
         if update.kubernetes is not None:
@@ -146,6 +158,14 @@ def delete_cluster(
             raise NotFound(f"no cluster {ref}")
         if uow.admin.cluster_has_live_runs(view.id):
             raise Conflict(f"cluster {view.name} has live runs; cancel or drain them first")
+        runs = uow.admin.cluster_run_count(view.id)
+        if runs:
+            # Ended runs name the cluster and its nodes; deleting them would rewrite history that
+            # usage and cost reports read.
+            raise Conflict(
+                f"cluster {view.name} is named by the history of {runs} ended run(s), which reports read; "
+                "it cannot be deleted (scale its pools to 0 nodes to stop using it)"
+            )
         uow.admin.delete_cluster(view.id)
         uow.audit.record(actor, "cluster.delete", "cluster", view.id, {"name": view.name}, now)
         uow.commit()
