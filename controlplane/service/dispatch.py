@@ -10,7 +10,6 @@ from datetime import datetime
 
 from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
-from controlplane.service.errors import StoreUnavailable
 from controlplane.service.metrics import NO_METRICS, ClusterOperation, DispatchFailure, Metrics
 from controlplane.service.ports import ClusterDriver, PermanentDispatchError, UnitOfWorkFactory
 from controlplane.service.workloads import emit
@@ -136,34 +135,3 @@ def _fail_undispatchable(
             )
             emit(uow, prefix, queue, "failed", workload_id, now, run_id=run_id, cluster=cluster, message=message)
         uow.commit()
-
-
-async def collect_orphans(
-    uow_factory: UnitOfWorkFactory, drivers: Mapping[str, ClusterDriver], metrics: Metrics = NO_METRICS
-) -> int:
-    """Delete objects a cluster holds for runs gpufleet no longer considers live.
-
-    Each cluster on its own: one that is deleted, unreachable or failing is logged and skipped,
-    and the others are collected all the same."""
-    deleted = 0
-    for cluster, driver in drivers.items():
-        try:
-            owned = await driver.list_owned()
-            with uow_factory() as uow:
-                live = uow.runs.live_run_ids(cluster)
-            for run_id in sorted(owned - live):
-                log.info("deleting orphan run %s on %s", run_id, cluster)
-                await driver.delete(run_id)
-                deleted += 1
-        except StoreUnavailable:
-            raise  # nothing can be decided without the database, for any cluster
-        except Exception as exc:
-            metrics.dispatch_failed(cluster, ClusterOperation.LIST, DispatchFailure.TRANSIENT)
-            log.warning(
-                "orphan collection on %s failed (%s: %s); the other clusters go on",
-                cluster,
-                type(exc).__name__,
-                exc,
-                extra={"cluster": cluster},
-            )
-    return deleted

@@ -7,20 +7,20 @@ workload back in its queue as a unit (`workload.requeued` with the reason):
 - dispatch timeout: a run admitted long ago that no dispatcher could apply;
 - vanished run: a run applied to its cluster whose objects the cluster no longer has (deleted behind
   gpufleet's back, a cluster restored from an older backup). No pod report will ever come for it, so
-  without this its workload would stay `running` forever.
+  without this its workload would stay `running` forever (found by `cluster_objects.py`, which
+  lists each cluster once for this and for orphans).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
 from controlplane.service.cloud_state import StalledRun
-from controlplane.service.errors import StoreUnavailable
-from controlplane.service.ports import ClusterDriver, UnitOfWorkFactory
+from controlplane.service.ports import UnitOfWorkFactory
 from controlplane.service.workloads import emit
 
 DEFAULT_GANG_START_TIMEOUT = 600.0
@@ -52,7 +52,7 @@ def requeue_stalled_gangs(
             f"{EndCause.GANG_START_TIMEOUT}: pods not all running {waited:.0f}s after dispatch to {run.cluster}"
             f" (limit {timeout:g}s)"
         )
-        if _requeue(uow_factory, prefix, run, reason, EndCause.GANG_START_TIMEOUT, now):
+        if requeue_run(uow_factory, prefix, run, reason, EndCause.GANG_START_TIMEOUT, now):
             ended.append(run.run_id)
     return ended
 
@@ -73,49 +73,12 @@ def requeue_undispatched(
             f"{EndCause.DISPATCH_TIMEOUT}: cluster {run.cluster} did not take the run {waited:.0f}s after admission"
             f" (limit {timeout:g}s; no driver for it, or it is unreachable)"
         )
-        if _requeue(uow_factory, prefix, run, reason, EndCause.DISPATCH_TIMEOUT, now):
+        if requeue_run(uow_factory, prefix, run, reason, EndCause.DISPATCH_TIMEOUT, now):
             ended.append(run.run_id)
     return ended
 
 
-async def requeue_vanished_runs(
-    uow_factory: UnitOfWorkFactory,
-    drivers: Mapping[str, ClusterDriver],
-    prefix: str,
-    clock: Callable[[], datetime],
-    grace: float = DEFAULT_VANISHED_GRACE,
-) -> list[str]:
-    """Requeue every live run applied more than `grace` seconds ago whose objects its cluster does not
-    list; returns the run ids ended. The database is read before the cluster is listed, so a run applied
-    in between is never taken for vanished. A cluster that cannot be listed is skipped, not judged."""
-    ended: list[str] = []
-    for cluster, driver in drivers.items():
-        try:
-            with uow_factory() as uow:
-                expected = uow.cloud.applied_runs(cluster, clock() - timedelta(seconds=grace))
-            if not expected:
-                continue
-            owned = await driver.list_owned()
-        except StoreUnavailable:
-            raise
-        except Exception as exc:
-            log.warning(
-                "cannot list the runs of %s (%s: %s); none of its runs is judged", cluster, type(exc).__name__, exc
-            )
-            continue
-        for run in expected:
-            if run.run_id in owned:
-                continue
-            reason = f"{OBJECTS_LOST_PREFIX} the objects of run {run.run_id} are gone from cluster {cluster}"
-            if _requeue(uow_factory, prefix, run, reason, EndCause.OBJECTS_LOST, clock(), running_too=True):
-                log.warning(
-                    "run %s vanished from %s; its workload %s is requeued", run.run_id, cluster, run.workload_id
-                )
-                ended.append(run.run_id)
-    return ended
-
-
-def _requeue(
+def requeue_run(
     uow_factory: UnitOfWorkFactory,
     prefix: str,
     run: StalledRun,

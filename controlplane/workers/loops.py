@@ -17,10 +17,11 @@ from controlplane.core.idle import IdleRules
 from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.snapshot import Policy
 from controlplane.service import ingest, telemetry
-from controlplane.service.dispatch import collect_orphans, dispatch_once
+from controlplane.service.cluster_objects import reconcile_cluster_objects
+from controlplane.service.dispatch import dispatch_once
 from controlplane.service.errors import LostLeadership, StoreUnavailable
 from controlplane.service.fleet_fit import FleetFit
-from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE, requeue_vanished_runs
+from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE
 from controlplane.service.idle import idle_pass
 from controlplane.service.ingest import InboundMessage, Outcome
 from controlplane.service.metrics import NO_METRICS, Metrics
@@ -263,8 +264,7 @@ async def dispatcher_loop(
                 if stats.applied or stats.torn_down:
                     log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
                 if loop.time() >= next_gc:
-                    await collect_orphans(uow_factory, drivers(), metrics)
-                    await requeue_vanished_runs(uow_factory, drivers(), prefix, clock, vanished_grace)
+                    await reconcile_cluster_objects(uow_factory, drivers(), prefix, clock, vanished_grace, metrics)
                     next_gc = loop.time() + orphan_interval
         except Exception:
             log.exception("dispatcher pass failed; retrying")

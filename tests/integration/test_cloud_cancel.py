@@ -13,7 +13,8 @@ import yaml
 from fastapi.testclient import TestClient
 
 from controlplane.bootstrap import RealFleet, Wiring, utc_now
-from controlplane.service.dispatch import collect_orphans, dispatch_once
+from controlplane.service.cluster_objects import reconcile_cluster_objects
+from controlplane.service.dispatch import dispatch_once
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from tests.integration.cloud_support import schedule
@@ -133,7 +134,7 @@ def test_cancelled_gang_leaves_nothing_on_its_cluster(
         # Nothing left to do: a second pass tears nothing down, orphan collection finds nothing.
         stats = asyncio.run(dispatch_once(wiring.uow, fleet.drivers(), prefix, utc_now))
         assert (stats.applied, stats.torn_down) == (0, 0)
-        assert asyncio.run(collect_orphans(wiring.uow, fleet.drivers())) == 0
+        assert asyncio.run(reconcile_cluster_objects(wiring.uow, fleet.drivers(), prefix, utc_now)).deleted == []
     finally:
         if fleet is not None:
             asyncio.run(fleet.close())

@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from controlplane.bootstrap import RealFleet, Wiring, utc_now
-from controlplane.service.dispatch import collect_orphans, dispatch_once
+from controlplane.service.cluster_objects import reconcile_cluster_objects
+from controlplane.service.dispatch import dispatch_once
 from controlplane.service.gang_timeout import requeue_stalled_gangs
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from tests.clouds import test_gke
@@ -135,7 +136,8 @@ def test_gang_on_a_gke_cluster(client: TestClient, admin: dict[str, str], wiring
             "annotations": jobs[0]["metadata"].get("annotations", {}),
         }
         kube.put(JOBS, orphan)
-        assert asyncio.run(collect_orphans(wiring.uow, restarted.drivers())) == 1
+        orphans = asyncio.run(reconcile_cluster_objects(wiring.uow, restarted.drivers(), prefix, utc_now))
+        assert len(orphans.deleted) == 1
         assert [j["metadata"]["name"] for j in kube.objects_of(JOBS, "gpufleet")] == [jobs[0]["metadata"]["name"]]
 
         # Pods never all run: after the gang start timeout the run is torn down and the gang requeued.

@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from adapters.sim.cluster import SimCluster
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
+from controlplane.service.cluster_objects import reconcile_cluster_objects
 from controlplane.service.cluster_status import PodReport
-from controlplane.service.dispatch import collect_orphans, dispatch_once
-from controlplane.service.gang_timeout import requeue_vanished_runs
+from controlplane.service.dispatch import dispatch_once
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
@@ -162,7 +162,7 @@ async def test_cancel_tears_down_and_orphans_are_collected(
     stats = await dispatch_once(wiring.uow, {"sim-h100": sim}, prefix, utc_now)
     assert stats.torn_down == 1
     assert await sim.list_owned() == {"run-stray-1"}
-    assert await collect_orphans(wiring.uow, {"sim-h100": sim}) == 1
+    assert (await reconcile_cluster_objects(wiring.uow, {"sim-h100": sim}, prefix, utc_now)).deleted == ["run-stray-1"]
     assert await sim.list_owned() == set()
 
 
@@ -197,10 +197,11 @@ async def test_a_run_whose_objects_vanished_is_requeued_after_the_grace(
     assert await sim.delete(run_id)  # e.g. `kubectl delete job` by someone else
 
     later = lambda: utc_now() + timedelta(seconds=120)  # noqa: E731
-    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": sim}, prefix, utc_now, grace=60) == []
-    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": _Unlistable()}, prefix, later, grace=60) == []  # type: ignore[dict-item]
-    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": sim}, prefix, later, grace=60) == [run_id]
-    assert await requeue_vanished_runs(wiring.uow, {"sim-h100": sim}, prefix, later, grace=60) == []
+    unlistable = {"sim-h100": _Unlistable()}
+    assert (await reconcile_cluster_objects(wiring.uow, {"sim-h100": sim}, prefix, utc_now, 60)).requeued == []
+    assert (await reconcile_cluster_objects(wiring.uow, unlistable, prefix, later, 60)).requeued == []  # type: ignore[arg-type]
+    assert (await reconcile_cluster_objects(wiring.uow, {"sim-h100": sim}, prefix, later, 60)).requeued == [run_id]
+    assert (await reconcile_cluster_objects(wiring.uow, {"sim-h100": sim}, prefix, later, 60)).requeued == []
 
     view = client.get(f"/v1/workloads/{wid}", headers=tenant.headers).json()
     assert view["state"] == "queued"

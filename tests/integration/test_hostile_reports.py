@@ -16,8 +16,9 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
 from controlplane.domain.limits import MAX_MESSAGE_BYTES, MAX_PODS_PER_GANG
 from controlplane.service import telemetry
+from controlplane.service.cluster_objects import reconcile_cluster_objects
 from controlplane.service.cluster_status import PodReport, PodStatus
-from controlplane.service.dispatch import collect_orphans, dispatch_once
+from controlplane.service.dispatch import dispatch_once
 from controlplane.service.gang_timeout import requeue_undispatched
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.ports import RunOrder
@@ -120,8 +121,10 @@ class Holding:
 
     def __init__(self) -> None:
         self.owned = {"r-orphan"}
+        self.listings = 0
 
     async def list_owned(self) -> set[str]:
+        self.listings += 1
         return set(self.owned)
 
     async def apply(self, order: RunOrder) -> bool:
@@ -136,9 +139,10 @@ async def test_an_unreachable_cluster_does_not_stop_orphan_collection_for_the_ot
     healthy = Holding()
     # The unreachable cluster comes first: it used to end the pass for every cluster after it.
     drivers = {"aaa-gone": Unreachable(), "sim-h100": healthy}
-    deleted = await collect_orphans(wiring.uow, drivers)  # type: ignore[arg-type]
-    assert deleted == 1
+    done = await reconcile_cluster_objects(wiring.uow, drivers, wiring.settings.subject_prefix, utc_now)  # type: ignore[arg-type]
+    assert len(done.deleted) == 1
     assert healthy.owned == set()
+    assert healthy.listings == 1  # orphans and vanished runs are judged on one listing
 
 
 async def test_runs_of_a_cluster_without_driver_do_not_hold_up_dispatch_and_time_out(
