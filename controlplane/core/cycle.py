@@ -32,8 +32,9 @@ from controlplane.core.decision import (
     Why,
 )
 from controlplane.core.eviction import Evictor
-from controlplane.core.fit import Fitter, Shape, shape_of
+from controlplane.core.fit import Fitter
 from controlplane.core.fragmentation import workload_mix
+from controlplane.core.gang_facts import Shape
 from controlplane.core.ordering import FairShare
 from controlplane.core.placement import FreeCapacity, Placement, copy_capacity
 from controlplane.core.reservation import Reservations
@@ -116,7 +117,7 @@ class Cycle:
             workload.preemptible,
             workload.may_evict,
             workload.max_runtime_seconds,
-            shape_of(workload),
+            self.state.facts.shape(workload),
         )
         known = self.verdicts.get(key)
         if known is not None:
@@ -129,7 +130,7 @@ class Cycle:
 
     def _decide(self, workload: Workload) -> Verdict | None:
         ledger = self.state.ledger
-        wanted = {GPU_EQ: self.state.unit.least(workload)}
+        wanted = {GPU_EQ: self.state.facts.least(workload)}
         blocked: Why | None = ledger.limit_block(workload.queue_id, wanted)
         if not workload.preemptible and not ledger.within_guarantee(workload.queue_id, wanted):
             blocked = blocked or OutsideGuarantee(self.state.unit.gpus(wanted[GPU_EQ]))
@@ -218,7 +219,7 @@ class Cycle:
         others = [q for q in dict.fromkeys(self.admitted_queues) if q != workload.queue_id]
         if not self.policy.fair_share or not others:
             return None
-        shape = shape_of(workload)
+        shape = self.state.facts.shape(workload)
         if shape not in self.fit_at_start:
             # Trying the start-of-cycle capacity costs a placement: only for the head of a queue
             # (the one whose turn it is); behind it a gang waits on its queue anyway.
@@ -237,5 +238,7 @@ class Cycle:
     def _admit(self, workload: Workload, placement: Placement) -> None:
         self.state.take(placement.assignments, workload.queue_id)
         self.admitted_queues.append(workload.queue_id)
-        self.fit_at_start.setdefault(shape_of(workload), True)  # it fitted with less free than at the start
+        self.fit_at_start.setdefault(
+            self.state.facts.shape(workload), True
+        )  # it fitted with less free than at the start
         self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments))

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from controlplane.core.decision import Eviction, EvictionKind
-from controlplane.core.fit import Fitter, Shape, shape_of
+from controlplane.core.fit import Fitter
+from controlplane.core.gang_facts import Shape
 from controlplane.core.ordering import FairShare
 from controlplane.core.placement import Placement
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
@@ -66,7 +67,7 @@ class Evictor:
         # Within a cycle, capacity and candidates only shrink until an eviction happens: an attempt
         # that failed for this shape, queue and priority fails again. (A queue that starts
         # borrowing through this cycle's admissions becomes reclaimable from the next cycle.)
-        attempt = (kind, combined, workload.queue_id, workload.priority, shape_of(workload))
+        attempt = (kind, combined, workload.queue_id, workload.priority, self.state.facts.shape(workload))
         if attempt in self.failed:
             return None
         if combined:
@@ -142,7 +143,7 @@ class Evictor:
             ]
         else:
             # When a team's or cohort's limit blocks the gang, only borrowers under it can make room.
-            wanted = {GPU_EQ: self.state.unit.least(workload)}
+            wanted = {GPU_EQ: self.state.facts.least(workload)}
             ancestor = ledger.ancestor_limit_block(workload.queue_id, wanted)
             # A guarantee a team holds for its queues together is reclaimed from outside the team.
             depth = ledger.guarantee_holder(workload.queue_id)

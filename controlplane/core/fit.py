@@ -15,26 +15,13 @@ from dataclasses import replace
 
 from controlplane.core.capacity import fits
 from controlplane.core.decision import IsolationOnlyTimeSliced, NeverFits, NoFit, NotLent, OutsideGuarantee, Why
+from controlplane.core.gang_facts import Shape
 from controlplane.core.placement import FreeCapacity, Miss, Placement
 from controlplane.core.quota import ZERO, Usage
 from controlplane.core.scoring import Scorer
 from controlplane.core.snapshot import Policy, Snapshot
 from controlplane.core.state import CycleState
 from controlplane.domain.model import Cluster, PodAssignment, Workload
-
-Shape = tuple[object, ...]
-
-
-def shape_of(workload: Workload) -> Shape:
-    """What placement depends on: gangs of one shape fit or fail alike on the same capacity."""
-    return (
-        workload.pod_sets,
-        workload.min_available,
-        workload.requires_isolation,
-        workload.tolerations,
-        workload.spot,
-        workload.same_pool,
-    )
 
 
 def fewer_pods(workload: Workload, assignments: tuple[PodAssignment, ...]) -> tuple[PodAssignment, ...] | None:
@@ -86,7 +73,7 @@ class Fitter:
         cycle's free capacity unless `free` is given; in every cluster unless `clusters` is)."""
         state = self.state
         free = state.free if free is None else free
-        shape = shape_of(workload)
+        shape = self.state.facts.shape(workload)
         use_cache = use_cache and free is state.free and clusters is None
         if use_cache and shape in self.unplaceable:
             return self.unplaceable[shape]
@@ -133,7 +120,7 @@ class Fitter:
     def never_fits(self, workload: Workload) -> NeverFits | None:
         """Why no cluster could hold the gang even with nothing running on the fleet as it stands
         (cordoned nodes do not count), or None when one could: then it only waits for room."""
-        shape = shape_of(workload)
+        shape = self.state.facts.shape(workload)
         if shape in self.never:
             return self.never[shape]
         answer = self.state.empty_fleet().fits(workload, prefer_same_pool=self.policy.prefer_same_pool)
@@ -149,7 +136,7 @@ class Fitter:
 
     def gpu_models(self, workload: Workload) -> tuple[str, ...]:
         """The GPU models of the pools that serve some GPU pod set of the gang."""
-        shape = shape_of(workload)
+        shape = self.state.facts.shape(workload)
         found = self.models_of.get(shape)
         if found is None:
             gpu_sets = [p for p in workload.pod_sets if p.gpu_eq_per_pod()]

@@ -76,10 +76,10 @@ class FairShare:
         gpu-eq added on the GPU model it may land on (the most favourable one when it may land on
         several: the model is only known once placed). Queues whose head stays within their
         guarantee go first."""
-        amount = self.state.unit.least(head)
+        amount = self.state.facts.least(head)
         if not amount:
             return self.state.ledger.borrowing(queue_id), self.share(queue_id)
-        models = _allowed_models(head, self.state.capacity)
+        models = self.state.facts.allowed_models(head)
         memo_key = (queue_id, amount, models)
         version = self.state.ledger.versions.get(queue_id, 0)
         cached = self.shares_after.get(memo_key)
@@ -138,12 +138,3 @@ class FairShare:
             if above > 0:
                 dominant = max(dominant, Fraction(above, total))
         return (dominant + self.history.get(queue_id, ZERO)) / weight
-
-
-def _allowed_models(workload: Workload, capacity: Usage) -> tuple[str, ...]:
-    """The fleet's GPU models every GPU pod set of the gang accepts (all of them when none narrows)."""
-    models = {key for key in capacity if key != GPU_EQ}
-    for pod_set in workload.pod_sets:
-        if pod_set.gpu_models and pod_set.gpu_eq_per_pod():
-            models &= set(pod_set.gpu_models)
-    return tuple(sorted(models)) or (GPU_EQ,)

@@ -98,7 +98,7 @@ class Reservations:
         ledger = state.ledger
         if self.policy.reserve_idle_guarantee:
             return False
-        if ledger.within_shared_guarantee(workload.queue_id, {GPU_EQ: state.unit.least(workload)}):
+        if ledger.within_shared_guarantee(workload.queue_id, {GPU_EQ: state.facts.least(workload)}):
             return False
         idle = ledger.idle_guarantee(excluding=workload.queue_id)
         if not idle:

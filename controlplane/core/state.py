@@ -16,6 +16,7 @@ from typing import Any
 
 from controlplane.core.capacity import FleetCapacity
 from controlplane.core.decision import NeverFits
+from controlplane.core.gang_facts import GangFacts
 from controlplane.core.gpu_eq import GpuEqUnit, quota_amounts
 from controlplane.core.placement import FreeCapacity
 from controlplane.core.quota import ZERO, Ledger, Usage
@@ -81,6 +82,7 @@ class CycleState:
             self.capacity[GPU_EQ] = self.capacity.get(GPU_EQ, ZERO) + amount
             self.capacity[pool.gpu_model] = self.capacity.get(pool.gpu_model, ZERO) + amount
         self.free_eq: Usage = dict(self.capacity)
+        self.facts = GangFacts(self.unit, frozenset(key for key in self.capacity if key != GPU_EQ))
         self.ledger = Ledger(snapshot.queue_tree, self.unit)
         self.live: dict[str, LiveRun] = {}
         self.live_by_queue: dict[str, dict[str, LiveRun]] = {}

@@ -1,0 +1,65 @@
+"""What the cycle asks about a gang again and again, worked out once per gang.
+
+A gang's shape (what placement depends on), its least gpu-eq and the GPU models it may use are
+pure functions of the gang and of the state's unit and capacity. The cycle asks them for every
+pending gang in every cycle (ordering, the verdict memo, quota checks): at 100,000 pending,
+hashing pod sets and summing demands was a third of a cycle. Gangs are remembered by identity, so
+a state kept across cycles (with a snapshot cache that keeps unchanged workloads as the same
+objects) answers them once per gang, not once per cycle.
+"""
+
+from __future__ import annotations
+
+from controlplane.core.gpu_eq import GpuEqUnit
+from controlplane.domain.model import GPU_EQ, Workload
+
+Shape = tuple[object, ...]
+
+
+def shape_of(workload: Workload) -> Shape:
+    """What placement depends on: gangs of one shape fit or fail alike on the same capacity."""
+    return (
+        workload.pod_sets,
+        workload.min_available,
+        workload.requires_isolation,
+        workload.tolerations,
+        workload.spot,
+        workload.same_pool,
+    )
+
+
+class GangFacts:
+    """Memo of `shape`, `least` and `allowed_models` per gang (by identity)."""
+
+    def __init__(self, unit: GpuEqUnit, models: frozenset[str]) -> None:
+        self.unit = unit
+        self.models = models  # the fleet's GPU models
+        # id(workload) -> (workload, shape, least units); the workload is kept so its id is not reused
+        self._facts: dict[int, tuple[Workload, Shape, int]] = {}
+        self._allowed: dict[Shape, tuple[str, ...]] = {}
+
+    def _of(self, workload: Workload) -> tuple[Workload, Shape, int]:
+        found = self._facts.get(id(workload))
+        if found is None or found[0] is not workload:
+            found = self._facts[id(workload)] = (workload, shape_of(workload), self.unit.least(workload))
+        return found
+
+    def shape(self, workload: Workload) -> Shape:
+        return self._of(workload)[1]
+
+    def least(self, workload: Workload) -> int:
+        """`GpuEqUnit.least`: a lower bound of the units its cheapest `min_available` pods hold."""
+        return self._of(workload)[2]
+
+    def allowed_models(self, workload: Workload) -> tuple[str, ...]:
+        """The fleet's GPU models every GPU pod set of the gang accepts (all of them when none
+        narrows; `(gpu-eq,)` when the fleet has none)."""
+        shape = self._of(workload)[1]
+        found = self._allowed.get(shape)
+        if found is None:
+            models = set(self.models)
+            for pod_set in workload.pod_sets:
+                if pod_set.gpu_models and pod_set.gpu_eq_per_pod():
+                    models &= set(pod_set.gpu_models)
+            found = self._allowed[shape] = tuple(sorted(models)) or (GPU_EQ,)
+        return found
