@@ -3,7 +3,6 @@ prefixes written before it, on PostgreSQL and SQLite, and its downgrade drops th
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,10 +10,10 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import JSON, Boolean, DateTime, Engine, Float, Integer, MetaData, create_engine, select, text
+from sqlalchemy import JSON, Boolean, DateTime, Engine, Float, Integer, MetaData, select, text
 
 from adapters.sql.migrate import alembic_config
-from tests.conftest import PG_ADMIN_URL
+from tests.integration.migration_db import database_at, engine_of
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -48,25 +47,8 @@ QUEUED = {  # workload id -> (reason, expected kind)
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url_at_0006(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'before-0007.db'}"
-        command.upgrade(alembic_config(url), "0006")
+    with database_at("0006", request.param, tmp_path) as url:
         yield url
-        return
-    name = f"typed_migration_{secrets.token_hex(4)}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    command.upgrade(alembic_config(url), "0006")
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-def _engine(url: str) -> Engine:
-    return create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
 
 
 def _row(table: Any, **given: object) -> dict[str, object]:
@@ -138,7 +120,7 @@ def _seed(engine: Engine) -> None:
 
 
 def test_upgrade_backfills_end_causes_and_reason_kinds_then_downgrade_drops_them(url_at_0006: str) -> None:
-    engine = _engine(url_at_0006)
+    engine = engine_of(url_at_0006)
     _seed(engine)
     command.upgrade(alembic_config(url_at_0006), "0007")
     with engine.connect() as conn:

@@ -4,40 +4,26 @@ downgrade drops the column keeping every workload and pod set."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import MetaData, create_engine, text
+from sqlalchemy import MetaData, text
 
 from adapters.sql.migrate import alembic_config
-from tests.conftest import PG_ADMIN_URL
-from tests.integration.test_migration_0007 import _engine, _row
+from tests.integration.migration_db import database_at, engine_of
+from tests.integration.test_migration_0007 import _row
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url_at_0007(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'before-0008.db'}"
-        command.upgrade(alembic_config(url), "0007")
+    with database_at("0007", request.param, tmp_path) as url:
         yield url
-        return
-    name = f"gpufleet_h_minimums_{secrets.token_hex(4)}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    command.upgrade(alembic_config(url), "0007")
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def test_upgrade_adds_a_nullable_minimum_and_downgrade_drops_it(url_at_0007: str) -> None:
-    engine = _engine(url_at_0007)
+    engine = engine_of(url_at_0007)
     meta = MetaData()
     meta.reflect(engine)
     t = meta.tables

@@ -3,39 +3,21 @@ downgrade removes both (a write then logs nothing and fails on nothing)."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from adapters.sql.migrate import alembic_config
-from tests.conftest import PG_ADMIN_URL
+from tests.integration.migration_db import database_at, engine_of
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url_at_0007(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'before-0009.db'}"
-        command.upgrade(alembic_config(url), "0007")
+    with database_at("0007", request.param, tmp_path) as url:
         yield url
-        return
-    name = f"gpufleet_h_cursor_migration_{secrets.token_hex(4)}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    command.upgrade(alembic_config(url), "0007")
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-def _engine(url: str) -> Engine:
-    return create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
 
 
 def _write_fleet(engine: Engine, name: str) -> None:
@@ -57,7 +39,7 @@ def _write_fleet(engine: Engine, name: str) -> None:
 def test_upgrade_logs_watched_writes_and_downgrade_removes_the_log(url_at_0007: str) -> None:
     config = alembic_config(url_at_0007)
     command.upgrade(config, "0009")
-    engine = _engine(url_at_0007)
+    engine = engine_of(url_at_0007)
     try:
         _write_fleet(engine, "c1")
         with engine.connect() as conn:
