@@ -65,6 +65,13 @@ from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import ClusterDriver, EventPublisher, PermanentDispatchError, RunOrder, UnitOfWork
 from controlplane.service.scheduling import lease_gap
 from controlplane.workers import loops
+from controlplane.workers.dispatch_loop import DISPATCHER_LEASE, dispatcher_loop
+from controlplane.workers.idle_loop import idle_loop
+from controlplane.workers.ingest_loop import ingest_loop
+from controlplane.workers.relay_loop import relay_loop
+from controlplane.workers.report_loop import report_loop
+from controlplane.workers.scheduler_loop import scheduler_loop
+from controlplane.workers.telemetry_loop import metered_telemetry, telemetry_loop
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("api", "scheduler", "dispatcher", "ingest", "relay")
@@ -563,7 +570,7 @@ async def run_components(
                 # A dead scheduler or dispatcher means submits are taken but nothing is admitted
                 # or dispatched: not ready until some process holds each lease again.
                 "scheduler": lambda: lease_gap(wiring.uow, "scheduler", utc_now()),
-                "dispatcher": lambda: lease_gap(wiring.uow, loops.DISPATCHER_LEASE, utc_now()),
+                "dispatcher": lambda: lease_gap(wiring.uow, DISPATCHER_LEASE, utc_now()),
             },
         )
         app = create_app(ctx)
@@ -583,7 +590,7 @@ async def run_components(
     if "scheduler" in components:
         tasks.append(
             asyncio.create_task(
-                loops.scheduler_loop(
+                scheduler_loop(
                     wiring.uow,
                     policy,
                     prefix,
@@ -601,15 +608,13 @@ async def run_components(
         idle_rules = settings.idle_rules()
         tasks.append(
             asyncio.create_task(
-                loops.idle_loop(
-                    wiring.uow, idle_rules, prefix, clock, stop, settings.idle_interval, settings.lease_ttl
-                ),
+                idle_loop(wiring.uow, idle_rules, prefix, clock, stop, settings.idle_interval, settings.lease_ttl),
                 name="idle",
             )
         )
         tasks.append(
             asyncio.create_task(
-                loops.report_loop(wiring.uow, prefix, clock, stop, lease_ttl=settings.lease_ttl), name="reports"
+                report_loop(wiring.uow, prefix, clock, stop, lease_ttl=settings.lease_ttl), name="reports"
             )
         )
     if "dispatcher" in components:
@@ -630,7 +635,7 @@ async def run_components(
         )
         tasks.append(
             asyncio.create_task(
-                loops.dispatcher_loop(
+                dispatcher_loop(
                     wiring.uow,
                     lambda: {**fleet.drivers(), **real.drivers()},
                     prefix,
@@ -649,7 +654,7 @@ async def run_components(
     if "relay" in components:
         tasks.append(
             asyncio.create_task(
-                loops.relay_loop(
+                relay_loop(
                     wiring.uow, publisher, clock, stop, settings.relay_interval, settings.lease_ttl, metrics=metrics
                 ),
                 name="relay",
@@ -657,20 +662,18 @@ async def run_components(
         )
     if "ingest" in components:
         source = JetStreamInbound(js, prefix)
-        tasks.append(
-            asyncio.create_task(loops.ingest_loop(source, wiring.uow, prefix, clock, stop, metrics), name="ingest")
-        )
+        tasks.append(asyncio.create_task(ingest_loop(source, wiring.uow, prefix, clock, stop, metrics), name="ingest"))
         telemetry_source = JetStreamTelemetrySource(nc, prefix)
         tasks.append(
             asyncio.create_task(
-                loops.telemetry_loop(
+                telemetry_loop(
                     telemetry_source,
                     wiring.uow,
                     prefix,
                     clock,
                     stop,
                     window_seconds=settings.telemetry_window_seconds,
-                    observer=loops.metered_telemetry(metrics),
+                    observer=metered_telemetry(metrics),
                 ),
                 name="telemetry",
             )
