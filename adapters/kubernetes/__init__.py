@@ -6,13 +6,8 @@ from adapters.kubernetes.driver import (
     ReconcileReport,
     configuration_for,
 )
-from adapters.kubernetes.manifests import (
-    GangMode,
-    KubeSettings,
-    ManifestError,
-    RunManifests,
-    build_run_manifests,
-)
+from adapters.kubernetes.manifest_model import GangMode
+from adapters.kubernetes.manifests import KubeSettings, ManifestError, RunManifests, build_run_manifests
 from adapters.kubernetes.status import (
     NodeInfo,
     PodStatusWatcher,

@@ -24,7 +24,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from adapters.kubernetes.manifests import (
+from adapters.kubernetes.manifest_model import (
     ANNOTATION_OBJECTS,
     JOB,
     LABEL_EPOCH,
@@ -33,12 +33,10 @@ from adapters.kubernetes.manifests import (
     MANAGER,
     OWNED_SELECTOR,
     ApiResource,
-    KubeSettings,
     Manifest,
-    ManifestError,
-    build_run_manifests,
     run_selector,
 )
+from adapters.kubernetes.manifests import KubeSettings, ManifestError, build_run_manifests
 from controlplane.domain.model import NodePool
 from controlplane.service.ports import RunOrder
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from adapters.kubernetes.manifests import LABEL_RUN
+from adapters.kubernetes.manifest_model import LABEL_RUN
 from adapters.kubernetes.nodes import BadQuantity, parse_quantity
 
 TERMINAL_PHASES = ("Succeeded", "Failed")

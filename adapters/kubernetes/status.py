@@ -26,7 +26,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from adapters.kubernetes.driver import json_body
-from adapters.kubernetes.manifests import (
+from adapters.kubernetes.manifest_model import (
     COMPLETION_INDEX,
     LABEL_EPOCH,
     LABEL_POD_SET,

@@ -41,7 +41,7 @@ from controlplane.agent.synthetic import FleetSpec, publisher_process, synthetic
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.config import Settings
 from controlplane.service.telemetry import BatchResult, Outcome
-from controlplane.workers import loops
+from controlplane.workers import telemetry_loop
 
 PREFIX = "bench"
 
@@ -67,7 +67,7 @@ class _Recorder:
         self.first_commit: float | None = None
         self.last_commit: float | None = None
 
-    def __call__(self, deliveries: Sequence[loops.TelemetryDelivery], result: BatchResult) -> None:
+    def __call__(self, deliveries: Sequence[telemetry_loop.TelemetryDelivery], result: BatchResult) -> None:
         now = time.time()
         self.busy += time.perf_counter() - self.fetched_at
         self.first_commit = self.first_commit or now
@@ -113,7 +113,7 @@ async def _consume(
     consumer_start = time.time()
     cpu_start = time.process_time()
     consumer = asyncio.create_task(
-        loops.telemetry_loop(
+        telemetry_loop.telemetry_loop(
             _TimedSource(nc, PREFIX, recorder), wiring.uow, PREFIX, utc_now, stop, fetch, window, recorder
         )
     )
@@ -267,7 +267,9 @@ def run_bench(
     "--sample-interval", default=1.0, show_default=True, type=click.FloatRange(min=0.001), help="simulated scrape gap"
 )
 @click.option("--clusters", default=4, show_default=True, type=click.IntRange(min=1))
-@click.option("--fetch", default=loops.TELEMETRY_FETCH, show_default=True, type=click.IntRange(min=1, max=50_000))
+@click.option(
+    "--fetch", default=telemetry_loop.TELEMETRY_FETCH, show_default=True, type=click.IntRange(min=1, max=50_000)
+)
 @click.option("--window", default=300, show_default=True, type=click.IntRange(min=1), help="window seconds")
 @click.option(
     "--database-url",

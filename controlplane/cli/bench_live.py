@@ -47,7 +47,7 @@ from controlplane.service.scheduling import (
     run_cycle,
 )
 from controlplane.service.views import Principal
-from controlplane.workers import loops
+from controlplane.workers.scheduler_loop import scheduler_loop
 
 PREFIX = "bench"
 WAITING = "waiting for the next cycle"  # the reason a submit writes; the scheduler replaces it
@@ -106,7 +106,7 @@ def _scheduler_process(url: str, workdir: Path, stop: EventType) -> None:
             stopped.set()
 
         watcher = asyncio.create_task(watch())
-        await loops.scheduler_loop(
+        await scheduler_loop(
             wiring.uow,
             settings.scheduling_policy(),
             PREFIX,

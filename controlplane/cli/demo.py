@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import bootstrap
+from controlplane.bootstrap.wiring import write_secret
 from controlplane.config import Settings
 from controlplane.service import admin, auth, workloads
 from controlplane.service.commands import QueueSpec, TeamSpec, TokenSpec
@@ -70,7 +71,7 @@ def ensure_demo_team(wiring: bootstrap.Wiring, token_path: Path) -> str:
     if token_path.exists():
         return token_path.read_text().strip()
     _, raw = auth.issue_token(wiring.uow(), TokenSpec(name="demo", team="demo"), "up", now)
-    bootstrap.write_secret(token_path, raw)
+    write_secret(token_path, raw)
     return raw
 
 
@@ -83,7 +84,7 @@ def ensure_waiting_team(wiring: bootstrap.Wiring, token_path: Path) -> str:
     if token_path.exists():
         return token_path.read_text().strip()
     _, raw = auth.issue_token(wiring.uow(), TokenSpec(name=WAITING_TEAM, team=WAITING_TEAM), "up", now)
-    bootstrap.write_secret(token_path, raw)
+    write_secret(token_path, raw)
     return raw
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from controlplane import bootstrap
+from controlplane.bootstrap.wiring import write_secret
 from controlplane.service import admin, auth
 from controlplane.service.commands import PriorityClassSpec, TokenSpec
 
@@ -14,7 +15,7 @@ def ensure_admin_token_file(wiring: bootstrap.Wiring, path: Path) -> str:
     if path.exists():
         return path.read_text().strip()
     _, raw = auth.issue_token(wiring.uow(), TokenSpec(name="up-admin", role="admin"), "up", bootstrap.utc_now())
-    bootstrap.write_secret(path, raw)
+    write_secret(path, raw)
     return raw
 
 

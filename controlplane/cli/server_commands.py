@@ -17,6 +17,7 @@ import click
 
 from adapters.files import PRIVATE_UMASK, private_dir
 from controlplane import bootstrap, logs
+from controlplane.bootstrap.wiring import register_default_fleet
 from controlplane.cli import demo, seed
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
@@ -173,7 +174,7 @@ def init(config: Path | None, admin_token_file: Path | None, sim_fleet: bool) ->
             seed.ensure_admin_token_file(wiring, admin_token_file)
             click.echo(f"admin token {'kept in' if existed else 'written to'} {admin_token_file}")
         if sim_fleet:
-            click.echo(f"registered {bootstrap.register_default_fleet(wiring)} simulated clusters")
+            click.echo(f"registered {register_default_fleet(wiring)} simulated clusters")
     finally:
         wiring.close()
     click.echo("database at head, default priority classes present")
@@ -327,7 +328,7 @@ def up(
         admin_token = seed.ensure_admin_token_file(wiring, state / "admin.token")
         (state / "nats.url").write_text(settings.nats_url + "\n")
         seed.seed_defaults(wiring)
-        added = bootstrap.register_default_fleet(wiring)
+        added = register_default_fleet(wiring)
         extra: list[Coroutine[Any, Any, None]] = []
         stop = asyncio.Event()
         extra.append(demo.report_progress(wiring, stop))

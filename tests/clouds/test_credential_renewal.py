@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from controlplane.bootstrap import _CloudCredentials
+from controlplane.bootstrap.real_fleet import _CloudCredentials
 from controlplane.service.cloud_ports import ClusterLocator, KubeAccess
 
 LOCATOR = ClusterLocator("oke", "compartment", "us-ashburn-1", "oke-gpu")

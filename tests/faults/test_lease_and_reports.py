@@ -29,7 +29,8 @@ from controlplane.service.scheduling import (
     renew_leadership,
     run_cycle,
 )
-from controlplane.workers.loops import LeaseTerm, dispatcher_loop
+from controlplane.workers.dispatch_loop import dispatcher_loop
+from controlplane.workers.lease_term import LeaseTerm
 from tests.integration.fleet import Tenant, gang
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 from fastapi.testclient import TestClient
 
-from controlplane.bootstrap import RealFleet, Wiring, utc_now
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.bootstrap.real_fleet import RealFleet
 from controlplane.service.cluster_objects import reconcile_cluster_objects
 from controlplane.service.dispatch import dispatch_once
 from controlplane.service.ingest import InboundMessage, Outcome, handle

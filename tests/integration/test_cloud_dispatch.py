@@ -11,7 +11,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from controlplane.bootstrap import RealFleet, Wiring, utc_now
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.bootstrap.real_fleet import RealFleet
 from controlplane.service.cluster_objects import reconcile_cluster_objects
 from controlplane.service.dispatch import dispatch_once
 from controlplane.service.gang_timeout import requeue_stalled_gangs

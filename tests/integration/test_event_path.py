@@ -24,7 +24,8 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import ingest
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.relay import housekeeping, relay_once
-from controlplane.workers.loops import handle_delivery, relay_loop
+from controlplane.workers.ingest_loop import handle_delivery
+from controlplane.workers.relay_loop import relay_loop
 from tests.integration.fleet import Tenant, gang
 
 

@@ -27,7 +27,7 @@ from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.inventory import INVENTORY_MARK, inventory_msg_id
 from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
-from controlplane.workers.loops import handle_delivery
+from controlplane.workers.ingest_loop import handle_delivery
 from tests.integration.fleet import Tenant, gang
 from tests.kubernetes.nodes import presets as real
 

@@ -19,7 +19,8 @@ import yaml
 from fastapi.testclient import TestClient
 
 from adapters.kubernetes.nodes import observe_node
-from controlplane.bootstrap import RealFleet, Wiring, utc_now
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.bootstrap.real_fleet import RealFleet
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.inventory import InventoryReport, inventory_msg_id
 from controlplane.service.kubeconfigs import FileKubeconfigStore

@@ -29,7 +29,7 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import ingest
 from controlplane.service.errors import StoreUnavailable
 from controlplane.service.ports import UnitOfWork
-from controlplane.workers.loops import ingest_loop
+from controlplane.workers.ingest_loop import ingest_loop
 from tests.integration.fleet import Tenant, gang
 
 

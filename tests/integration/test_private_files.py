@@ -12,7 +12,8 @@ from sqlalchemy import text
 
 from adapters.files import private_dir, private_sqlite, write_private
 from adapters.nats.server import NatsServerProcess, free_port
-from controlplane.bootstrap import Wiring, migrate, write_secret
+from controlplane.bootstrap import Wiring, migrate
+from controlplane.bootstrap.wiring import write_secret
 from controlplane.config import Settings
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 

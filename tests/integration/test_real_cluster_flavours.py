@@ -47,7 +47,8 @@ from moto.server import ThreadedMotoServer
 from adapters.kubernetes.nodes import observe_node
 from adapters.kubernetes.status import PodStatusWatcher
 from controlplane.agent.dcgm import AgentConfig, default_resolver, scrape_once
-from controlplane.bootstrap import RealFleet, Wiring, utc_now
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.bootstrap.real_fleet import RealFleet
 from controlplane.core.idle import IdlePolicy, IdleRules
 from controlplane.service.cloud_ports import CloudProvider
 from controlplane.service.cluster_status import PodReport

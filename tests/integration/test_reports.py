@@ -18,7 +18,7 @@ from controlplane.core.snapshot import Policy
 from controlplane.service.reports import publish_hourly_report, report_subject
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from controlplane.service.telemetry import GpuSample, Metric, fold
-from controlplane.workers import loops
+from controlplane.workers.report_loop import report_loop
 from tests.integration.fleet import Tenant, add_tenant, gang
 
 TTL = 1e6
@@ -270,7 +270,7 @@ def test_the_report_loop_writes_each_hour_once(wiring: Wiring, case: Case) -> No
     stop = asyncio.Event()
 
     async def main() -> None:
-        task = asyncio.create_task(loops.report_loop(wiring.uow, prefix, lambda: now, stop, interval=0.05))
+        task = asyncio.create_task(report_loop(wiring.uow, prefix, lambda: now, stop, interval=0.05))
         await asyncio.sleep(0.5)  # several passes over the same hour
         stop.set()
         await task

@@ -12,16 +12,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from adapters.kubernetes.manifests import (
-    JOBSET,
-    PRIORITY_CLASS,
-    GangMode,
-    KubeSettings,
-    ManifestError,
-    RunManifests,
-    build_run_manifests,
-    jobset_pod_name_length,
-)
+from adapters.kubernetes.manifest_model import JOBSET, PRIORITY_CLASS, GangMode, jobset_pod_name_length
+from adapters.kubernetes.manifests import KubeSettings, ManifestError, RunManifests, build_run_manifests
 from controlplane.domain.model import CPU, GPU, MEM
 from controlplane.service.commands import KubernetesSettingsSpec
 from controlplane.service.ports import PodOrder, RunOrder

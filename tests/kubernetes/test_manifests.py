@@ -9,18 +9,16 @@ from typing import Any
 
 import pytest
 
-from adapters.kubernetes.manifests import (
+from adapters.kubernetes.manifest_model import (
     COSCHEDULING_POD_GROUP,
     JOB,
     JOBSET,
     VOLCANO_POD_GROUP,
-    KubeSettings,
-    ManifestError,
-    build_run_manifests,
     dns_label,
     job_name,
-    placement_groups,
 )
+from adapters.kubernetes.manifests import KubeSettings, ManifestError, build_run_manifests
+from adapters.kubernetes.placement import placement_groups
 from controlplane.domain.model import CPU, MEM
 from tests.kubernetes.conftest import SHARED_DEMAND, pools, small_order, training_order
 from tests.kubernetes.fake_apiserver import Invalid, _validate_coscheduling_pod_group, _validate_job, _validate_jobset

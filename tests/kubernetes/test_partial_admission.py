@@ -10,16 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from adapters.kubernetes.manifests import (
-    ANNOTATION_INDICES,
-    ENV_WORLD_SIZE,
-    JOB,
-    JOBSET,
-    GangMode,
-    KubeSettings,
-    RunManifests,
-    build_run_manifests,
-)
+from adapters.kubernetes.manifest_model import ANNOTATION_INDICES, ENV_WORLD_SIZE, JOB, JOBSET, GangMode
+from adapters.kubernetes.manifests import KubeSettings, RunManifests, build_run_manifests
 from controlplane.core.capacity import FleetCapacity
 from controlplane.domain.model import Cluster, Node, PodSet, Toleration, Workload, WorkloadKind
 from controlplane.service.ports import PodOrder, RunOrder

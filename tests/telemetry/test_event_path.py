@@ -22,7 +22,7 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import telemetry
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.telemetry import BatchResult, GpuSample, WindowQuery, encode_batch
-from controlplane.workers.loops import TelemetryDelivery, handle_telemetry, telemetry_loop
+from controlplane.workers.telemetry_loop import TelemetryDelivery, handle_telemetry, telemetry_loop
 from tests.telemetry.known import register
 
 

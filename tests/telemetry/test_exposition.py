@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adapters.dcgm.exposition import RunResolver, ScrapeResult, SlotAssignments, parse_exposition, run_of_pod_name
-from adapters.kubernetes.manifests import job_name
+from adapters.kubernetes.manifest_model import job_name
 from controlplane.service.telemetry import DCGM_FIELDS
 from tests.telemetry import samples
 

@@ -1,0 +1,195 @@
+"""The ingest consumer: applies inbound messages (submits, cancels, inventory...) in batches or one
+by one, acks after the commit, dead-letters what cannot be applied."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from controlplane.service import ingest
+from controlplane.service.errors import StoreUnavailable
+from controlplane.service.fleet_fit import FleetFit
+from controlplane.service.ingest import InboundMessage, Outcome
+from controlplane.service.metrics import NO_METRICS, Metrics
+from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.workers.consumers import message_lag, wait_for_store
+from controlplane.workers.loops import Clock, sleep_or_stop
+
+log = logging.getLogger(__name__)
+
+
+class InboundDelivery(Protocol):
+    message: InboundMessage
+
+    @property
+    def attempt(self) -> int:
+        """How many times the message was delivered, this delivery included (1 the first time)."""
+        ...
+
+    async def ack(self) -> None: ...
+    async def retry_later(self, delay: float) -> None: ...
+    async def hold(self) -> None:
+        """Tell the server the message is still being worked on, so it is not redelivered yet."""
+        ...
+
+
+class InboundSource(Protocol):
+    async def fetch(self, batch: int = 64, timeout: float = 1.0) -> Sequence[InboundDelivery]: ...
+    async def dead_letter(self, message: InboundMessage, reason: str) -> None: ...
+    def reset(self) -> None: ...
+
+
+async def ingest_loop(
+    source: InboundSource,
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    stop: asyncio.Event,
+    metrics: Metrics = NO_METRICS,
+) -> None:
+    failures = 0
+    fit = FleetFit()  # this consumer's memo of the submit-time fleet check
+    while not stop.is_set():
+        try:
+            deliveries = await source.fetch()
+            failures = 0
+        except Exception as exc:
+            failures += 1
+            log.warning("ingest fetch failed (%s); rebinding", exc)
+            source.reset()  # a pull subscription can go deaf after a server restart
+            await sleep_or_stop(stop, min(5.0, 0.2 * failures))
+            continue
+        waiting = list(deliveries)
+        outage = 0
+        # A batch of first deliveries goes in one transaction; redeliveries, and a batch that failed, one by one.
+        batched = len(waiting) > 1 and all(d.attempt == 1 for d in waiting)
+        while waiting and not stop.is_set():
+            try:
+                if batched:
+                    batched = False
+                    if await handle_deliveries(source, waiting, uow_factory, prefix, clock, fit, metrics):
+                        waiting = []
+                        continue
+                await handle_delivery(source, waiting[0], uow_factory, prefix, clock, fit, metrics)
+            except StoreUnavailable:
+                held = tuple(waiting)
+
+                async def hold_all(held: tuple[InboundDelivery, ...] = held) -> None:
+                    for delivery in held:
+                        await delivery.hold()
+
+                await wait_for_store(stop, outage, hold_all, f"{len(held)} inbound messages")
+                outage += 1
+                continue
+            outage = 0
+            waiting.pop(0)
+        for delivery in waiting:  # stopping: hand the rest back at once rather than after ack_wait
+            with contextlib.suppress(Exception):
+                await delivery.retry_later(0.0)
+
+
+async def handle_deliveries(
+    source: InboundSource,
+    deliveries: Sequence[InboundDelivery],
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    fit: FleetFit | None = None,
+    metrics: Metrics = NO_METRICS,
+) -> bool:
+    """Apply a batch of first deliveries in one transaction (`ingest.handle_batch`), then settle (ack, or
+    dead-letter and ack) each message after the commit. False when the batch failed and nothing was
+    settled: the caller applies its messages one by one (`handle_delivery`), so a poison message costs
+    its batch one retry, never a stop. Raises `StoreUnavailable` before anything was settled."""
+    try:
+        messages = [d.message for d in deliveries]
+        results = await asyncio.to_thread(ingest.handle_batch, uow_factory(), messages, prefix, clock(), fit, metrics)
+    except StoreUnavailable:
+        raise
+    except Exception:
+        log.exception("a batch of %d inbound messages failed; applying them one by one", len(deliveries))
+        return False
+    for delivery, result in zip(deliveries, results, strict=True):
+        try:
+            if result.outcome.dead_letter:
+                await source.dead_letter(delivery.message, result.detail)
+                log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
+            await delivery.ack()
+            metrics.ingested(
+                ingest.CONSUMER, result.outcome.value, message_lag(getattr(delivery, "published_at", None))
+            )
+        except Exception:  # NATS trouble: redelivered, then found in the inbox or refused again
+            log.exception("could not settle %s; it will be redelivered", delivery.message.subject)
+            with contextlib.suppress(Exception):
+                await delivery.retry_later(2.0)
+    return True
+
+
+async def handle_delivery(
+    source: InboundSource,
+    delivery: InboundDelivery,
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    fit: FleetFit | None = None,
+    metrics: Metrics = NO_METRICS,
+) -> Outcome | None:
+    outcome = await _handle_delivery(source, delivery, uow_factory, prefix, clock, fit, metrics)
+    if outcome is not None:
+        metrics.ingested(ingest.CONSUMER, outcome.value, message_lag(getattr(delivery, "published_at", None)))
+    return outcome
+
+
+async def _handle_delivery(
+    source: InboundSource,
+    delivery: InboundDelivery,
+    uow_factory: UnitOfWorkFactory,
+    prefix: str,
+    clock: Clock,
+    fit: FleetFit | None,
+    metrics: Metrics,
+) -> Outcome | None:
+    """Apply one message; ack only after the commit; never let one message stop the consumer.
+
+    A message that failed on `ingest.MAX_DELIVERIES` deliveries (an exception, or the consumer died
+    on it) is dead-lettered instead of being tried again. Raises `StoreUnavailable` when the
+    database is down: the caller holds the message and retries, and no delivery is spent.
+    Returns None when the message was handed back for redelivery.
+    """
+    message = delivery.message
+    try:
+        if delivery.attempt > ingest.MAX_DELIVERIES:
+            reason = f"delivered {delivery.attempt} times without being applied (the consumer failed or died on it)"
+            await source.dead_letter(message, reason)
+            log.warning("dead-lettered %s: %s", message.subject, reason, extra={"consumer": ingest.CONSUMER})
+            await delivery.ack()
+            return Outcome.MALFORMED
+        try:
+            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock(), fit, metrics)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            if delivery.attempt < ingest.MAX_DELIVERIES:
+                raise
+            reason = f"failed on {delivery.attempt} deliveries; last error {type(exc).__name__}: {exc}"
+            await source.dead_letter(message, reason[:1000])
+            log.warning("dead-lettered %s: %s", message.subject, reason[:1000], extra={"consumer": ingest.CONSUMER})
+            await delivery.ack()
+            return Outcome.MALFORMED
+        if result.outcome.dead_letter:
+            await source.dead_letter(message, result.detail)
+            log.warning("dead-lettered %s: %s", message.subject, result.detail, extra={"consumer": ingest.CONSUMER})
+        await delivery.ack()
+        return result.outcome
+    except StoreUnavailable:
+        raise
+    except Exception:
+        log.exception("ingest of %s failed (delivery %d); it will be redelivered", message.subject, delivery.attempt)
+        try:
+            await delivery.retry_later(2.0)
+        except Exception:
+            log.warning("could not nak %s; it returns after ack_wait", message.subject)
+        return None
