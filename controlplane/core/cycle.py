@@ -34,7 +34,7 @@ from controlplane.core.decision import (
 from controlplane.core.eviction import Evictor
 from controlplane.core.fit import Fitter
 from controlplane.core.fragmentation import workload_mix
-from controlplane.core.gang_facts import Shape
+from controlplane.core.gang_facts import ShapeId
 from controlplane.core.ordering import FairShare
 from controlplane.core.placement import FreeCapacity, Placement, copy_capacity
 from controlplane.core.reservation import Reservations
@@ -75,7 +75,7 @@ class Cycle:
         # Free capacity as the cycle found it: a gang that would have fit there but not after this
         # cycle's admissions waits on fair share, not on the fleet (`_fair_share_reason`).
         self.initial_free: FreeCapacity = copy_capacity(self.state.free)
-        self.fit_at_start: dict[Shape, bool] = {}
+        self.fit_at_start: dict[ShapeId, bool] = {}
         self.admitted_queues: list[str] = []
         self.awaiting: set[str] = set()  # queues with a gang within guarantee left waiting for room
 
@@ -117,7 +117,7 @@ class Cycle:
             workload.preemptible,
             workload.may_evict,
             workload.max_runtime_seconds,
-            self.state.facts.shape(workload),
+            self.state.facts.shape_id(workload),
         )
         known = self.verdicts.get(key)
         if known is not None:
@@ -219,7 +219,7 @@ class Cycle:
         others = [q for q in dict.fromkeys(self.admitted_queues) if q != workload.queue_id]
         if not self.policy.fair_share or not others:
             return None
-        shape = self.state.facts.shape(workload)
+        shape = self.state.facts.shape_id(workload)
         if shape not in self.fit_at_start:
             # Trying the start-of-cycle capacity costs a placement: only for the head of a queue
             # (the one whose turn it is); behind it a gang waits on its queue anyway.
@@ -239,6 +239,6 @@ class Cycle:
         self.state.take(placement.assignments, workload.queue_id)
         self.admitted_queues.append(workload.queue_id)
         self.fit_at_start.setdefault(
-            self.state.facts.shape(workload), True
+            self.state.facts.shape_id(workload), True
         )  # it fitted with less free than at the start
         self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments))

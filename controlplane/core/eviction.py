@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from controlplane.core.decision import Eviction, EvictionKind
 from controlplane.core.fit import Fitter
-from controlplane.core.gang_facts import Shape
+from controlplane.core.gang_facts import ShapeId
 from controlplane.core.ordering import FairShare
 from controlplane.core.placement import Placement
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
@@ -42,7 +42,7 @@ class Evictor:
         self.capacity_grew = capacity_grew  # told after every real eviction
         self.evictions: list[Eviction] = []
         # Attempts that found no victim set: they fail again until capacity grows.
-        self.failed: set[tuple[EvictionKind, bool, str, int, Shape]] = set()
+        self.failed: set[tuple[EvictionKind, bool, str, int, ShapeId]] = set()
 
     def forget_failures(self) -> None:
         self.failed.clear()
@@ -67,7 +67,7 @@ class Evictor:
         # Within a cycle, capacity and candidates only shrink until an eviction happens: an attempt
         # that failed for this shape, queue and priority fails again. (A queue that starts
         # borrowing through this cycle's admissions becomes reclaimable from the next cycle.)
-        attempt = (kind, combined, workload.queue_id, workload.priority, self.state.facts.shape(workload))
+        attempt = (kind, combined, workload.queue_id, workload.priority, self.state.facts.shape_id(workload))
         if attempt in self.failed:
             return None
         if combined:

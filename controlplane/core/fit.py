@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from controlplane.core.capacity import fits
 from controlplane.core.decision import IsolationOnlyTimeSliced, NeverFits, NoFit, NotLent, OutsideGuarantee, Why
-from controlplane.core.gang_facts import Shape
+from controlplane.core.gang_facts import ShapeId
 from controlplane.core.placement import FreeCapacity, Miss, Placement
 from controlplane.core.quota import ZERO, Usage
 from controlplane.core.scoring import Scorer
@@ -53,11 +53,11 @@ class Fitter:
         self.scorer = scorer
         # Shapes that found no room on the real free capacity this cycle, with the reason: room
         # only shrinks until an eviction (`capacity_grew`).
-        self.unplaceable: dict[Shape, Why] = {}
+        self.unplaceable: dict[ShapeId, Why] = {}
         # Shapes no cluster could hold even empty: kept with the state, which is rebuilt whenever
         # the fleet changes (so across cycles when the state is kept, `incremental.py`).
         self.never = state.never_fits_memo.setdefault(policy.prefer_same_pool, {})
-        self.models_of: dict[Shape, tuple[str, ...]] = {}  # see `gpu_models`
+        self.models_of: dict[ShapeId, tuple[str, ...]] = {}  # see `gpu_models`
 
     def capacity_grew(self) -> None:
         self.unplaceable.clear()
@@ -73,7 +73,7 @@ class Fitter:
         cycle's free capacity unless `free` is given; in every cluster unless `clusters` is)."""
         state = self.state
         free = state.free if free is None else free
-        shape = self.state.facts.shape(workload)
+        shape = self.state.facts.shape_id(workload)
         use_cache = use_cache and free is state.free and clusters is None
         if use_cache and shape in self.unplaceable:
             return self.unplaceable[shape]
@@ -120,7 +120,7 @@ class Fitter:
     def never_fits(self, workload: Workload) -> NeverFits | None:
         """Why no cluster could hold the gang even with nothing running on the fleet as it stands
         (cordoned nodes do not count), or None when one could: then it only waits for room."""
-        shape = self.state.facts.shape(workload)
+        shape = self.state.facts.shape_id(workload)
         if shape in self.never:
             return self.never[shape]
         answer = self.state.empty_fleet().fits(workload, prefer_same_pool=self.policy.prefer_same_pool)
@@ -136,7 +136,7 @@ class Fitter:
 
     def gpu_models(self, workload: Workload) -> tuple[str, ...]:
         """The GPU models of the pools that serve some GPU pod set of the gang."""
-        shape = self.state.facts.shape(workload)
+        shape = self.state.facts.shape_id(workload)
         found = self.models_of.get(shape)
         if found is None:
             gpu_sets = [p for p in workload.pod_sets if p.gpu_eq_per_pod()]

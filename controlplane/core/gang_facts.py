@@ -28,38 +28,52 @@ def shape_of(workload: Workload) -> Shape:
     )
 
 
+# A shape interned to a small number: memo keys built for every pending gang in every cycle hash
+# an int instead of a tuple of pod-set dataclasses.
+ShapeId = int
+
+
 class GangFacts:
-    """Memo of `shape`, `least` and `allowed_models` per gang (by identity)."""
+    """Memo of `shape_id`, `least` and `allowed_models` per gang (by identity)."""
 
     def __init__(self, unit: GpuEqUnit, models: frozenset[str]) -> None:
         self.unit = unit
         self.models = models  # the fleet's GPU models
-        # id(workload) -> (workload, shape, least units); the workload is kept so its id is not reused
-        self._facts: dict[int, tuple[Workload, Shape, int]] = {}
-        self._allowed: dict[Shape, tuple[str, ...]] = {}
+        self._ids: dict[Shape, ShapeId] = {}
+        # id(workload) -> [workload, shape id, least units, allowed models or None]; the workload
+        # is kept so its id is not reused while remembered
+        self._facts: dict[int, list[object]] = {}
 
-    def _of(self, workload: Workload) -> tuple[Workload, Shape, int]:
+    def _of(self, workload: Workload) -> list[object]:
         found = self._facts.get(id(workload))
         if found is None or found[0] is not workload:
-            found = self._facts[id(workload)] = (workload, shape_of(workload), self.unit.least(workload))
+            shape = shape_of(workload)
+            shape_id = self._ids.setdefault(shape, len(self._ids))
+            found = self._facts[id(workload)] = [workload, shape_id, self.unit.least(workload), None]
         return found
 
-    def shape(self, workload: Workload) -> Shape:
-        return self._of(workload)[1]
+    def shape_id(self, workload: Workload) -> ShapeId:
+        """Equal for gangs of one shape (`shape_of`), different otherwise."""
+        found = self._of(workload)[1]
+        assert isinstance(found, int)
+        return found
 
     def least(self, workload: Workload) -> int:
         """`GpuEqUnit.least`: a lower bound of the units its cheapest `min_available` pods hold."""
-        return self._of(workload)[2]
+        found = self._of(workload)[2]
+        assert isinstance(found, int)
+        return found
 
     def allowed_models(self, workload: Workload) -> tuple[str, ...]:
         """The fleet's GPU models every GPU pod set of the gang accepts (all of them when none
         narrows; `(gpu-eq,)` when the fleet has none)."""
-        shape = self._of(workload)[1]
-        found = self._allowed.get(shape)
+        entry = self._of(workload)
+        found = entry[3]
         if found is None:
             models = set(self.models)
             for pod_set in workload.pod_sets:
                 if pod_set.gpu_models and pod_set.gpu_eq_per_pod():
                     models &= set(pod_set.gpu_models)
-            found = self._allowed[shape] = tuple(sorted(models)) or (GPU_EQ,)
+            found = entry[3] = tuple(sorted(models)) or (GPU_EQ,)
+        assert isinstance(found, tuple)
         return found

@@ -16,7 +16,7 @@ from typing import Any
 
 from controlplane.core.capacity import FleetCapacity
 from controlplane.core.decision import NeverFits
-from controlplane.core.gang_facts import GangFacts
+from controlplane.core.gang_facts import GangFacts, ShapeId
 from controlplane.core.gpu_eq import GpuEqUnit, quota_amounts
 from controlplane.core.placement import FreeCapacity
 from controlplane.core.quota import ZERO, Ledger, Usage
@@ -68,8 +68,8 @@ class CycleState:
         self.free: FreeCapacity = fleet.free
         self._clusters, self._nodes = snapshot.clusters, snapshot.nodes
         self._empty: FleetCapacity | None = None
-        # prefer_same_pool -> shape -> why no cluster could hold it empty (None: one could); for `Fitter`.
-        self.never_fits_memo: dict[bool, dict[tuple[object, ...], NeverFits | None]] = {}
+        # prefer_same_pool -> shape id -> why no cluster could hold it empty (None: one could); for `Fitter`.
+        self.never_fits_memo: dict[bool, dict[ShapeId, NeverFits | None]] = {}
         self.cheap_scores = ScoreMemo()
         schedulable = [node for nodes in fleet.nodes_by_pool.values() for node in nodes]
         # Quota amounts are integers in this unit (see gpu_eq.py).
