@@ -126,15 +126,19 @@ class FairShare:
             keys = [GPU_EQ]
         else:
             keys = model_keys or [GPU_EQ]
-        # A share is a ratio (exact, of integer units), not a quota amount.
-        dominant = Fraction(0)
+        # A share is a ratio (exact, of integer units), not a quota amount. The largest is found by
+        # cross-multiplying integers; one Fraction is made at the end (this runs for every head).
+        top, bottom = 0, 1
         capacity = self.state.capacity
         for key in keys:
-            used = usage.get(key, ZERO)
             total = capacity.get(key)
             if not total:
                 continue
-            above = used - guaranteed.get(key, ZERO)
-            if above > 0:
-                dominant = max(dominant, Fraction(above, total))
-        return (dominant + self.history.get(queue_id, ZERO)) / weight
+            above = usage.get(key, ZERO) - guaranteed.get(key, ZERO)
+            if above > 0 and above * bottom > top * total:
+                top, bottom = above, total
+        share = Fraction(top, bottom)
+        history = self.history.get(queue_id)
+        if history:
+            share += history
+        return share if weight == 1 else share / weight

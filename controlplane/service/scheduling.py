@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -117,14 +118,29 @@ def run_cycle(
     metrics: Metrics = NO_METRICS,
     cache: SnapshotCache | None = None,
     scheduler: IncrementalScheduler | None = None,
+    after_full_read: Callable[[], None] | None = None,
 ) -> CycleResult:
     """One cycle. With the leadership term's `cache` the snapshot is refreshed from what changed
     since the last cycle; without one it is loaded in full (a throwaway cache). With the term's
     `scheduler` the core decides on the fleet state it kept from the last cycle; without one,
-    one-shot `schedule()` (the same decision, built from scratch)."""
+    one-shot `schedule()` (the same decision, built from scratch). `after_full_read` is called when
+    the snapshot was read in full, before the core decides (the process settles its memory)."""
     cache = cache if cache is not None else SnapshotCache()
     try:
-        return _cycle(uow_factory, holder, epoch, policy, prefix, now, ttl, check_invariants, metrics, cache, scheduler)
+        return _cycle(
+            uow_factory,
+            holder,
+            epoch,
+            policy,
+            prefix,
+            now,
+            ttl,
+            check_invariants,
+            metrics,
+            cache,
+            scheduler,
+            after_full_read,
+        )
     except BaseException:
         # The decision may or may not have landed, the cache's view may be torn: rebuild next cycle.
         cache.invalidate()
@@ -145,6 +161,7 @@ def _cycle(
     metrics: Metrics,
     cache: SnapshotCache,
     scheduler: IncrementalScheduler | None,
+    after_full_read: Callable[[], None] | None,
 ) -> CycleResult:
     started = mark = time.perf_counter()
     phases: list[tuple[CyclePhase, float]] = []
@@ -158,6 +175,8 @@ def _cycle(
     if policy.usage_history_weight > 0:
         since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
     snapshot = cache.refresh(uow_factory, epoch, now, history_since=since, last_rebalance=policy.rebalance)
+    if after_full_read is not None and cache.last_refresh_was_full:
+        after_full_read()
     phase_done(CyclePhase.SNAPSHOT)
     decision = scheduler.decide(snapshot, policy, now) if scheduler is not None else schedule(snapshot, policy, now)
     phase_done(CyclePhase.SCHEDULE)
