@@ -47,7 +47,7 @@ from controlplane.service.scheduling import (
     run_cycle,
 )
 from controlplane.service.views import Principal
-from controlplane.workers.scheduler_loop import scheduler_loop
+from controlplane.workers.scheduler_loop import scheduler_loop, settle_long_lived_objects
 
 PREFIX = "bench"
 WAITING = "waiting for the next cycle"  # the reason a submit writes; the scheduler replaces it
@@ -77,7 +77,8 @@ def _leader_cycle(wiring: Wiring, policy: Policy, settings: Settings, holder: st
     if epoch is None:
         raise click.ClickException("another holder has the scheduler lease; use an empty database")
     leased = time.perf_counter()
-    result = run_cycle(wiring.uow, holder, epoch, policy, PREFIX, utc_now(), settings.lease_ttl)
+    now, ttl = utc_now(), settings.lease_ttl
+    result = run_cycle(wiring.uow, holder, epoch, policy, PREFIX, now, ttl, after_full_read=settle_long_lived_objects)
     done = time.perf_counter()
     release_leadership(wiring.uow, holder, epoch)
     return {
