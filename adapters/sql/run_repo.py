@@ -9,7 +9,16 @@ from typing import Any
 from sqlalchemy import func, literal, select, update
 from sqlalchemy.orm import Session
 
-from adapters.sql.tables import ClusterRow, NodePoolRow, NodeRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from adapters.sql.tables import (
+    ClusterRow,
+    NodePoolRow,
+    NodeRow,
+    QueueRow,
+    RunAssignmentRow,
+    RunRow,
+    TeamRow,
+    WorkloadRow,
+)
 from controlplane.core.decision import EndCause
 from controlplane.service.ports import PodOrder, RunOrder, RunStatus, Teardown
 
@@ -117,6 +126,10 @@ class SqlRunRepository:
                 ClusterRow.name,
                 RunRow.epoch,
                 TeamRow.name,
+                select(func.count())
+                .select_from(RunAssignmentRow)
+                .where(RunAssignmentRow.run_id == RunRow.id)
+                .scalar_subquery(),
             )
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)

@@ -52,13 +52,16 @@ class PodReport(Strict):
         return self.model_copy(update={"pods": pods}).model_dump_json().encode()
 
 
-def _verdict(pods: Sequence[PodStatus], min_available: int) -> tuple[str, str] | None:
-    """(run state, message) the pods justify, or None while nothing changes."""
+def _verdict(pods: Sequence[PodStatus], min_available: int, pod_count: int = 0) -> tuple[str, str] | None:
+    """(run state, message) the pods justify, or None while nothing changes. Succeeded needs every
+    pod the run was admitted with (`pod_count`, at least `min_available`): an elastic gang's extra
+    pods may still run, and their capacity is not free until they end."""
     failed = [p for p in pods if p.phase == "Failed"]
     if failed:
         first = failed[0]
         return "failed", f"pod {first.pod_set}-{first.index} failed: {first.message or 'no message'}"
-    if pods and len([p for p in pods if p.phase == "Succeeded"]) >= min_available:
+    succeeded = {(p.pod_set, p.index) for p in pods if p.phase == "Succeeded"}
+    if pods and len(succeeded) >= max(min_available, pod_count) and len(succeeded) == len(pods):
         return "succeeded", "all pods succeeded"
     if len([p for p in pods if p.phase in ("Running", "Succeeded")]) >= min_available:
         return "running", f"{min_available} pods running"
@@ -85,7 +88,7 @@ def apply_pod_report(
     run = uow.runs.status(report.run_id)
     if run is None:
         return "unknown run"
-    verdict = _verdict(report.pods, run.min_available)
+    verdict = _verdict(report.pods, run.min_available, run.pod_count)
     if verdict is None:
         return "no change"
     state, message = verdict

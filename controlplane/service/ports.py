@@ -112,6 +112,9 @@ class RunStatus:
     cluster: str = ""  # the cluster the run was placed on
     epoch: int = 0  # the scheduler epoch that placed it; reports must carry it
     team: str = ""
+    # Pods it was admitted with: an elastic or partially admitted gang runs with more than
+    # `min_available`, and has succeeded only when every one of them has.
+    pod_count: int = 0
 
 
 class AdminRepository(Protocol):

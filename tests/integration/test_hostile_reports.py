@@ -196,3 +196,23 @@ def test_a_pod_report_for_the_largest_gang_fits_one_nats_message() -> None:
     assert back.pods[0].message  # a failed pod keeps (part of) why it failed
     small = PodReport(run_id="r", epoch=1, pods=pods[:3])
     assert small.encode() == small.model_dump_json().encode()
+
+
+def test_an_elastic_gang_succeeds_only_when_every_admitted_pod_has(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    """Admitted with 4 pods but startable with 2: two pods done and two still working is a running
+    run, not a succeeded one (its capacity was given back while pods still ran)."""
+    body = gang("g", tenant.queue, min_available=2)
+    wid = client.post("/v1/workloads", json=body, headers=tenant.headers).json()["id"]
+    _admit(wiring)
+    run = _run_of(client, tenant, wid)
+    assert len(run["assignments"]) == 4
+    pods = [{"pod_set": "workers", "index": i, "phase": "Succeeded" if i < 2 else "Running"} for i in range(4)]
+    _send(wiring, "cluster.sim-h100.pods", {"run_id": run["id"], "epoch": 1, "pods": pods}, "e1")
+    assert _run_of(client, tenant, wid)["state"] == "running"
+    _send(wiring, "cluster.sim-h100.pods", {"run_id": run["id"], "epoch": 1, "pods": pods[:2]}, "e2")
+    assert _run_of(client, tenant, wid)["state"] == "running"  # two of four reported: not all done
+    pods = [{"pod_set": "workers", "index": i, "phase": "Succeeded"} for i in range(4)]
+    _send(wiring, "cluster.sim-h100.pods", {"run_id": run["id"], "epoch": 1, "pods": pods}, "e3")
+    assert _run_of(client, tenant, wid)["state"] == "succeeded"
