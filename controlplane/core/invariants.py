@@ -72,6 +72,7 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             raise InvariantViolation(f"gang {workload.id} places the same pod twice")
         if len(pods) < workload.min_available:
             raise InvariantViolation(f"gang {workload.id} admitted with fewer than min_available pods")
+        _check_pod_sets(workload, pods)
         clusters = {pool_of_node[a.node_id].cluster_id for a in admission.assignments}
         if clusters != {admission.cluster_id}:
             raise InvariantViolation(f"gang {workload.id} spans clusters {sorted(clusters)}")
@@ -90,6 +91,21 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
         bound = limits.get(node_id)
         if bound is not None and tree_usage[node_id] > unit.of_amount(bound):
             raise InvariantViolation(f"{snapshot.queue_tree[node_id].name} above its gpu-eq limit")
+
+
+def _check_pod_sets(workload: Workload, pods: set[tuple[str, int]]) -> None:
+    """Every pod is one the gang asked for (a known pod set, an index below its replicas), and a
+    gang with per-pod-set minimums has at least each set's minimum."""
+    replicas = {ps.name: ps.replicas for ps in workload.pod_sets}
+    for name, index in pods:
+        if name not in replicas or not 0 <= index < replicas[name]:
+            raise InvariantViolation(f"gang {workload.id} places pod {name}-{index}, which it does not have")
+    if workload.reducible:
+        for pod_set in workload.pod_sets:
+            placed = sum(1 for name, _ in pods if name == pod_set.name)
+            if placed < pod_set.least:
+                below = f"{placed} pods of {pod_set.name}, below its minimum {pod_set.least}"
+                raise InvariantViolation(f"gang {workload.id} admitted with {below}")
 
 
 def _check_evictions(snapshot: Snapshot, decision: Decision, pending: Mapping[str, Workload]) -> set[str]:

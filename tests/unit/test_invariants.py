@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -212,3 +213,27 @@ def test_a_team_pushed_above_its_gpu_eq_limit_is_caught() -> None:
     decision = Decision(admissions=(admit("a", pod("p1-n0", {GPU: 3})), admit("b", pod("p1-n0", {GPU: 3}))))
     with pytest.raises(InvariantViolation):
         check_decision(make_snapshot(clusters, nodes, pending, tree=tree), decision)
+
+
+def test_a_pod_the_gang_does_not_have_is_caught() -> None:
+    clusters, nodes = single_pool_fleet(nodes=1)
+    pending = [make_workload("a", gpus(1, 2))]
+    decision = Decision(admissions=(admit("a", pod("p1-n0", {GPU: 1}), pod("p1-n0", {GPU: 1}, 2)),))
+    with pytest.raises(InvariantViolation, match="places pod worker-2, which it does not have"):
+        check_decision(make_snapshot(clusters, nodes, pending), decision)
+
+
+def test_a_pod_set_below_its_minimum_is_caught_and_one_at_it_passes() -> None:
+    clusters, nodes = single_pool_fleet(nodes=1)
+    launcher = replace(gpus(0, 1, name="launcher"), min_replicas=1)
+    workers = replace(gpus(1, 4, name="workers"), min_replicas=2)
+    pending = [make_workload("a", launcher, workers, min_available=3)]
+    snapshot = make_snapshot(clusters, nodes, pending)
+    at_minimum = (
+        pod("p1-n0", {}, pod_set="launcher"),
+        *(pod("p1-n0", {GPU: 1}, i, pod_set="workers") for i in range(2)),
+    )
+    check_decision(snapshot, Decision(admissions=(admit("a", *at_minimum),)))
+    below = (pod("p1-n0", {GPU: 1}, i, pod_set="workers") for i in range(3))
+    with pytest.raises(InvariantViolation, match="0 pods of launcher, below its minimum 1"):
+        check_decision(snapshot, Decision(admissions=(admit("a", *below),)))

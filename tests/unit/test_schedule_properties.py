@@ -109,6 +109,10 @@ def workloads(draw: st.DrawFn, prefix: str, seq_base: int) -> list[Workload]:
         names = ["workers"] if draw(st.booleans()) else ["launcher", "workers"]
         sets = [draw(pod_sets(name)) for name in names]
         total = sum(ps.replicas for ps in sets)
+        least = draw(st.one_of(st.just(total), st.integers(1, total)))  # strict or elastic gangs
+        if draw(st.integers(0, 3)) == 0:  # partial admission: per-pod-set minimums fix min_available
+            sets = [replace(ps, min_replicas=draw(st.integers(1, ps.replicas))) for ps in sets]
+            least = sum(ps.least for ps in sets)
         result.append(
             make_workload(
                 f"{prefix}{i}",
@@ -116,7 +120,7 @@ def workloads(draw: st.DrawFn, prefix: str, seq_base: int) -> list[Workload]:
                 queue=draw(st.sampled_from(QUEUES)),
                 priority=draw(st.integers(0, 2)),
                 seq=seq_base + draw(st.integers(0, 3)),  # duplicate seqs exercise the id tie-break
-                min_available=draw(st.one_of(st.just(total), st.integers(1, total))),  # strict or elastic gangs
+                min_available=least,
                 isolation=draw(st.booleans()),
                 tolerations=draw(st.sampled_from([(), (Toleration("spot", "Exists"),)])),
             )
