@@ -48,8 +48,7 @@ class _Kept:
     """The snapshot the kept state matches, and that state."""
 
     snapshot: Snapshot
-    state: CycleState
-    runs: dict[str, LiveRun]  # live key -> run, as held in the state
+    state: CycleState  # its `live` lists the runs it holds, by live key
     cycles: int = 0
 
 
@@ -102,10 +101,10 @@ class IncrementalScheduler:
         kept = self._kept
         if kept is None or kept.cycles >= REBUILD_AFTER_CYCLES or not _same_fleet(kept.snapshot, snapshot):
             state = CycleState(snapshot, policy)
-            self._kept = _Kept(snapshot, state, {live_key(run): run for run in snapshot.live_runs})
+            self._kept = _Kept(snapshot, state)
             self.last_sync = SyncStats(rebuilt=True, runs_released=0, runs_added=len(snapshot.live_runs))
             return state
-        state, before = kept.state, kept.runs
+        state, before = kept.state, kept.state.live
         now_runs: dict[str, LiveRun] = {}
         added: list[LiveRun] = []
         for run in snapshot.live_runs:
@@ -117,10 +116,10 @@ class IncrementalScheduler:
         changed = {live_key(run) for run in added}
         released = [run for key, run in before.items() if key not in now_runs or key in changed]
         state.release_live(released)
-        state.add_live(added)
+        state.hold_live(added)
         # The live runs in the snapshot's order, as a fresh build lists them.
         state.relist_live(snapshot.live_runs)
-        kept.snapshot, kept.runs = snapshot, now_runs
+        kept.snapshot = snapshot
         kept.cycles += 1
         self.last_sync = SyncStats(rebuilt=False, runs_released=len(released), runs_added=len(added))
         return state

@@ -115,16 +115,11 @@ class CycleState:
 
     def release_live(self, runs: Iterable[LiveRun]) -> None:
         """Undo `hold_live` for runs that ended (or changed) between cycles: their capacity and
-        quota are given back and they are forgotten. Usage that drops to zero is removed, so the
-        ledger is what a fresh build from the next snapshot would hold (`Ledger.charge`)."""
+        quota are given back (`relist_live` then forgets them). Usage that drops to zero is removed,
+        so the ledger is what a fresh build from the next snapshot would hold (`Ledger.charge`)."""
         per_queue: dict[str, Usage] = {}
+        free = self.free
         for run in runs:
-            key = live_key(run)
-            del self.live[key]
-            del self.live_by_queue[run.queue_id][key]
-            if not self.live_by_queue[run.queue_id]:
-                del self.live_by_queue[run.queue_id]
-            free = self.free
             for a in run.assignments:
                 node_free = free.get(a.node_id)
                 if node_free is not None:
@@ -144,14 +139,6 @@ class CycleState:
         for run in runs:
             self.live[live_key(run)] = run
             self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
-
-    def add_live(self, runs: Iterable[LiveRun]) -> None:
-        """`hold_live` for runs that started (or changed) between cycles."""
-        runs = list(runs)
-        for run in runs:
-            self.live[live_key(run)] = run
-            self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
-        self.hold_live(runs)
 
     # -- mutation points -----------------------------------------------------------------------
 
