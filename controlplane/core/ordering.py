@@ -54,13 +54,18 @@ class FairShare:
         heads = dict.fromkeys(queues, 0)
         heap = [self._queue_key(queue_id, items[0]) for queue_id, items in queues.items()]
         heapq.heapify(heap)
-        while heap:
-            *_, queue_id = heapq.heappop(heap)
+        turn = heapq.heappop(heap) if heap else None
+        while turn is not None:
+            queue_id = turn[-1]
             items = queues[queue_id]
             yield items[heads[queue_id]]
             heads[queue_id] += 1
             if heads[queue_id] < len(items):
-                heapq.heappush(heap, self._queue_key(queue_id, items[heads[queue_id]]))
+                # Push the queue's next head and pop the lowest in one step: when that is the same
+                # queue again (a queue whose gangs keep waiting), the heap is not touched at all.
+                turn = heapq.heappushpop(heap, self._queue_key(queue_id, items[heads[queue_id]]))
+            else:
+                turn = heapq.heappop(heap) if heap else None
 
     def _queue_key(self, queue_id: str, head: Workload) -> tuple[int, float, Fraction, int, int, str]:
         try:
