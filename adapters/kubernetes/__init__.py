@@ -1,13 +1,10 @@
 """Kubernetes dispatch: manifests (pure), the `ClusterDriver`, and pod status read back."""
 
-from adapters.kubernetes.driver import (
-    Drift,
-    KubernetesCluster,
-    ReconcileReport,
-    configuration_for,
-)
+from adapters.kubernetes.api_client import configuration_for
+from adapters.kubernetes.driver import KubernetesCluster
 from adapters.kubernetes.manifest_model import GangMode
 from adapters.kubernetes.manifests import KubeSettings, ManifestError, RunManifests, build_run_manifests
+from adapters.kubernetes.reconcile_records import Drift, ReconcileReport
 from adapters.kubernetes.status import (
     NodeInfo,
     PodStatusWatcher,

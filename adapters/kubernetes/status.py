@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from adapters.kubernetes.driver import json_body
+from adapters.kubernetes.api_client import json_body
 from adapters.kubernetes.manifest_model import (
     COMPLETION_INDEX,
     LABEL_EPOCH,
