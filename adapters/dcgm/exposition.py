@@ -25,7 +25,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.service.telemetry import DCGM_FIELDS, GpuSample, is_blank
+from controlplane.service.telemetry_wire import DCGM_FIELDS, GpuSample, is_blank
 
 log = logging.getLogger(__name__)
 

@@ -13,17 +13,16 @@ control plane (a new driver instance) sees exactly what an earlier one created.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from adapters.kubernetes.api_client import json_body
 from adapters.kubernetes.manifest_model import (
     ANNOTATION_OBJECTS,
     JOB,
@@ -37,6 +36,7 @@ from adapters.kubernetes.manifest_model import (
     run_selector,
 )
 from adapters.kubernetes.manifests import KubeSettings, ManifestError, build_run_manifests
+from adapters.kubernetes.reconcile_records import Drift, OwnedObject, ReconcileReport
 from controlplane.domain.model import NodePool
 from controlplane.service.ports import RunOrder
 
@@ -44,47 +44,6 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "gpufleet"
 PROPAGATION = "Background"  # the Job/JobSet controllers and the GC remove pods after we return
-
-
-def configuration_for(
-    host: str,
-    token: str,
-    *,
-    ca_cert_file: str | None = None,
-    verify_ssl: bool = True,
-) -> client.Configuration:
-    """A client configuration from explicit credentials (no kubeconfig, no exec plugins)."""
-    cfg = client.Configuration()
-    cfg.host = host
-    cfg.api_key = {"authorization": token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.verify_ssl = verify_ssl
-    if ca_cert_file is not None:
-        cfg.ssl_ca_cert = ca_cert_file
-    return cfg
-
-
-@dataclass(frozen=True)
-class OwnedObject:
-    resource: ApiResource
-    name: str
-    run_id: str
-    epoch: int | None
-    expected_objects: int | None
-
-
-@dataclass(frozen=True)
-class Drift:
-    run_id: str
-    reason: str  # missing | incomplete | epoch
-    detail: str
-
-
-@dataclass(frozen=True)
-class ReconcileReport:
-    orphans_deleted: tuple[str, ...] = ()
-    drift: tuple[Drift, ...] = ()
-    errors: tuple[str, ...] = ()
 
 
 @dataclass
@@ -425,17 +384,6 @@ class KubernetesCluster:
                 return False
             raise
         return True
-
-
-def json_body(resp: object) -> dict[str, Any]:
-    """The JSON body of a call made with `_preload_content=False` (a raw urllib3 response).
-
-    Raw bodies are read instead of the client's models because custom objects come back as dicts
-    anyway, and one representation keeps label and annotation handling in one place.
-    """
-    raw = cast(urllib3.BaseHTTPResponse, resp)
-    body: dict[str, Any] = json.loads(raw.data)
-    return body
 
 
 def _int_or_none(raw: str | None) -> int | None:

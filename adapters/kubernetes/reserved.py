@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from adapters.kubernetes.manifest_model import LABEL_RUN
-from adapters.kubernetes.nodes import BadQuantity, parse_quantity
+from adapters.kubernetes.quantities import BadQuantity, parse_quantity
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # What the inventory asks the API server for: every pod that still holds its node's resources.

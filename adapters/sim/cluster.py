@@ -30,7 +30,7 @@ from pathlib import Path
 from adapters.sim.telemetry import Device, allocate_devices, parse_profile, pod_samples, profile_of
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.ports import RunOrder
-from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
+from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 
 log = logging.getLogger(__name__)
 Publish = Callable[[str, bytes, str], Awaitable[None]]

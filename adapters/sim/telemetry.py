@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.service.telemetry import GpuSample, Metric
+from controlplane.service.telemetry_wire import GpuSample, Metric
 
 DEFAULT_PROFILE = "busy"
 DEFAULT_BURST_SECONDS = 30.0

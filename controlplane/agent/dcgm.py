@@ -25,7 +25,7 @@ import httpx
 from adapters.dcgm.exposition import RunResolver, SlotAssignments, parse_exposition, run_of_pod_name
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from controlplane.service.ports import EventPublisher
-from controlplane.service.telemetry import encode_batch, telemetry_subject
+from controlplane.service.telemetry_wire import encode_batch, telemetry_subject
 
 log = logging.getLogger(__name__)
 SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,63}$")

@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from adapters.nats.connection import connect
-from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
+from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 
 IN_FLIGHT = 512  # publishes awaiting their PubAck at once
 

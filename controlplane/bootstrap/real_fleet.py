@@ -22,9 +22,9 @@ from adapters.kubernetes import (
     PodStatusWatcher,
     configuration_for,
 )
+from adapters.kubernetes.cluster_reads import list_live_pod_objects, list_node_objects
 from adapters.kubernetes.nodes import observe_node
 from adapters.kubernetes.reserved import reserved_by_node
-from adapters.kubernetes.status import list_live_pod_objects, list_node_objects
 from controlplane.bootstrap.wiring import Wiring, utc_now
 from controlplane.service.cloud_ports import CloudProvider, ClusterLocator, UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.cloud_state import CloudClusterRecord

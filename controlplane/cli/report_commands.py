@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from controlplane.cli.client_commands import Api, connection_options, console, decoded, new_table, print_json
+from controlplane.cli.client_output import console, new_table, print_json
+from controlplane.cli.rest_api import Api, connection_options, decoded
 
 GROUP_BY = ("team", "queue", "cluster", "gpu_model")
 FIGURES = (

@@ -18,7 +18,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from controlplane.cli import client_commands
+from controlplane.cli import rest_api
 from controlplane.cli.client_commands import register
 
 # --- a fake API -------------------------------------------------------------------------------------
@@ -669,7 +669,7 @@ def test_unreachable_api_names_the_url_and_suggests_gpufleet_up(closed_port: int
 
 
 def test_a_slow_api_times_out_with_a_message(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_commands, "TIMEOUT_SECONDS", 0.05)
+    monkeypatch.setattr(rest_api, "TIMEOUT_SECONDS", 0.05)
     api.reply("GET", "/v1/clusters", [], delay=0.3)
 
     result = run(api, "clusters")

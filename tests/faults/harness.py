@@ -32,7 +32,7 @@ from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
 from sqlalchemy import create_engine, text
 
-from controlplane.service.telemetry import GpuSample, encode_batch, telemetry_subject
+from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 SUBMIT_TIMEOUT = 2.0

@@ -23,7 +23,8 @@ from controlplane.service.gang_timeout import requeue_undispatched
 from controlplane.service.ingest import InboundMessage, Outcome, handle
 from controlplane.service.ports import RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
-from controlplane.service.telemetry import BatchMessage, GpuSample, encode_batch
+from controlplane.service.telemetry import BatchMessage
+from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 from tests.integration.fleet import Tenant, gang
 
 
@@ -84,7 +85,7 @@ def test_telemetry_of_unknown_clusters_and_of_other_clusters_runs_is_refused(
 
     def batch(cluster: str, run: str | None, msg_id: str) -> BatchMessage:
         sample = GpuSample(cluster, "n1", "GPU-0", 0, now.timestamp() - 10, {"sm_active": 0.0}, run_id=run)
-        return BatchMessage(telemetry.telemetry_subject(prefix, cluster), encode_batch(cluster, [sample]), msg_id)
+        return BatchMessage(telemetry_subject(prefix, cluster), encode_batch(cluster, [sample]), msg_id)
 
     messages = [
         batch("ghost", run_id, "t1"),  # no such cluster

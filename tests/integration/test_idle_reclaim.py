@@ -14,7 +14,8 @@ from controlplane.core.idle import IdlePolicy, IdleRules
 from controlplane.core.snapshot import Policy
 from controlplane.service.idle import idle_pass
 from controlplane.service.scheduling import acquire_leadership, run_cycle
-from controlplane.service.telemetry import GpuSample, Metric, fold
+from controlplane.service.telemetry import fold
+from controlplane.service.telemetry_wire import GpuSample, Metric
 from tests.integration.fleet import Tenant, add_tenant, gang
 
 TTL = 15.0

@@ -35,7 +35,8 @@ from controlplane.bootstrap import Wiring, run_components, utc_now
 from controlplane.cli.main import main
 from controlplane.config import Settings
 from controlplane.service import auth, nats_identity, telemetry
-from controlplane.service.telemetry import GpuSample, WindowQuery, encode_batch, telemetry_subject
+from controlplane.service.telemetry import WindowQuery
+from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 from tests.integration.fleet import Tenant, add_tenant, gang, h100_cluster
 
 pytestmark = pytest.mark.timeout(90)

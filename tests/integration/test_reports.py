@@ -17,7 +17,8 @@ from controlplane.core.decision import EndCause
 from controlplane.core.snapshot import Policy
 from controlplane.service.reports import publish_hourly_report, report_subject
 from controlplane.service.scheduling import acquire_leadership, run_cycle
-from controlplane.service.telemetry import GpuSample, Metric, fold
+from controlplane.service.telemetry import fold
+from controlplane.service.telemetry_wire import GpuSample, Metric
 from controlplane.workers.report_loop import report_loop
 from tests.integration.fleet import Tenant, add_tenant, gang
 

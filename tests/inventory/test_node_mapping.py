@@ -6,13 +6,9 @@ from decimal import Decimal
 
 import pytest
 
-from adapters.kubernetes.nodes import (
-    BadQuantity,
-    gpu_model_name,
-    observe_node,
-    parse_quantity,
-    quantity_units,
-)
+from adapters.kubernetes.node_gpus import gpu_model_name
+from adapters.kubernetes.nodes import observe_node
+from adapters.kubernetes.quantities import BadQuantity, parse_quantity, quantity_units
 from controlplane.domain.model import Taint
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.node_pools import CLOUD_ISSUE, plan_node_pools, pool_name

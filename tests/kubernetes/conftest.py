@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from adapters.kubernetes.driver import configuration_for
+from adapters.kubernetes.api_client import configuration_for
 from controlplane.domain.model import CPU, GPU, MEM, SHARE, NodePool, Taint
 from controlplane.domain.sharing import SharingKind, SharingMode
 from controlplane.service.ports import PodOrder, RunOrder

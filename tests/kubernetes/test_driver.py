@@ -8,8 +8,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from adapters.kubernetes.driver import Drift, KubernetesCluster, configuration_for
+from adapters.kubernetes.api_client import configuration_for
+from adapters.kubernetes.driver import KubernetesCluster
 from adapters.kubernetes.manifests import KubeSettings, ManifestError
+from adapters.kubernetes.reconcile_records import Drift
 from tests.kubernetes.conftest import NAMESPACE, pools, training_order
 from tests.kubernetes.fake_apiserver import (
     COSCHEDULING_PODGROUPS,

@@ -1111,7 +1111,7 @@ def test_provider_labels_and_advertised_resources() -> None:
 async def test_product_inventory_reads_every_providers_pool_key(
     fake_api: FakeApiServer, kube_config: client.Configuration
 ) -> None:
-    from adapters.kubernetes.status import list_nodes  # noqa: PLC0415 - the inventory helper may reshape it
+    from adapters.kubernetes.cluster_reads import list_nodes  # noqa: PLC0415 - the inventory helper may reshape it
 
     expected = {
         "eks-managed": "gpu-h100",

@@ -19,9 +19,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from adapters.kubernetes.cluster_reads import list_live_pod_objects, list_nodes
 from adapters.kubernetes.driver import KubernetesCluster
 from adapters.kubernetes.manifests import KubeSettings
-from adapters.kubernetes.status import PodStatusWatcher, list_live_pod_objects, list_nodes
+from adapters.kubernetes.status import PodStatusWatcher
 from controlplane.service.cluster_status import PodReport
 from tests.kubernetes import kustomize_lite
 from tests.kubernetes.conftest import NAMESPACE, pools, training_order

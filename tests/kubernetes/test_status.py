@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from adapters.kubernetes.cluster_reads import list_nodes
 from adapters.kubernetes.driver import KubernetesCluster
 from adapters.kubernetes.manifests import KubeSettings
-from adapters.kubernetes.status import PodStatusWatcher, list_nodes, pod_status, reports_from_pods
+from adapters.kubernetes.status import PodStatusWatcher, pod_status, reports_from_pods
 from controlplane.domain.model import Taint
 from controlplane.service.cluster_status import PodReport, PodStatus
 from tests.kubernetes.conftest import NAMESPACE, pools, training_order

@@ -23,7 +23,7 @@ from adapters.nats.server import NatsServerProcess
 from adapters.nats.topology import TELEMETRY_STREAM, ensure_topology
 from controlplane.agent.dcgm import AgentConfig, default_resolver, run_agent, scrape_once
 from controlplane.cli.main import main
-from controlplane.service.telemetry import decode_batch
+from controlplane.service.telemetry_wire import decode_batch
 from tests.telemetry import samples
 
 EXPOSITION = samples.A100_MIG + samples.L40S_FULL

@@ -21,7 +21,8 @@ from adapters.nats.topology import DLQ_STREAM, TELEMETRY_CONSUMER, TELEMETRY_STR
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import telemetry
 from controlplane.service.ports import UnitOfWork
-from controlplane.service.telemetry import BatchResult, GpuSample, WindowQuery, encode_batch
+from controlplane.service.telemetry import BatchResult, WindowQuery
+from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 from controlplane.workers.telemetry_loop import TelemetryDelivery, handle_telemetry, telemetry_loop
 from tests.telemetry.known import register
 
@@ -86,7 +87,7 @@ async def test_published_batches_become_windows_and_are_all_acked(wiring: Wiring
     prefix = wiring.settings.subject_prefix
     js = nc.jetstream()
     now = datetime.now(UTC).timestamp()
-    subject = telemetry.telemetry_subject(prefix, "east")
+    subject = telemetry_subject(prefix, "east")
     ids = ("a", "b", "b")  # the second "b" is a retry: the inbox (per cluster) applies it once
     for msg_id, (ago, busy) in zip(ids, ((20, 0.25), (10, 0.75), (10, 0.75)), strict=True):
         body = encode_batch("east", _samples("run-1", now - ago, busy))
@@ -109,7 +110,7 @@ async def test_malformed_batch_goes_to_the_dead_letter_stream_and_the_consumer_g
     prefix = wiring.settings.subject_prefix
     js = nc.jetstream()
     now = datetime.now(UTC).timestamp()
-    subject = telemetry.telemetry_subject(prefix, "east")
+    subject = telemetry_subject(prefix, "east")
     await js.publish(subject, b"{not json", headers={"Nats-Msg-Id": "poison-1"})
     # A batch claiming another cluster than its subject: an agent writing outside its permission.
     west = [dataclasses.replace(x, cluster="west") for x in _samples("run-9", now, 0.5)]
@@ -148,7 +149,7 @@ async def test_a_failed_commit_is_not_acked_and_the_redelivery_applies_once(wiri
     prefix = wiring.settings.subject_prefix
     js = nc.jetstream()
     now = datetime.now(UTC).timestamp()
-    subject = telemetry.telemetry_subject(prefix, "east")
+    subject = telemetry_subject(prefix, "east")
     await js.publish(subject, encode_batch("east", _samples("run-1", now, 0.5)), headers={"Nats-Msg-Id": "o-1"})
     source = JetStreamTelemetrySource(nc, prefix)
     first = await source.fetch(10, 2.0)
@@ -215,7 +216,7 @@ async def test_a_batch_that_keeps_failing_is_isolated_and_dead_lettered(wiring: 
     prefix = wiring.settings.subject_prefix
     js = nc.jetstream()
     now = datetime.now(UTC).timestamp()
-    subject = telemetry.telemetry_subject(prefix, "east")
+    subject = telemetry_subject(prefix, "east")
     poison = [dataclasses.replace(s, node="poison-node") for s in _samples("run-1", now, 0.5)]
     await js.publish(subject, encode_batch("east", _samples("run-1", now - 30, 0.5)), headers={"Nats-Msg-Id": "g1"})
     await js.publish(subject, encode_batch("east", poison), headers={"Nats-Msg-Id": "p1"})

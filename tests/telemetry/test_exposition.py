@@ -10,7 +10,7 @@ import pytest
 
 from adapters.dcgm.exposition import RunResolver, ScrapeResult, SlotAssignments, parse_exposition, run_of_pod_name
 from adapters.kubernetes.manifest_model import job_name
-from controlplane.service.telemetry import DCGM_FIELDS
+from controlplane.service.telemetry_wire import DCGM_FIELDS
 from tests.telemetry import samples
 
 NOW = 1_767_600_000.0

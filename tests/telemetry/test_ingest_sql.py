@@ -9,16 +9,8 @@ import pytest
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from controlplane.bootstrap import Wiring
 from controlplane.service import telemetry
-from controlplane.service.telemetry import (
-    BatchMessage,
-    GpuSample,
-    Outcome,
-    TelemetryWindow,
-    WindowQuery,
-    encode_batch,
-    fold,
-    handle_batch,
-)
+from controlplane.service.telemetry import BatchMessage, Outcome, TelemetryWindow, WindowQuery, fold, handle_batch
+from controlplane.service.telemetry_wire import GpuSample, encode_batch
 from tests.telemetry.known import register
 
 T0 = 1_767_600_000.0

@@ -8,18 +8,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.service.telemetry import (
+from controlplane.service.telemetry import ActivitySource, TelemetryWindow, fold, merge
+from controlplane.service.telemetry_wire import (
     DCGM_FP64_BLANK,
     DCGM_INT64_BLANK,
-    ActivitySource,
     GpuSample,
     MalformedBatch,
-    TelemetryWindow,
     decode_batch,
     encode_batch,
-    fold,
     is_blank,
-    merge,
 )
 
 T0 = 1_767_600_000.0  # 2026-01-05 08:00:00 UTC, a multiple of 300

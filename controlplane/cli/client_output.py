@@ -1,0 +1,193 @@
+"""How the client commands print: the console, raw JSON, and the tables and panels of workloads,
+runs, queues and clusters built from the API's JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from controlplane.cli.rest_api import Json
+
+NONE = "-"
+
+PIPE_WIDTH = 400
+
+
+def console() -> Console:
+    # Built per call so it writes to whatever sys.stdout is now (click's test runner swaps it);
+    # highlight=False keeps rich from colouring ids and numbers it mistakes for code.
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        # Piped into grep or a file: one line per row beats wrapping at rich's 80-column default.
+        out.width = PIPE_WIDTH
+    return out
+
+
+def print_json(data: Json) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def text(value: object) -> str:
+    """A cell: '-' for empty values, so blank columns do not look like rendering bugs."""
+    if value is None or value in ("", []):
+        return NONE
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def number(value: float) -> str:
+    # Quotas are floats in the API; 8.0 GPUs reads better as 8.
+    return f"{value:g}"
+
+
+def quota(values: Mapping[str, float], empty: str) -> str:
+    if not values:
+        return empty
+    return ", ".join(f"{key}={number(amount)}" for key, amount in sorted(values.items()))
+
+
+def new_table(title: str) -> Table:
+    # Light borders and no edge padding: listings are read in 80-column terminals and pipes,
+    # where heavy box drawing would squeeze the values themselves.
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+
+
+def workloads_table(workloads: list[Json]) -> Table:
+    table = new_table(f"{len(workloads)} workload(s)")
+    # The id stays on one line so it can be copied; other cells fold rather than end in "…",
+    # so no value is ever hidden in a narrow terminal.
+    table.add_column("id", no_wrap=True)
+    for column in ("name", "queue", "state", "cluster"):
+        table.add_column(column, overflow="fold")
+    table.add_column("position", justify="right")
+    table.add_column("reason", overflow="fold")
+    for w in workloads:
+        table.add_row(
+            w["id"],
+            w["name"],
+            w["queue"],
+            w["state"],
+            text(w.get("cluster")),
+            text(w.get("queue_position")),
+            text(w.get("reason")),
+        )
+    return table
+
+
+def pod_set_summary(pod_set: Mapping[str, Any]) -> str:
+    if pod_set.get("mig_profile"):
+        each = f"MIG {pod_set['mig_profile']}"
+    elif pod_set.get("gpu_fraction"):
+        each = f"{number(pod_set['gpu_fraction'])} GPU"
+    else:
+        each = f"{pod_set.get('gpus', 0)} GPU"
+    models = pod_set.get("gpu_models") or []
+    on = f" on {'/'.join(models)}" if models else ""
+    return f"{pod_set.get('name', '?')}: {pod_set.get('replicas', 1)} x {each}{on}"
+
+
+def workload_panel(w: Mapping[str, Any]) -> Panel:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    rows: list[tuple[str, object]] = [
+        ("state", w["state"]),
+        ("reason", w.get("reason")),
+        ("queue", w["queue"]),
+        ("queue position", w.get("queue_position")),
+        ("team", w.get("team")),
+        ("priority", f"{w.get('priority_class')} ({w.get('priority')})"),
+        ("kind", w.get("kind")),
+        ("gang", f"min {w.get('min_available')} available"),
+        ("pod sets", [pod_set_summary(p) for p in w.get("pod_sets", [])]),
+        ("cluster", w.get("cluster")),
+        ("nodes", w.get("nodes")),
+        ("created", w.get("created_at")),
+        ("updated", w.get("updated_at")),
+        ("finished", w.get("finished_at")),
+    ]
+    for label, value in rows:
+        grid.add_row(label, text(value))
+    return Panel(grid, title=f"{w['name']}  {w['id']}", title_align="left", expand=False)
+
+
+def runs_table(runs: list[Json]) -> Table:
+    table = new_table("runs")
+    for column in ("attempt", "run", "cluster", "epoch", "state", "started", "finished", "message"):
+        table.add_column(column, overflow="fold")
+    for run in runs:
+        table.add_row(
+            str(run["attempt"]),
+            run["id"],
+            run["cluster"],
+            str(run["epoch"]),
+            run["state"],
+            text(run.get("started_at")),
+            text(run.get("finished_at")),
+            text(run.get("message")),
+        )
+    return table
+
+
+def assignments_table(run: Mapping[str, Any]) -> Table:
+    table = new_table(f"assignments of run {run['attempt']} ({run['id']})")
+    for column in ("pod set", "index", "node", "pool"):
+        table.add_column(column, no_wrap=True)
+    for a in run.get("assignments", []):
+        table.add_row(a["pod_set"], str(a["index"]), a["node"], a["pool"])
+    return table
+
+
+def queues_table(queues: list[Json]) -> Table:
+    table = new_table(f"{len(queues)} queue(s)")
+    table.add_column("name", no_wrap=True)
+    table.add_column("team", no_wrap=True)
+    table.add_column("guaranteed")
+    table.add_column("limit")
+    table.add_column("weight", justify="right")
+    for q in queues:
+        table.add_row(
+            q["name"],
+            q.get("parent") or NONE,
+            quota(q.get("guaranteed") or {}, NONE),
+            quota(q.get("limit") or {}, "unbounded"),
+            number(q.get("weight", 1.0)),
+        )
+    return table
+
+
+def clusters_table(clusters: list[Json]) -> Table:
+    table = new_table(f"{len(clusters)} cluster(s)  (* spot price)")
+    for column in ("cluster", "provider", "region", "pool", "gpu model", "gpus/node", "nodes", "sharing", "$/gpu-h"):
+        numeric = column in ("gpus/node", "nodes", "$/gpu-h")
+        table.add_column(column, overflow="fold", justify="right" if numeric else "left")
+    for cluster in clusters:
+        pools = cluster.get("pools") or [{}]
+        for i, pool in enumerate(pools):
+            # Cluster columns only on its first pool row; a section line separates clusters.
+            head = (cluster["name"], cluster.get("provider", ""), text(cluster.get("region"))) if i == 0 else ("",) * 3
+            table.add_row(*head, *pool_cells(pool), end_section=i == len(pools) - 1)
+    return table
+
+
+def pool_cells(pool: Mapping[str, Any]) -> tuple[str, ...]:
+    if not pool:
+        return (NONE,) * 6
+    price = f"{pool.get('price_per_gpu_hour', 0.0):.2f}" + ("*" if pool.get("spot") else "")
+    return (
+        pool["name"],
+        pool["gpu_model"],
+        str(pool["gpus_per_node"]),
+        str(pool["node_count"]),
+        pool.get("sharing", "exclusive"),
+        price,
+    )
