@@ -92,7 +92,11 @@ def pod_set_summary(pod_set: Mapping[str, Any]) -> str:
         each = f"{pod_set.get('gpus', 0)} GPU"
     models = pod_set.get("gpu_models") or []
     on = f" on {'/'.join(models)}" if models else ""
-    return f"{pod_set.get('name', '?')}: {pod_set.get('replicas', 1)} x {each}{on}"
+    replicas = pod_set.get("replicas", 1)
+    least = pod_set.get("min_replicas")
+    # A pod set with a minimum may start with fewer pods (partial admission): say how few.
+    count = f"{replicas} (at least {least})" if least is not None and least != replicas else f"{replicas}"
+    return f"{pod_set.get('name', '?')}: {count} x {each}{on}"
 
 
 def workload_panel(w: Mapping[str, Any]) -> Panel:

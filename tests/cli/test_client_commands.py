@@ -676,3 +676,19 @@ def test_a_slow_api_times_out_with_a_message(api: FakeApi, monkeypatch: pytest.M
 
     assert result.exit_code == 1
     assert f"{api.url} did not answer within 0.05 s" in result.stderr
+
+
+def test_show_says_how_few_pods_a_pod_set_with_a_minimum_may_start_with(api: FakeApi) -> None:
+    elastic = workload(
+        pod_sets=[
+            {"name": "launcher", "replicas": 1, "gpus": 0, "min_replicas": 1},
+            {"name": "workers", "replicas": 4, "gpus": 8, "gpu_models": ["H100-80GB"], "min_replicas": 2},
+        ]
+    )
+    api.reply("GET", "/v1/workloads/wl_01hzabc", elastic)
+
+    result = run(api, "show", "wl_01hzabc")
+
+    assert result.exit_code == 0, result.output
+    assert "workers: 4 (at least 2) x 8 GPU on H100-80GB" in result.stdout
+    assert "launcher: 1 x 0 GPU" in result.stdout  # a minimum equal to the count says nothing
