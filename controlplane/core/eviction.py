@@ -75,7 +75,7 @@ class Evictor:
             candidates.sort(key=self._victim_order)
         else:
             candidates = self._candidates(workload, kind)
-        if not candidates:
+        if not candidates or self._over_limit_without_all(workload, candidates):
             self.failed.add(attempt)
             return None
         best: list[LiveRun] | None = None
@@ -94,6 +94,49 @@ class Evictor:
         placement = self.fitter.place(workload)
         assert isinstance(placement, Placement), "simulated eviction must make room"
         return placement
+
+    def _over_limit_without_all(self, workload: Workload, candidates: list[LiveRun]) -> bool:
+        """Whether a limit on the gang's chain blocks it even with every candidate gone: then no
+        set of them can make room, and the trial placements that would show it one victim at a
+        time are skipped. A queue (or team) at its limit whose runs that may be evicted are too
+        few to matter is the common case in a full fleet.
+
+        Exact, not a heuristic: a victim gives its units back on its own chain only, so a node of
+        the gang's chain gets back at most what the candidates under it hold; any placement holds
+        at least `least` units of gpu-eq (all of them on its one GPU model when it may use only
+        one); and every trial's quota check (`Fitter.quota_block`) applies these limits."""
+        state = self.state
+        least = state.facts.least(workload)
+        if not least:
+            return False
+        keys = [GPU_EQ]
+        models = state.facts.allowed_models(workload)
+        if len(models) == 1 and models[0] != GPU_EQ:
+            keys.append(models[0])
+        ledger = state.ledger
+        chain = ledger.chain(workload.queue_id)
+        if not any(key in ledger.limits[node.id] for node in chain for key in keys):
+            return False
+        per_queue: dict[str, list[int]] = {}
+        for run in candidates:
+            units = state.run_units(run)
+            totals = per_queue.setdefault(run.queue_id, [0] * len(keys))
+            for i, key in enumerate(keys):
+                totals[i] += units.get(key, 0)
+        freed = {node.id: [0] * len(keys) for node in chain}
+        for queue_id, totals in per_queue.items():
+            for node in ledger.chain(queue_id):
+                into = freed.get(node.id)
+                if into is not None:  # a node of both chains gets the victims' units back
+                    for i, amount in enumerate(totals):
+                        into[i] += amount
+        for node in chain:
+            limits = ledger.limits[node.id]
+            for i, key in enumerate(keys):
+                bound = limits.get(key)
+                if bound is not None and ledger.used(node.id, key) - freed[node.id][i] + least > bound:
+                    return True
+        return False
 
     def held_by_min_runtime(
         self, workload: Workload, kinds: tuple[EvictionKind, ...]

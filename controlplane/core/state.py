@@ -71,6 +71,9 @@ class CycleState:
         # prefer_same_pool -> shape id -> why no cluster could hold it empty (None: one could); for `Fitter`.
         self.never_fits_memo: dict[bool, dict[ShapeId, NeverFits | None]] = {}
         self.cheap_scores = ScoreMemo()
+        # id(run) -> (run, the units it holds): asked for every eviction attempt's candidates; the
+        # run is kept so its id is not reused while remembered (bounded by the state's lifetime).
+        self._run_units: dict[int, tuple[LiveRun, Usage]] = {}
         schedulable = [node for nodes in fleet.nodes_by_pool.values() for node in nodes]
         # Quota amounts are integers in this unit (see gpu_eq.py).
         self.unit = GpuEqUnit.for_fleet(self.pools.values(), quota_amounts(snapshot.queue_tree))
@@ -106,6 +109,13 @@ class CycleState:
         if self._empty is None:
             self._empty = FleetCapacity(self._clusters, self._nodes)
         return self._empty
+
+    def run_units(self, run: LiveRun) -> Usage:
+        """The quota units a live run holds (gpu-eq and per GPU model), worked out once per run."""
+        found = self._run_units.get(id(run))
+        if found is None or found[0] is not run:
+            found = self._run_units[id(run)] = (run, self.unit.usage(run.assignments, self.pool_of_node))
+        return found[1]
 
     def begin_cycle(self, policy: Policy) -> None:
         """Reset what one cycle counts, for a state kept across cycles."""
