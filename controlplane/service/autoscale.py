@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from controlplane.core.capacity import FleetCapacity
 from controlplane.core.decision import PendingKind
 from controlplane.core.placement import Placement
+from controlplane.core.placement.partial import at_counts, full_counts
 from controlplane.core.snapshot import Snapshot
 from controlplane.domain.model import Cluster, Node, NodePool, Workload
 from controlplane.service.cloud_ports import CloudProvider
@@ -120,14 +121,20 @@ def decide(
     for workload in snapshot.pending:
         if reasons.get(workload.id) not in (PendingKind.NO_FIT, PendingKind.NEVER_FITS):
             continue
-        fits_now = fleet.fits(workload).placements
+        growth: Growth | None = None
+        for target in _buying_targets(workload):
+            fits_now = fleet.fits(target).placements
+            if fits_now:
+                break
+            growth = _grow_one_pool(target, clusters, records, pools_by_id, planned, fleet)
+            if growth is None:  # no single pool can hold it: grow several pools of one cluster, cheapest first
+                growth = _grow_several_pools(target, clusters, records, pools_by_id, planned, fleet)
+            if growth is not None:
+                break
         if fits_now:
             fleet.take(fits_now[0].assignments)  # fits once nodes on their way arrive: no new request
             wanted.update(fleet.pool_of_node[a.node_id].id for a in fits_now[0].assignments)
             continue
-        growth = _grow_one_pool(workload, clusters, records, pools_by_id, planned, fleet)
-        if growth is None:  # no single pool can hold it: grow several pools of one cluster, cheapest first
-            growth = _grow_several_pools(workload, clusters, records, pools_by_id, planned, fleet)
         if growth is None:
             continue  # does not fit even with every pool at its max size: nothing to buy
         cluster, extra, placement = growth
@@ -182,6 +189,16 @@ def decide(
 
 
 Growth = tuple[Cluster, dict[str, list[Node]], Placement]  # cluster, new nodes by pool id, the gang's placement
+
+
+def _buying_targets(workload: Workload) -> tuple[Workload, ...]:
+    """What to buy room for, in order: a gang whose pod sets have minimums at its full counts
+    first, then as it may start (down to its minimums) when the pools' max sizes cannot hold it
+    whole. Bought only its minimum, it would start partially, stop waiting and never grow: a
+    run's counts are fixed once admitted (`placement.partial`)."""
+    if not workload.reducible:
+        return (workload,)
+    return (at_counts(workload, full_counts(workload)), workload)
 
 
 def _try_with(

@@ -64,3 +64,21 @@ def test_the_autoscaler_buys_a_node_for_a_gang_the_scheduler_cannot_place_over_t
         cooldown=600,
     )
     assert [d for d in plan.decisions if d.direction == "up"] == []
+
+
+def test_the_autoscaler_buys_room_for_a_gang_with_minimums_at_its_full_counts_when_it_can() -> None:
+    pool = make_pool("pa", gpus_per_node=8)
+    clusters, nodes = (make_cluster("c1", pool),), make_nodes(pool, 1)
+    workers = replace(gpus(8, 4), min_replicas=2)  # 4 workers of 8 GPUs, may start with 2
+    gang = make_workload("g", workers, min_available=2)
+    snapshot = make_snapshot(clusters, nodes, [gang])
+    assert reason_of(run_schedule(snapshot), "g").startswith("never-fits:")  # one node: not even 2 workers
+    reasons = {"g": PendingKind.NEVER_FITS}
+
+    plan = decide(snapshot, reasons, [_record("pa", 5)], NOW, cooldown=600)
+    # Room for all 4 workers, not only the 2 it may start with (it would then never grow).
+    assert [(d.pool_id, d.current, d.target) for d in plan.decisions] == [("pa", 1, 4)]
+
+    # When the pool's max size cannot hold it whole, room for as many as it can start with.
+    plan = decide(snapshot, reasons, [_record("pa", 3)], NOW, cooldown=600)
+    assert [(d.pool_id, d.current, d.target) for d in plan.decisions] == [("pa", 1, 2)]
