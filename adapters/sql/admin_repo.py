@@ -22,7 +22,14 @@ from adapters.sql.tables import (
     WorkloadRow,
 )
 from controlplane.domain.model import Cluster, Node
-from controlplane.service.views import ClusterView, NodeView, PoolView, PriorityClassView, TreeNodeView
+from controlplane.service.views import (
+    ClusterView,
+    NodeView,
+    PoolView,
+    PriorityClassView,
+    QueueRef,
+    TreeNodeView,
+)
 
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
 _LEVEL_ROWS: dict[str, Any] = {"cohort": CohortRow, "team": TeamRow, "queue": QueueRow}
@@ -207,6 +214,15 @@ class SqlAdminRepository:
         model = _LEVEL_ROWS[level]
         row = self.s.scalars(select(model).where(or_(model.id == ref, model.name == ref))).first()
         return self._tree_view(level, row) if row else None
+
+    def queue_ref(self, ref: str) -> QueueRef | None:
+        row = self.s.execute(
+            select(QueueRow.id, QueueRow.name, QueueRow.team_id, TeamRow.name)
+            .join(TeamRow, TeamRow.id == QueueRow.team_id)
+            .where(or_(QueueRow.id == ref, QueueRow.name == ref))
+            .limit(1)
+        ).first()
+        return QueueRef(row[0], row[1], row[2], row[3]) if row else None
 
     def list_tree_nodes(self, level: str, parent_id: str | None = None) -> list[TreeNodeView]:
         model = _LEVEL_ROWS[level]

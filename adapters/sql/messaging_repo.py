@@ -10,6 +10,7 @@ from sqlalchemy import ColumnElement, Result, Select, case, delete, func, litera
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from adapters.sql.insert_or_skip import insert_or_skip
 from adapters.sql.tables import (
     ApiTokenRow,
     AuditRow,
@@ -82,15 +83,11 @@ class SqlInbox:
         self.s = session
 
     def first_time(self, consumer: str, msg_id: str, now: datetime) -> bool:
-        if self.s.get(InboxRow, (consumer, msg_id)) is not None:
-            return False
-        try:
-            with self.s.begin_nested():
-                self.s.add(InboxRow(consumer=consumer, msg_id=msg_id, processed_at=now))
-                self.s.flush()
-        except IntegrityError:
-            return False
-        return True
+        # One statement: a row already there (a redelivery, or a concurrent consumer's) is skipped,
+        # not an error, so no savepoint is needed around it.
+        statement = insert_or_skip(self.s, InboxRow.__table__, ("consumer", "msg_id")).returning(InboxRow.msg_id)
+        inserted = self.s.execute(statement, {"consumer": consumer, "msg_id": msg_id, "processed_at": now})
+        return inserted.first() is not None
 
     def prune(self, processed_before: datetime) -> int:
         return _rowcount(self.s.execute(delete(InboxRow).where(InboxRow.processed_at < processed_before)))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # ports imports nothing from here; only the type is needed
     from controlplane.service.ports import UnitOfWork
+    from controlplane.service.views import WorkloadView
 
 ENVELOPE_VERSION = 1
 
@@ -65,6 +66,23 @@ def emit(
     event_id, payload = envelope(f"workload.{event}", data, now)
     subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
     uow.outbox.add(subject, event_id, payload, now)
+
+
+def emit_view(uow: UnitOfWork, prefix: str, event: str, view: WorkloadView, now: datetime) -> None:
+    """`emit` with the event data taken from a view the caller holds (a workload it just wrote), so
+    nothing is read back: the same data `WorkloadRepository.event_data` would give."""
+    data = {
+        "workload_id": view.id,
+        "name": view.name,
+        "team": view.team,
+        "queue": view.queue,
+        "state": view.state,
+        "reason": view.reason,
+        "priority_class": view.priority_class,
+        "version": 1,
+    }
+    event_id, payload = envelope(f"workload.{event}", data, now)
+    uow.outbox.add(workload_subject(prefix, view.team, view.queue, event), event_id, payload, now)
 
 
 def emit_many(

@@ -23,6 +23,7 @@ from controlplane.service.views import (
     ClusterCredential,
     ClusterView,
     PriorityClassView,
+    QueueRef,
     TokenView,
     TreeNodeView,
     WorkloadView,
@@ -147,10 +148,18 @@ class AdminRepository(Protocol):
 
     def put_priority_class(self, pc: PriorityClassView) -> None: ...
     def get_priority_class(self, name: str) -> PriorityClassView | None: ...
+    def queue_ref(self, ref: str) -> QueueRef | None:
+        """The queue with this id or name and its team, or None."""
+        ...
+
     def default_priority_class(self) -> PriorityClassView | None: ...
     def list_priority_classes(self) -> list[PriorityClassView]: ...
     def delete_priority_class(self, name: str) -> None: ...
     def priority_class_in_use(self, name: str) -> bool: ...
+
+
+# A new workload's reason until the scheduler's first decision about it.
+QUEUED_REASON = "waiting for the next cycle"
 
 
 class WorkloadRepository(Protocol):
@@ -163,7 +172,11 @@ class WorkloadRepository(Protocol):
         idempotency_key: str | None,
         fingerprint: str,
         now: datetime,
-    ) -> None: ...
+    ) -> None:
+        """Store a new queued workload (reason `QUEUED_REASON`, version 1) and its pod sets. Raises
+        `DuplicateKey` when the team used `idempotency_key` before; the transaction stays usable."""
+        ...
+
     def by_idempotency_key(self, team_id: str, key: str) -> tuple[str, str] | None:
         """(workload id, request fingerprint) of the submission that used this key."""
         ...

@@ -75,6 +75,16 @@ class TreeNodeView:
 
 
 @dataclass(frozen=True)
+class QueueRef:
+    """A queue and its team, by id and name: what a submit needs of them (one query, no quotas)."""
+
+    id: str
+    name: str
+    team_id: str
+    team: str
+
+
+@dataclass(frozen=True)
 class PriorityClassView:
     name: str
     value: int

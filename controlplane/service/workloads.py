@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 
 from controlplane.domain.model import (
     Toleration,
@@ -17,8 +17,8 @@ from controlplane.service.commands import SubmitWorkload, gang_minimum
 from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
-from controlplane.service.ports import UnitOfWork, WorkloadFilter
-from controlplane.service.views import Principal, WorkloadView
+from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
+from controlplane.service.views import Principal, QueueRef, WorkloadView
 
 CANCELLABLE = (WorkloadState.QUEUED, WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 
@@ -69,31 +69,25 @@ def _create(
     fit: FleetFit | None,
     read_back: bool,
 ) -> tuple[str, bool, WorkloadView | None]:
+    # Few statements on the way (a submit's cost is mostly round trips): the queue with its team in
+    # one query, the priority class, the insert, which skips a used idempotency key itself (so the
+    # key is looked up only when it was used, or the request is refused), the pod sets and the
+    # event. The new workload's view and event data are built from what was written, not read back.
     with uow:
-        queue = uow.admin.get_tree_node("queue", request.queue)
-        if queue is None or (not principal.is_admin and queue.parent_id != principal.team_id):
+        queue = uow.admin.queue_ref(request.queue)
+        if queue is None or (not principal.is_admin and queue.team_id != principal.team_id):
             raise Invalid(f"unknown queue {request.queue!r}")
-        team_id = queue.parent_id
-        assert team_id is not None
         fingerprint = _fingerprint(request)
-        if request.idempotency_key:
-            existing = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
-            if existing is not None:
-                replayed = _replayed(request.idempotency_key, existing, fingerprint)
-                return replayed, False, uow.workloads.view(replayed) if read_back else None
-        pc = (
-            uow.admin.get_priority_class(request.priority_class)
-            if request.priority_class
-            else uow.admin.default_priority_class()
-        )
-        if pc is None:
-            if request.priority_class:
-                raise Invalid(f"unknown priority class {request.priority_class!r}")
-            raise Invalid("no priority class given and the platform has no default priority class")
-        workload = _to_domain(new_id("wl"), team_id, queue.id, pc.name, pc.value, request, now)
-        reason = fit.refusal(uow, workload) if fit is not None else refusal_now(uow, workload)
-        if reason is not None:
-            raise Invalid(reason)
+        try:
+            workload = _acceptable(uow, queue, request, now, fit)
+        except Invalid:
+            # A retry of a submission that was taken is answered with its workload, even when the
+            # same request would be refused now (a priority class deleted, the fleet shrunk).
+            if request.idempotency_key:
+                existing = uow.workloads.by_idempotency_key(queue.team_id, request.idempotency_key)
+                if existing is not None:
+                    return _replay(uow, request.idempotency_key, existing, fingerprint, read_back)
+            raise
         try:
             uow.workloads.add(
                 workload,
@@ -105,14 +99,91 @@ def _create(
             )
         except DuplicateKey:
             assert request.idempotency_key is not None
-            winner = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
+            winner = uow.workloads.by_idempotency_key(queue.team_id, request.idempotency_key)
             assert winner is not None
-            replayed = _replayed(request.idempotency_key, winner, fingerprint)
-            return replayed, False, uow.workloads.view(replayed) if read_back else None
-        emit(uow, prefix, queue.name, "queued", workload.id, now)
-        view = uow.workloads.view(workload.id) if read_back else None
+            return _replay(uow, request.idempotency_key, winner, fingerprint, read_back)
+        view = new_workload_view(workload, queue, request, now)
+        events.emit_view(uow, prefix, "queued", view, now)
         uow.commit()
-    return workload.id, True, view
+    return workload.id, True, view if read_back else None
+
+
+def _acceptable(
+    uow: UnitOfWork, queue: QueueRef, request: SubmitWorkload, now: datetime, fit: FleetFit | None
+) -> Workload:
+    """The new workload, or `Invalid` with why it cannot be taken."""
+    pc = (
+        uow.admin.get_priority_class(request.priority_class)
+        if request.priority_class
+        else uow.admin.default_priority_class()
+    )
+    if pc is None:
+        if request.priority_class:
+            raise Invalid(f"unknown priority class {request.priority_class!r}")
+        raise Invalid("no priority class given and the platform has no default priority class")
+    workload = _to_domain(new_id("wl"), queue.team_id, queue.id, pc.name, pc.value, request, now)
+    reason = fit.refusal(uow, workload) if fit is not None else refusal_now(uow, workload)
+    if reason is not None:
+        raise Invalid(reason)
+    return workload
+
+
+def _replay(
+    uow: UnitOfWork, key: str, existing: tuple[str, str], fingerprint: str, read_back: bool
+) -> tuple[str, bool, WorkloadView | None]:
+    replayed = _replayed(key, existing, fingerprint)
+    return replayed, False, uow.workloads.view(replayed) if read_back else None
+
+
+def new_workload_view(workload: Workload, queue: QueueRef, request: SubmitWorkload, now: datetime) -> WorkloadView:
+    """The view of a workload just added (`WorkloadRepository.add`), equal to what reading it back
+    would give: values as the columns return them (floats as floats, times in UTC)."""
+    at = now.astimezone(UTC)
+    return WorkloadView(
+        id=workload.id,
+        name=workload.name,
+        team=queue.team,
+        queue=queue.name,
+        priority_class=workload.priority_class,
+        priority=workload.priority,
+        kind=str(workload.kind),
+        state=WorkloadState.QUEUED.value,
+        reason=QUEUED_REASON,
+        queue_position=None,
+        min_available=workload.min_available,
+        requires_isolation=workload.requires_isolation,
+        pod_sets=[
+            {
+                "name": p.name,
+                "replicas": p.replicas,
+                "gpus": p.gpus,
+                "mig_profile": p.mig_profile,
+                "gpu_fraction": _float(p.gpu_fraction),
+                "cpu_millis": p.cpu_millis,
+                "memory_mib": p.memory_mib,
+                "gpu_models": list(p.gpu_models),
+                "min_replicas": p.min_replicas,
+            }
+            for p in workload.pod_sets
+        ],
+        duration_seconds=_float(workload.duration_seconds),
+        max_runtime_seconds=_float(workload.max_runtime_seconds),
+        spot=workload.spot,
+        same_pool=workload.same_pool,
+        idempotency_key=request.idempotency_key,
+        labels=dict(request.labels),
+        created_at=at,
+        updated_at=at,
+        finished_at=None,
+        cluster=None,
+        nodes=[],
+        runs=[],
+        reason_detail=None,
+    )
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _fingerprint(request: SubmitWorkload) -> str:
