@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Result, Select, case, delete, func, literal, select, update
+from sqlalchemy import ColumnElement, Result, Select, case, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -49,6 +49,18 @@ class SqlOutbox:
     def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None:
         self.s.add(OutboxRow(id=event_id, subject=subject, payload=payload, created_at=now, attempts=0))
 
+    def add_many(self, events: Sequence[tuple[str, str, str]], now: datetime) -> None:
+        if not events:
+            return
+        self.s.flush()  # events `add`ed before these keep their place in the outbox's order
+        self.s.execute(
+            insert(OutboxRow.__table__),  # type: ignore[arg-type]
+            [
+                {"id": event_id, "subject": subject, "payload": payload, "created_at": now, "attempts": 0}
+                for subject, event_id, payload in events
+            ],
+        )
+
     def unpublished(self, limit: int) -> list[tuple[str, str, str]]:
         rows = self.s.execute(
             select(OutboxRow.id, OutboxRow.subject, OutboxRow.payload)
@@ -88,6 +100,13 @@ class SqlInbox:
         statement = insert_or_skip(self.s, InboxRow.__table__, ("consumer", "msg_id")).returning(InboxRow.msg_id)
         inserted = self.s.execute(statement, {"consumer": consumer, "msg_id": msg_id, "processed_at": now})
         return inserted.first() is not None
+
+    def first_times(self, consumer: str, msg_ids: Sequence[str], now: datetime) -> set[str]:
+        if not msg_ids:
+            return set()
+        statement = insert_or_skip(self.s, InboxRow.__table__, ("consumer", "msg_id")).returning(InboxRow.msg_id)
+        rows = [{"consumer": consumer, "msg_id": msg_id, "processed_at": now} for msg_id in msg_ids]
+        return set(self.s.scalars(statement, rows))
 
     def prune(self, processed_before: datetime) -> int:
         return _rowcount(self.s.execute(delete(InboxRow).where(InboxRow.processed_at < processed_before)))

@@ -70,7 +70,14 @@ def emit(
 
 def emit_view(uow: UnitOfWork, prefix: str, event: str, view: WorkloadView, now: datetime) -> None:
     """`emit` with the event data taken from a view the caller holds (a workload it just wrote), so
-    nothing is read back: the same data `WorkloadRepository.event_data` would give."""
+    nothing is read back."""
+    subject, event_id, payload = view_event(prefix, event, view, now)
+    uow.outbox.add(subject, event_id, payload, now)
+
+
+def view_event(prefix: str, event: str, view: WorkloadView, now: datetime) -> tuple[str, str, str]:
+    """(subject, event id, payload) of a `workload.<event>` event about a workload just added: the
+    data `WorkloadRepository.event_data` would read back (its version is 1)."""
     data = {
         "workload_id": view.id,
         "name": view.name,
@@ -82,7 +89,7 @@ def emit_view(uow: UnitOfWork, prefix: str, event: str, view: WorkloadView, now:
         "version": 1,
     }
     event_id, payload = envelope(f"workload.{event}", data, now)
-    uow.outbox.add(workload_subject(prefix, view.team, view.queue, event), event_id, payload, now)
+    return workload_subject(prefix, view.team, view.queue, event), event_id, payload
 
 
 def emit_many(

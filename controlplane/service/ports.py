@@ -158,6 +158,17 @@ class AdminRepository(Protocol):
     def priority_class_in_use(self, name: str) -> bool: ...
 
 
+@dataclass(frozen=True)
+class NewWorkload:
+    """What `WorkloadRepository.add` stores, for `add_many`."""
+
+    workload: Workload
+    container: Mapping[str, Any]
+    labels: Mapping[str, str]
+    idempotency_key: str | None
+    fingerprint: str
+
+
 # A new workload's reason until the scheduler's first decision about it.
 QUEUED_REASON = "waiting for the next cycle"
 
@@ -175,6 +186,11 @@ class WorkloadRepository(Protocol):
     ) -> None:
         """Store a new queued workload (reason `QUEUED_REASON`, version 1) and its pod sets. Raises
         `DuplicateKey` when the team used `idempotency_key` before; the transaction stays usable."""
+        ...
+
+    def add_many(self, new: Sequence[NewWorkload], now: datetime) -> set[str]:
+        """`add` of many workloads in a few statements; returns the ids of those added (one whose
+        team used its idempotency key before, or earlier in `new`, is not)."""
         ...
 
     def by_idempotency_key(self, team_id: str, key: str) -> tuple[str, str] | None:
@@ -237,6 +253,10 @@ class RunRepository(Protocol):
 
 class Outbox(Protocol):
     def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None: ...
+    def add_many(self, events: Sequence[tuple[str, str, str]], now: datetime) -> None:
+        """`add` of each (subject, event id, payload), in this order, in one statement."""
+        ...
+
     def unpublished(self, limit: int) -> list[tuple[str, str, str]]: ...
     def mark_published(self, event_ids: Sequence[str], now: datetime) -> None: ...
     def record_failure(self, event_id: str, error: str) -> None: ...
@@ -245,6 +265,10 @@ class Outbox(Protocol):
 
 class Inbox(Protocol):
     def first_time(self, consumer: str, msg_id: str, now: datetime) -> bool: ...
+    def first_times(self, consumer: str, msg_ids: Sequence[str], now: datetime) -> set[str]:
+        """`first_time` for many distinct ids in one statement: those seen for the first time."""
+        ...
+
     def prune(self, processed_before: datetime) -> int: ...
 
 

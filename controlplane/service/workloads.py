@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from controlplane.domain.model import (
@@ -18,7 +19,7 @@ from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFoun
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
 from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
-from controlplane.service.views import Principal, QueueRef, WorkloadView
+from controlplane.service.views import Principal, PriorityClassView, QueueRef, WorkloadView
 
 CANCELLABLE = (WorkloadState.QUEUED, WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 
@@ -60,6 +61,57 @@ def create(
     return workload_id, created
 
 
+class SubmitLookups:
+    """The queues and priority classes submits name, each read once per unit of work: a batch of
+    NATS submits names the same few again and again. (A fresh one per REST submit.)"""
+
+    def __init__(self, uow: UnitOfWork) -> None:
+        self._uow = uow
+        self._queues: dict[str, QueueRef | None] = {}
+        self._classes: dict[str | None, PriorityClassView | None] = {}
+
+    def queue(self, ref: str) -> QueueRef | None:
+        if ref not in self._queues:
+            self._queues[ref] = self._uow.admin.queue_ref(ref)
+        return self._queues[ref]
+
+    def priority_class(self, name: str | None) -> PriorityClassView | None:
+        if name not in self._classes:
+            admin = self._uow.admin
+            self._classes[name] = admin.get_priority_class(name) if name else admin.default_priority_class()
+        return self._classes[name]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A submit checked against the platform: the workload to add, or why it cannot be taken."""
+
+    queue: QueueRef
+    fingerprint: str
+    workload: Workload | None
+    refusal: Invalid | None
+
+
+def prepare(
+    uow: UnitOfWork,
+    lookups: SubmitLookups,
+    principal: Principal,
+    request: SubmitWorkload,
+    now: datetime,
+    fit: FleetFit | None,
+) -> Prepared:
+    """Raises `Invalid` for a queue the caller may not use (before any idempotency key is looked up:
+    keys are per team). Any other refusal is returned, for the caller to look for a retry first."""
+    queue = lookups.queue(request.queue)
+    if queue is None or (not principal.is_admin and queue.team_id != principal.team_id):
+        raise Invalid(f"unknown queue {request.queue!r}")
+    fingerprint = _fingerprint(request)
+    try:
+        return Prepared(queue, fingerprint, _acceptable(uow, lookups, queue, request, now, fit), None)
+    except Invalid as exc:
+        return Prepared(queue, fingerprint, None, exc)
+
+
 def _create(
     uow: UnitOfWork,
     principal: Principal,
@@ -74,20 +126,18 @@ def _create(
     # key is looked up only when it was used, or the request is refused), the pod sets and the
     # event. The new workload's view and event data are built from what was written, not read back.
     with uow:
-        queue = uow.admin.queue_ref(request.queue)
-        if queue is None or (not principal.is_admin and queue.team_id != principal.team_id):
-            raise Invalid(f"unknown queue {request.queue!r}")
-        fingerprint = _fingerprint(request)
-        try:
-            workload = _acceptable(uow, queue, request, now, fit)
-        except Invalid:
+        prepared = prepare(uow, SubmitLookups(uow), principal, request, now, fit)
+        queue, fingerprint = prepared.queue, prepared.fingerprint
+        if prepared.workload is None:
             # A retry of a submission that was taken is answered with its workload, even when the
             # same request would be refused now (a priority class deleted, the fleet shrunk).
             if request.idempotency_key:
                 existing = uow.workloads.by_idempotency_key(queue.team_id, request.idempotency_key)
                 if existing is not None:
                     return _replay(uow, request.idempotency_key, existing, fingerprint, read_back)
-            raise
+            assert prepared.refusal is not None
+            raise prepared.refusal
+        workload = prepared.workload
         try:
             uow.workloads.add(
                 workload,
@@ -109,14 +159,15 @@ def _create(
 
 
 def _acceptable(
-    uow: UnitOfWork, queue: QueueRef, request: SubmitWorkload, now: datetime, fit: FleetFit | None
+    uow: UnitOfWork,
+    lookups: SubmitLookups,
+    queue: QueueRef,
+    request: SubmitWorkload,
+    now: datetime,
+    fit: FleetFit | None,
 ) -> Workload:
     """The new workload, or `Invalid` with why it cannot be taken."""
-    pc = (
-        uow.admin.get_priority_class(request.priority_class)
-        if request.priority_class
-        else uow.admin.default_priority_class()
-    )
+    pc = lookups.priority_class(request.priority_class)
     if pc is None:
         if request.priority_class:
             raise Invalid(f"unknown priority class {request.priority_class!r}")
@@ -131,7 +182,7 @@ def _acceptable(
 def _replay(
     uow: UnitOfWork, key: str, existing: tuple[str, str], fingerprint: str, read_back: bool
 ) -> tuple[str, bool, WorkloadView | None]:
-    replayed = _replayed(key, existing, fingerprint)
+    replayed = replayed_id(key, existing, fingerprint)
     return replayed, False, uow.workloads.view(replayed) if read_back else None
 
 
@@ -191,7 +242,7 @@ def _fingerprint(request: SubmitWorkload) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replayed(key: str, existing: tuple[str, str], fingerprint: str) -> str:
+def replayed_id(key: str, existing: tuple[str, str], fingerprint: str) -> str:
     """The workload a retried submission created, if the retry repeats the same request."""
     workload_id, stored = existing
     if stored != fingerprint:
