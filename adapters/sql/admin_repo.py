@@ -6,11 +6,12 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, func, or_, select, update
+from sqlalchemy import delete, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from adapters.sql.convert import cluster_from_row, node_from_row, node_to_row, pool_to_row
 from adapters.sql.tables import (
+    ApiTokenRow,
     ClusterRow,
     CohortRow,
     NodePoolRow,
@@ -215,14 +216,19 @@ class SqlAdminRepository:
         row = self.s.scalars(select(model).where(or_(model.id == ref, model.name == ref))).first()
         return self._tree_view(level, row) if row else None
 
-    def queue_ref(self, ref: str) -> QueueRef | None:
+    def queue_ref(self, ref: str, token_id: str | None = None) -> QueueRef | None:
+        active = (
+            exists().where(ApiTokenRow.id == token_id, ApiTokenRow.revoked_at.is_(None))
+            if token_id is not None
+            else literal(True)
+        )
         row = self.s.execute(
-            select(QueueRow.id, QueueRow.name, QueueRow.team_id, TeamRow.name)
+            select(QueueRow.id, QueueRow.name, QueueRow.team_id, TeamRow.name, active)
             .join(TeamRow, TeamRow.id == QueueRow.team_id)
             .where(or_(QueueRow.id == ref, QueueRow.name == ref))
             .limit(1)
         ).first()
-        return QueueRef(row[0], row[1], row[2], row[3]) if row else None
+        return QueueRef(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
 
     def list_tree_nodes(self, level: str, parent_id: str | None = None) -> list[TreeNodeView]:
         model = _LEVEL_ROWS[level]

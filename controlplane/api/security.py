@@ -33,6 +33,22 @@ def principal(
     return found
 
 
+def submitter(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ctx: Annotated[ApiContext, Depends(context)],
+) -> Principal:
+    """`principal` from the memo of recent authentications: only for a route that checks the token
+    again in its own transaction (the submit route: `workloads.submit(recheck_token=True)`)."""
+    found = ctx.principals.authenticate(ctx.uow_factory, credentials.credentials) if credentials else None
+    if found is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing, unknown or revoked API token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return found
+
+
 def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
     if not who.is_admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this operation needs an admin token")
@@ -40,5 +56,6 @@ def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
 
 
 Caller = Annotated[Principal, Depends(principal)]
+Submitter = Annotated[Principal, Depends(submitter)]
 Admin = Annotated[Principal, Depends(admin)]
 Ctx = Annotated[ApiContext, Depends(context)]

@@ -82,6 +82,9 @@ class QueueRef:
     name: str
     team_id: str
     team: str
+    # Whether the API token asked about with the queue (`AdminRepository.queue_ref`) exists and is
+    # not revoked; True when none was asked about.
+    token_active: bool = True
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from controlplane.domain.model import (
 )
 from controlplane.service import events
 from controlplane.service.commands import SubmitWorkload, gang_minimum
-from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
+from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound, Unauthenticated
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
 from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
@@ -38,11 +38,14 @@ def submit(
     prefix: str,
     now: datetime,
     fit: FleetFit | None = None,
+    recheck_token: bool = False,
 ) -> tuple[WorkloadView, bool]:
     """Returns the workload and whether it was created (False: an idempotent retry). `fit` is the
-    process's memo of the fleet check; without one the fleet is read afresh. The workload is read
-    back in the transaction that creates it (one transaction per submit, not two)."""
-    workload_id, created, view = _create(uow, principal, request, prefix, now, fit, read_back=True)
+    process's memo of the fleet check; without one the fleet is read afresh. With `recheck_token`
+    the principal came from a memo of recent authentications (`auth.PrincipalCache`): its token is
+    checked again in this transaction, before anything else is answered (`Unauthenticated`)."""
+    token_id = principal.token_id if recheck_token else None
+    workload_id, created, view = _create(uow, principal, request, prefix, now, fit, read_back=True, token_id=token_id)
     assert view is not None, workload_id
     return view, created
 
@@ -67,13 +70,13 @@ class SubmitLookups:
 
     def __init__(self, uow: UnitOfWork) -> None:
         self._uow = uow
-        self._queues: dict[str, QueueRef | None] = {}
+        self._queues: dict[tuple[str, str | None], QueueRef | None] = {}
         self._classes: dict[str | None, PriorityClassView | None] = {}
 
-    def queue(self, ref: str) -> QueueRef | None:
-        if ref not in self._queues:
-            self._queues[ref] = self._uow.admin.queue_ref(ref)
-        return self._queues[ref]
+    def queue(self, ref: str, token_id: str | None = None) -> QueueRef | None:
+        if (ref, token_id) not in self._queues:
+            self._queues[ref, token_id] = self._uow.admin.queue_ref(ref, token_id)
+        return self._queues[ref, token_id]
 
     def priority_class(self, name: str | None) -> PriorityClassView | None:
         if name not in self._classes:
@@ -99,10 +102,14 @@ def prepare(
     request: SubmitWorkload,
     now: datetime,
     fit: FleetFit | None,
+    token_id: str | None = None,
 ) -> Prepared:
     """Raises `Invalid` for a queue the caller may not use (before any idempotency key is looked up:
-    keys are per team). Any other refusal is returned, for the caller to look for a retry first."""
-    queue = lookups.queue(request.queue)
+    keys are per team). Any other refusal is returned, for the caller to look for a retry first.
+    With `token_id`, raises `Unauthenticated` first when that API token is no longer active."""
+    queue = lookups.queue(request.queue, token_id)
+    if token_id is not None and not (queue.token_active if queue is not None else _token_active(uow, token_id)):
+        raise Unauthenticated("missing, unknown or revoked API token")
     if queue is None or (not principal.is_admin and queue.team_id != principal.team_id):
         raise Invalid(f"unknown queue {request.queue!r}")
     fingerprint = _fingerprint(request)
@@ -110,6 +117,11 @@ def prepare(
         return Prepared(queue, fingerprint, _acceptable(uow, lookups, queue, request, now, fit), None)
     except Invalid as exc:
         return Prepared(queue, fingerprint, None, exc)
+
+
+def _token_active(uow: UnitOfWork, token_id: str) -> bool:
+    token = uow.tokens.get(token_id)
+    return token is not None and token.revoked_at is None
 
 
 def _create(
@@ -120,13 +132,14 @@ def _create(
     now: datetime,
     fit: FleetFit | None,
     read_back: bool,
+    token_id: str | None = None,
 ) -> tuple[str, bool, WorkloadView | None]:
     # Few statements on the way (a submit's cost is mostly round trips): the queue with its team in
     # one query, the priority class, the insert, which skips a used idempotency key itself (so the
     # key is looked up only when it was used, or the request is refused), the pod sets and the
     # event. The new workload's view and event data are built from what was written, not read back.
     with uow:
-        prepared = prepare(uow, SubmitLookups(uow), principal, request, now, fit)
+        prepared = prepare(uow, SubmitLookups(uow), principal, request, now, fit, token_id)
         queue, fingerprint = prepared.queue, prepared.fingerprint
         if prepared.workload is None:
             # A retry of a submission that was taken is answered with its workload, even when the

@@ -11,16 +11,16 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, select
 
-from adapters.sql.tables import OutboxRow
+from adapters.sql.tables import OutboxRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.domain.model import Workload
 from controlplane.service import workloads
-from controlplane.service.auth import authenticate
+from controlplane.service.auth import PrincipalCache, authenticate
 from controlplane.service.commands import SubmitWorkload
 from controlplane.service.errors import Conflict, DuplicateKey
 from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.ports import UnitOfWork
-from controlplane.service.views import Principal
+from controlplane.service.views import Principal, TokenView
 from tests.integration.fleet import Tenant, gang, mixed_cluster
 
 BODIES: list[dict[str, Any]] = [
@@ -74,8 +74,9 @@ def test_the_answered_view_and_the_event_are_what_reading_back_gives(
 
 
 def test_a_rest_submit_is_one_transaction_of_few_statements(wiring: Wiring, tenant: Tenant, client: TestClient) -> None:
-    """The token, the queue with its team, the priority class, the workload, its pod sets, the event:
-    no savepoints and nothing read back (it was 16 statements, a savepoint among them)."""
+    """The queue with its team and the token's state, the priority class, the workload, its pod
+    sets, the event: no savepoints, nothing read back and no transaction of its own for the token
+    (it was 16 statements in two transactions, a savepoint among them)."""
     assert client.post("/v1/workloads", json=gang("warm", tenant.queue), headers=tenant.headers).status_code == 201
     statements: list[str] = []
 
@@ -89,7 +90,8 @@ def test_a_rest_submit_is_one_transaction_of_few_statements(wiring: Wiring, tena
         event.remove(wiring.engine, "before_cursor_execute", count)
     assert r.status_code == 201, r.text
     assert not [s for s in statements if "SAVEPOINT" in s], statements
-    assert len([s for s in statements if not s.startswith("BEGIN")]) == 6, statements
+    # The token was authenticated a moment ago (the warm-up): it is checked in the queue's query.
+    assert len([s for s in statements if not s.startswith("BEGIN")]) == 5, statements
 
 
 class _RefusingNow(FleetFit):
@@ -132,3 +134,65 @@ def test_a_reused_idempotency_key_leaves_the_transaction_usable(wiring: Wiring, 
             uow.workloads.add(second, container={}, labels={}, idempotency_key="k", fingerprint="f2", now=now)
         assert uow.workloads.by_idempotency_key(queue.team_id, "k") == ("wl-first", "f1")
         assert uow.workloads.view("wl-second") is None
+
+
+def _revoke(client: TestClient, admin: dict[str, str], name: str) -> None:
+    token_id = next(t["id"] for t in client.get("/v1/tokens", headers=admin).json() if t["name"] == name)
+    assert client.delete(f"/v1/tokens/{token_id}", headers=admin).status_code == 204
+
+
+@pytest.mark.parametrize("queue_known", [True, False])
+def test_a_token_revoked_a_moment_ago_submits_nothing(
+    wiring: Wiring, tenant: Tenant, client: TestClient, admin: dict[str, str], queue_known: bool
+) -> None:
+    """The submit route remembers recent authentications, and checks the token again in the
+    transaction that would write: a revoked token gets a 401 at once, and nothing is written."""
+    r = client.post("/v1/workloads", json=gang("before", tenant.queue), headers=tenant.headers)
+    assert r.status_code == 201, r.text  # the token is now remembered
+    _revoke(client, admin, f"{tenant.team}-ci")
+    queue = tenant.queue if queue_known else "no-such-queue"
+    body = gang("after", queue, idempotency_key="after")
+    r = client.post("/v1/workloads", json=body, headers=tenant.headers)
+    assert r.status_code == 401, r.text
+    assert r.headers["WWW-Authenticate"] == "Bearer"
+    # A retry of a submission taken before the revocation is refused too.
+    r = client.post("/v1/workloads", json=gang("before", tenant.queue), headers=tenant.headers)
+    assert r.status_code == 401, r.text
+    with wiring.uow() as uow:
+        names = uow.session.scalars(select(WorkloadRow.name)).all()
+    assert names == ["before"]
+    assert client.get("/v1/workloads", headers=tenant.headers).status_code == 401
+
+
+def test_remembered_principals_expire_and_stay_bounded() -> None:
+    now = [0.0]
+    lookups: list[str] = []
+
+    class Uow:  # authenticate() only enters it and asks for the token
+        def __enter__(self) -> Uow:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+        @property
+        def tokens(self) -> Any:
+            return self
+
+        def by_hash(self, token_hash: str) -> TokenView | None:
+            lookups.append(token_hash)
+            return TokenView("tok-1", "ci", "team", "team-1", utc_now(), None)
+
+    cache = PrincipalCache(ttl=5.0, max_entries=2, clock=lambda: now[0])
+    factory: Any = Uow
+    for _ in range(3):
+        assert cache.authenticate(factory, "gpf_a") == Principal("tok-1", "team", "team-1")
+    assert len(lookups) == 1
+    now[0] = 5.0
+    cache.authenticate(factory, "gpf_a")
+    assert len(lookups) == 2  # expired: looked up again
+    for raw in ("gpf_b", "gpf_c", "gpf_d"):
+        cache.authenticate(factory, raw)
+    assert len(cache._entries) <= 2
+    assert cache.authenticate(factory, "not-a-token") is None
+    assert len(lookups) == 5
