@@ -44,13 +44,18 @@ class PrincipalCache:
         self.ttl, self.max_entries, self.clock = ttl, max_entries, clock
         self._entries: dict[str, tuple[Principal, float]] = {}
 
-    def authenticate(self, uow_factory: Callable[[], UnitOfWork], raw: str) -> Principal | None:
+    def remembered(self, raw: str) -> Principal | None:
+        """The principal of this token if it was authenticated less than `ttl` seconds ago (no I/O)."""
         if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
             return None
+        remembered = self._entries.get(hash_token(raw))
+        return remembered[0] if remembered is not None and remembered[1] > self.clock() else None
+
+    def authenticate(self, uow_factory: Callable[[], UnitOfWork], raw: str) -> Principal | None:
+        found = self.remembered(raw)
+        if found is not None or not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
+            return found
         key, now = hash_token(raw), self.clock()
-        remembered = self._entries.get(key)
-        if remembered is not None and remembered[1] > now:
-            return remembered[0]
         found = authenticate(uow_factory(), raw)
         if found is not None:
             if len(self._entries) >= self.max_entries:

@@ -71,8 +71,7 @@ def emit(
 def emit_view(uow: UnitOfWork, prefix: str, event: str, view: WorkloadView, now: datetime) -> None:
     """`emit` with the event data taken from a view the caller holds (a workload it just wrote), so
     nothing is read back."""
-    subject, event_id, payload = view_event(prefix, event, view, now)
-    uow.outbox.add(subject, event_id, payload, now)
+    uow.outbox.add_many([view_event(prefix, event, view, now)], now)  # a Core insert, no ORM object
 
 
 def view_event(prefix: str, event: str, view: WorkloadView, now: datetime) -> tuple[str, str, str]:
