@@ -19,6 +19,9 @@ from controlplane.workers.consumers import message_lag, wait_for_store
 from controlplane.workers.loops import Clock, sleep_or_stop
 
 log = logging.getLogger(__name__)
+# Messages fetched (and, when all are first deliveries, applied in one transaction) at a time: a
+# batch's statements and commit are shared by its messages, and its acks go out together.
+FETCH_BATCH = 256
 
 
 class InboundDelivery(Protocol):
@@ -54,7 +57,7 @@ async def ingest_loop(
     fit = FleetFit()  # this consumer's memo of the submit-time fleet check
     while not stop.is_set():
         try:
-            deliveries = await source.fetch()
+            deliveries = await source.fetch(batch=FETCH_BATCH)
             failures = 0
         except Exception as exc:
             failures += 1
