@@ -6,11 +6,12 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, func, or_, select, update
+from sqlalchemy import delete, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from adapters.sql.convert import cluster_from_row, node_from_row, node_to_row, pool_to_row
 from adapters.sql.tables import (
+    ApiTokenRow,
     ClusterRow,
     CohortRow,
     NodePoolRow,
@@ -22,7 +23,14 @@ from adapters.sql.tables import (
     WorkloadRow,
 )
 from controlplane.domain.model import Cluster, Node
-from controlplane.service.views import ClusterView, NodeView, PoolView, PriorityClassView, TreeNodeView
+from controlplane.service.views import (
+    ClusterView,
+    NodeView,
+    PoolView,
+    PriorityClassView,
+    QueueRef,
+    TreeNodeView,
+)
 
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
 _LEVEL_ROWS: dict[str, Any] = {"cohort": CohortRow, "team": TeamRow, "queue": QueueRow}
@@ -207,6 +215,20 @@ class SqlAdminRepository:
         model = _LEVEL_ROWS[level]
         row = self.s.scalars(select(model).where(or_(model.id == ref, model.name == ref))).first()
         return self._tree_view(level, row) if row else None
+
+    def queue_ref(self, ref: str, token_id: str | None = None) -> QueueRef | None:
+        active = (
+            exists().where(ApiTokenRow.id == token_id, ApiTokenRow.revoked_at.is_(None))
+            if token_id is not None
+            else literal(True)
+        )
+        row = self.s.execute(
+            select(QueueRow.id, QueueRow.name, QueueRow.team_id, TeamRow.name, active)
+            .join(TeamRow, TeamRow.id == QueueRow.team_id)
+            .where(or_(QueueRow.id == ref, QueueRow.name == ref))
+            .limit(1)
+        ).first()
+        return QueueRef(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
 
     def list_tree_nodes(self, level: str, parent_id: str | None = None) -> list[TreeNodeView]:
         model = _LEVEL_ROWS[level]

@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Result, Select, case, delete, func, literal, select, update
+from sqlalchemy import ColumnElement, Result, Select, case, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from adapters.sql.insert_or_skip import insert_or_skip
 from adapters.sql.tables import (
     ApiTokenRow,
     AuditRow,
@@ -48,6 +49,18 @@ class SqlOutbox:
     def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None:
         self.s.add(OutboxRow(id=event_id, subject=subject, payload=payload, created_at=now, attempts=0))
 
+    def add_many(self, events: Sequence[tuple[str, str, str]], now: datetime) -> None:
+        if not events:
+            return
+        self.s.flush()  # events `add`ed before these keep their place in the outbox's order
+        self.s.execute(
+            insert(OutboxRow.__table__),  # type: ignore[arg-type]
+            [
+                {"id": event_id, "subject": subject, "payload": payload, "created_at": now, "attempts": 0}
+                for subject, event_id, payload in events
+            ],
+        )
+
     def unpublished(self, limit: int) -> list[tuple[str, str, str]]:
         rows = self.s.execute(
             select(OutboxRow.id, OutboxRow.subject, OutboxRow.payload)
@@ -82,15 +95,18 @@ class SqlInbox:
         self.s = session
 
     def first_time(self, consumer: str, msg_id: str, now: datetime) -> bool:
-        if self.s.get(InboxRow, (consumer, msg_id)) is not None:
-            return False
-        try:
-            with self.s.begin_nested():
-                self.s.add(InboxRow(consumer=consumer, msg_id=msg_id, processed_at=now))
-                self.s.flush()
-        except IntegrityError:
-            return False
-        return True
+        # One statement: a row already there (a redelivery, or a concurrent consumer's) is skipped,
+        # not an error, so no savepoint is needed around it.
+        statement = insert_or_skip(self.s, InboxRow.__table__, ("consumer", "msg_id")).returning(InboxRow.msg_id)
+        inserted = self.s.execute(statement, {"consumer": consumer, "msg_id": msg_id, "processed_at": now})
+        return inserted.first() is not None
+
+    def first_times(self, consumer: str, msg_ids: Sequence[str], now: datetime) -> set[str]:
+        if not msg_ids:
+            return set()
+        statement = insert_or_skip(self.s, InboxRow.__table__, ("consumer", "msg_id")).returning(InboxRow.msg_id)
+        rows = [{"consumer": consumer, "msg_id": msg_id, "processed_at": now} for msg_id in msg_ids]
+        return set(self.s.scalars(statement, rows))
 
     def prune(self, processed_before: datetime) -> int:
         return _rowcount(self.s.execute(delete(InboxRow).where(InboxRow.processed_at < processed_before)))

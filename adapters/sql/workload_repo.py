@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, func, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from adapters.sql.insert_or_skip import insert_or_skip
 from adapters.sql.tables import (
     PodSetRow,
     QueueRow,
@@ -21,9 +21,9 @@ from adapters.sql.tables import (
 )
 from adapters.sql.workload_views import SqlWorkloadViews
 from controlplane.core.decision import Admission
-from controlplane.domain.model import Workload, WorkloadState
+from controlplane.domain.model import PodSet, Workload, WorkloadState
 from controlplane.service.errors import DuplicateKey
-from controlplane.service.ports import PendingRecord, WorkloadHead
+from controlplane.service.ports import QUEUED_REASON, NewWorkload, PendingRecord, WorkloadHead
 
 LIVE = ("admitted", "dispatching", "running")
 CHUNK = 500  # ids per IN list
@@ -44,56 +44,35 @@ class SqlWorkloadRepository(SqlWorkloadViews):
         fingerprint: str,
         now: datetime,
     ) -> None:
-        row = WorkloadRow(
-            id=workload.id,
-            team_id=workload.team_id,
-            queue_id=workload.queue_id,
-            name=workload.name,
-            priority_class=workload.priority_class,
-            priority=workload.priority,
-            kind=str(workload.kind),
-            requires_isolation=workload.requires_isolation,
-            min_available=workload.min_available,
-            tolerations=[
-                {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect}
-                for t in workload.tolerations
-            ],
-            duration_seconds=workload.duration_seconds,
-            max_runtime_seconds=workload.max_runtime_seconds,
-            spot=workload.spot,
-            same_pool=workload.same_pool,
-            container=dict(container),
-            labels=dict(labels),
-            idempotency_key=idempotency_key,
-            request_fingerprint=fingerprint,
-            state=WorkloadState.QUEUED,
-            reason="waiting for the next cycle",
-            version=1,
-            created_seq=workload.created_seq,
-            created_at=now,
-            updated_at=now,
-        )
-        row.pod_sets = [
-            PodSetRow(
-                ordinal=i,
-                name=p.name,
-                replicas=p.replicas,
-                gpus=p.gpus,
-                mig_profile=p.mig_profile,
-                gpu_fraction=p.gpu_fraction,
-                cpu_millis=p.cpu_millis,
-                memory_mib=p.memory_mib,
-                gpu_models=list(p.gpu_models),
-                min_replicas=p.min_replicas,
-            )
-            for i, p in enumerate(workload.pod_sets)
+        new = NewWorkload(workload, container, labels, idempotency_key, fingerprint)
+        if not self.add_many([new], now):
+            raise DuplicateKey(f"idempotency key {idempotency_key!r} was used before")
+
+    def add_many(self, new: Sequence[NewWorkload], now: datetime) -> set[str]:
+        # Core inserts, not ORM objects: the rows are only written here (a submit that reads its
+        # workload back builds the view from what it wrote), so the unit of work's bookkeeping is
+        # pure cost. An idempotency key used before is skipped by the insert itself (no savepoint).
+        if not new:
+            return set()
+        statement = insert_or_skip(self.s, WorkloadRow.__table__, ("team_id", "idempotency_key"))
+        if len(new) == 1:
+            added = set(self.s.scalars(statement.returning(WorkloadRow.id), [_workload_row(new[0], now)]))
+        else:
+            # Many rows: an executemany of the one-row statement (prepared once, pipelined), then the
+            # ids that went in. (With RETURNING the rows become one statement of thirty parameters a
+            # row, which the driver parses afresh every time: slower than the extra query.)
+            self.s.execute(statement, [_workload_row(n, now) for n in new])
+            ids = [n.workload.id for n in new]
+            added = set(self.s.scalars(select(WorkloadRow.id).where(WorkloadRow.id.in_(ids))))
+        pod_sets = [
+            _pod_set_row(n.workload.id, i, p)
+            for n in new
+            if n.workload.id in added
+            for i, p in enumerate(n.workload.pod_sets)
         ]
-        try:
-            with self.s.begin_nested():
-                self.s.add(row)
-                self.s.flush()
-        except IntegrityError as exc:
-            raise DuplicateKey(f"idempotency key {idempotency_key!r} was used concurrently") from exc
+        if pod_sets:
+            self.s.execute(insert(PodSetRow.__table__), pod_sets)  # type: ignore[arg-type]
+        return added
 
     def by_idempotency_key(self, team_id: str, key: str) -> tuple[str, str] | None:
         row = self.s.execute(
@@ -322,4 +301,56 @@ def _pending_row(record: PendingRecord) -> dict[str, Any]:
         "rkind": record.kind,
         "detail": dict(record.detail),
         "pos": record.queue_position,
+    }
+
+
+def _workload_row(new: NewWorkload, now: datetime) -> dict[str, Any]:
+    workload = new.workload
+    return {
+        "id": workload.id,
+        "team_id": workload.team_id,
+        "queue_id": workload.queue_id,
+        "name": workload.name,
+        "priority_class": workload.priority_class,
+        "priority": workload.priority,
+        "kind": str(workload.kind),
+        "requires_isolation": workload.requires_isolation,
+        "min_available": workload.min_available,
+        "tolerations": [
+            {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect} for t in workload.tolerations
+        ],
+        "duration_seconds": workload.duration_seconds,
+        "max_runtime_seconds": workload.max_runtime_seconds,
+        "spot": workload.spot,
+        "same_pool": workload.same_pool,
+        "container": dict(new.container),
+        "labels": dict(new.labels),
+        "idempotency_key": new.idempotency_key,
+        "request_fingerprint": new.fingerprint,
+        "state": WorkloadState.QUEUED.value,
+        "reason": QUEUED_REASON,
+        "reason_kind": "",
+        # (reason_detail left out: a JSON column given None would store JSON null, not SQL NULL)
+        "queue_position": None,
+        "version": 1,
+        "created_seq": workload.created_seq,
+        "created_at": now,
+        "updated_at": now,
+        "finished_at": None,
+    }
+
+
+def _pod_set_row(workload_id: str, ordinal: int, p: PodSet) -> dict[str, Any]:
+    return {
+        "workload_id": workload_id,
+        "ordinal": ordinal,
+        "name": p.name,
+        "replicas": p.replicas,
+        "gpus": p.gpus,
+        "mig_profile": p.mig_profile,
+        "gpu_fraction": p.gpu_fraction,
+        "cpu_millis": p.cpu_millis,
+        "memory_mib": p.memory_mib,
+        "gpu_models": list(p.gpu_models),
+        "min_replicas": p.min_replicas,
     }

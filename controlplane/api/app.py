@@ -15,7 +15,7 @@ from controlplane.api.context import ApiContext
 from controlplane.api.request_ids import RequestIds
 from controlplane.api.text import refuse_nul
 from controlplane.domain.limits import MAX_MESSAGE_BYTES
-from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable
+from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable, Unauthenticated
 from controlplane.service.safejson import UnsafeJson, decode
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES
@@ -156,6 +156,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
             status_code=503,
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
+
+    @app.exception_handler(Unauthenticated)
+    async def _unauthenticated(_: Request, exc: Unauthenticated) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from controlplane.service.auth import PrincipalCache
 from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import UnitOfWorkFactory
@@ -22,6 +23,9 @@ class ApiContext:
     clock: Callable[[], datetime] = utc_now
     # Named readiness checks (database reachable, NATS connected, ...): each returns None or an error.
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+    # The process's memo of recent authentications, for the submit route only (it checks the token
+    # again in its own transaction).
+    principals: PrincipalCache = field(default_factory=PrincipalCache)
     # The process's memo of the submit-time fleet check ("could this gang ever run here").
     fleet_fit: FleetFit = field(default_factory=FleetFit)
     # The process's Prometheus exposition (body, content type) for GET /metrics; None: no such route.

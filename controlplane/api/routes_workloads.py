@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field
 
 from controlplane.api.responses import AUTHENTICATED, declare
-from controlplane.api.security import Caller, Ctx
+from controlplane.api.security import Caller, Ctx, Submitter
 from controlplane.domain.limits import MAX_OFFSET, MAX_PAGE
 from controlplane.domain.model import WorkloadState
 from controlplane.service import workloads as svc
@@ -34,14 +34,16 @@ class CancelRequest(Strict):
 )
 def submit(
     request: SubmitWorkload,
-    who: Caller,
+    who: Submitter,
     ctx: Ctx,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=100)] = None,
 ) -> WorkloadView:
     if idempotency_key:
         request = request.model_copy(update={"idempotency_key": idempotency_key})
-    view, created = svc.submit(ctx.uow_factory(), who, request, ctx.subject_prefix, ctx.clock(), ctx.fleet_fit)
+    view, created = svc.submit(
+        ctx.uow_factory(), who, request, ctx.subject_prefix, ctx.clock(), ctx.fleet_fit, recheck_token=True
+    )
     if not created:
         response.status_code = 200
     return view

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
+from collections.abc import Callable
 from datetime import datetime
 
 from controlplane.service.commands import TokenSpec
@@ -27,6 +29,39 @@ def authenticate(uow: UnitOfWork, raw: str) -> Principal | None:
     if token is None or token.revoked_at is not None:
         return None
     return Principal(token.id, token.role, token.team_id)
+
+
+class PrincipalCache:
+    """Principals of API tokens authenticated a moment ago, by token hash, for `ttl` seconds.
+
+    Only for a route that checks the token again in its own transaction (a submit does, in the
+    query that reads its queue: `workloads.submit(recheck_token=True)`), so a revoked token never
+    writes anything: the memo saves the separate authentication transaction, not the check. A
+    token's role and team never change, so a remembered principal is the same one. Unknown tokens
+    are not remembered (each is looked up, as without the memo)."""
+
+    def __init__(self, ttl: float = 5.0, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic):
+        self.ttl, self.max_entries, self.clock = ttl, max_entries, clock
+        self._entries: dict[str, tuple[Principal, float]] = {}
+
+    def remembered(self, raw: str) -> Principal | None:
+        """The principal of this token if it was authenticated less than `ttl` seconds ago (no I/O)."""
+        if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
+            return None
+        remembered = self._entries.get(hash_token(raw))
+        return remembered[0] if remembered is not None and remembered[1] > self.clock() else None
+
+    def authenticate(self, uow_factory: Callable[[], UnitOfWork], raw: str) -> Principal | None:
+        found = self.remembered(raw)
+        if found is not None or not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
+            return found
+        key, now = hash_token(raw), self.clock()
+        found = authenticate(uow_factory(), raw)
+        if found is not None:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()  # bounded however many tokens call; they are simply looked up again
+            self._entries[key] = (found, now + self.ttl)
+        return found
 
 
 def issue_token(uow: UnitOfWork, spec: TokenSpec, actor: str, now: datetime) -> tuple[TokenView, str]:

@@ -13,6 +13,10 @@ class Invalid(ServiceError):
     """The request is well-formed but cannot be accepted (422)."""
 
 
+class Unauthenticated(ServiceError):
+    """The API token is missing, unknown or revoked (401)."""
+
+
 class Conflict(ServiceError):
     """The request conflicts with current state (409)."""
 

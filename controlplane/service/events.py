@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # ports imports nothing from here; only the type is needed
     from controlplane.service.ports import UnitOfWork
+    from controlplane.service.views import WorkloadView
 
 ENVELOPE_VERSION = 1
 
@@ -65,6 +66,29 @@ def emit(
     event_id, payload = envelope(f"workload.{event}", data, now)
     subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
     uow.outbox.add(subject, event_id, payload, now)
+
+
+def emit_view(uow: UnitOfWork, prefix: str, event: str, view: WorkloadView, now: datetime) -> None:
+    """`emit` with the event data taken from a view the caller holds (a workload it just wrote), so
+    nothing is read back."""
+    uow.outbox.add_many([view_event(prefix, event, view, now)], now)  # a Core insert, no ORM object
+
+
+def view_event(prefix: str, event: str, view: WorkloadView, now: datetime) -> tuple[str, str, str]:
+    """(subject, event id, payload) of a `workload.<event>` event about a workload just added: the
+    data `WorkloadRepository.event_data` would read back (its version is 1)."""
+    data = {
+        "workload_id": view.id,
+        "name": view.name,
+        "team": view.team,
+        "queue": view.queue,
+        "state": view.state,
+        "reason": view.reason,
+        "priority_class": view.priority_class,
+        "version": 1,
+    }
+    event_id, payload = envelope(f"workload.{event}", data, now)
+    return workload_subject(prefix, view.team, view.queue, event), event_id, payload
 
 
 def emit_many(

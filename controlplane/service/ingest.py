@@ -17,11 +17,8 @@ another sender's message ids.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,66 +27,36 @@ from controlplane.service import workloads
 from controlplane.service.cluster_status import PodReport, RunStarted, apply_pod_report
 from controlplane.service.commands import CancelWorkload, SubmitWorkload
 from controlplane.service.errors import ServiceError
-from controlplane.service.events import envelope, workload_subject
 from controlplane.service.fleet_fit import FleetFit
+from controlplane.service.ingest_messages import (
+    CONSUMER,
+    MAX_DELIVERIES,
+    Handled,
+    InboundMessage,
+    Outcome,
+    errors_text,
+    inbox_key,
+    sender_of,
+)
+from controlplane.service.ingest_submits import SubmitMessage, apply_submits, rejection, team_principal
 from controlplane.service.inventory import InventoryReport, apply_inventory
 from controlplane.service.metrics import NO_METRICS, Metrics, seconds_between
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.safejson import UnsafeJson, decode_object
-from controlplane.service.views import Principal
 
-CONSUMER = "ingest"
-# A message that fails on this many deliveries (an exception, or the consumer died holding it) is
-# dead-lettered by the worker; the JetStream consumer's `max_deliver` sits a little above, as a
-# backstop that the worker's own check always reaches first.
-MAX_DELIVERIES = 5
-
-
-class Outcome(StrEnum):
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"
-    REJECTED = "rejected"
-    MALFORMED = "malformed"
-    UNKNOWN = "unknown"  # a report about a cluster or run gpufleet does not know
-    REFUSED = "refused"  # a claim its sender may not make (another cluster's run, an old epoch)
-
-    @property
-    def dead_letter(self) -> bool:
-        """Whether the worker moves the message to the dead-letter stream (and stores nothing)."""
-        return self in (Outcome.MALFORMED, Outcome.UNKNOWN, Outcome.REFUSED)
-
-
-@dataclass(frozen=True)
-class InboundMessage:
-    subject: str
-    data: bytes
-    headers: Mapping[str, str]
-    msg_id: str  # Gpufleet-Msg-Id (or Nats-Msg-Id), or stream:sequence when the sender gave none
-
-
-@dataclass(frozen=True)
-class Handled:
-    outcome: Outcome
-    detail: str
-
-
-def _errors(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors())
-
-
-def _sender(parts: list[str]) -> str | None:
-    """The identity the server let publish on this subject: `team:<name>` or `cluster:<name>`."""
-    if (parts[1:2] == ["submit"] and len(parts) == 4) or (parts[1:2] == ["cancel"] and len(parts) == 3):
-        return f"team:{parts[2]}"
-    if parts[1:2] == ["cluster"] and len(parts) == 4:
-        return f"cluster:{parts[2]}"
-    return None
-
-
-def inbox_key(sender: str, msg_id: str) -> str:
-    """Inbox rows are per sender: the same id from two senders is two messages."""
-    key = f"{sender}/{msg_id}"
-    return key if len(key) <= 200 else f"{sender}/sha256:{hashlib.sha256(msg_id.encode()).hexdigest()}"
+# The message types live in `ingest_messages` (the batched submits use them too); they are
+# re-exported here, where the workers and adapters have always found them.
+__all__ = [
+    "CONSUMER",
+    "MAX_DELIVERIES",
+    "Handled",
+    "InboundMessage",
+    "Outcome",
+    "check_pod_report",
+    "handle",
+    "handle_batch",
+    "inbox_key",
+]
 
 
 def handle(
@@ -107,7 +74,7 @@ def handle(
         body = decode_object(message.data)
     except UnsafeJson as exc:
         return Handled(Outcome.MALFORMED, f"payload refused: {exc}")
-    sender = _sender(parts)
+    sender = sender_of(parts)
     if sender is None:
         return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")
     with uow:
@@ -121,7 +88,7 @@ def handle(
             try:
                 report = PodReport.model_validate(body)
             except ValidationError as exc:
-                return Handled(Outcome.MALFORMED, _errors(exc))
+                return Handled(Outcome.MALFORMED, errors_text(exc))
             if not uow.admin.known_clusters([parts[2]]):
                 return Handled(Outcome.UNKNOWN, f"pod report for unknown cluster {parts[2]!r}")
             if uow.runs.status(report.run_id) is None:
@@ -134,7 +101,7 @@ def handle(
             try:
                 inventory = InventoryReport.model_validate(body)
             except ValidationError as exc:
-                return Handled(Outcome.MALFORMED, _errors(exc))
+                return Handled(Outcome.MALFORMED, errors_text(exc))
             if not uow.admin.known_clusters([parts[2]]):
                 return Handled(Outcome.UNKNOWN, f"inventory for unknown cluster {parts[2]!r}")
             result = Handled(Outcome.APPLIED, apply_inventory(uow, parts[2], inventory, now, prefix))
@@ -156,14 +123,46 @@ def handle_batch(
     fit: FleetFit | None = None,
     metrics: Metrics = NO_METRICS,
 ) -> list[Handled]:
-    """Apply several messages in one transaction, each in its own savepoint: what one message does (or
-    refuses) is exactly what `handle` would do alone, and the batch pays one commit instead of one per
-    message. An exception rolls the whole batch back; the caller then applies the messages one by one."""
+    """Apply several messages in one transaction: what each message does (or refuses) is exactly what
+    `handle` would do alone, and the batch pays one commit instead of one per message. Runs of
+    submits are applied together (`ingest_submits`: a few statements for the run, no savepoints);
+    every other message in its own savepoint, in order. An exception rolls the whole batch back; the
+    caller then applies the messages one by one."""
+    results: list[Handled | None] = [None] * len(messages)
+    run: list[tuple[int, SubmitMessage]] = []
+
+    def apply_run() -> None:
+        for (index, _), result in zip(run, apply_submits(uow, [m for _, m in run], prefix, now, fit), strict=True):
+            results[index] = result
+        run.clear()
+
     with uow:
-        # (a gang seen starting in a batch that then rolls back is counted again when retried alone)
-        results = [handle(uow, message, prefix, now, fit, metrics) for message in messages]
+        for index, message in enumerate(messages):
+            submit = _as_submit(message)
+            if submit is not None:
+                run.append((index, submit))
+                continue
+            if run:
+                apply_run()
+            # (a gang seen starting in a batch that then rolls back is counted again when retried alone)
+            results[index] = handle(uow, message, prefix, now, fit, metrics)
+        if run:
+            apply_run()
         uow.commit()
-    return results
+    return [r for r in results if r is not None]
+
+
+def _as_submit(message: InboundMessage) -> SubmitMessage | None:
+    """The message as a submit with a JSON object body, or None (anything else, and any submit
+    `handle` would refuse before its inbox row, goes through `handle`)."""
+    parts = message.subject.split(".")
+    if parts[1:2] != ["submit"] or sender_of(parts) is None:
+        return None
+    try:
+        body = decode_object(message.data)
+    except UnsafeJson:
+        return None
+    return SubmitMessage(message, parts[2], parts[3], body)
 
 
 def check_pod_report(uow: UnitOfWork, cluster: str, report: PodReport) -> str | None:
@@ -178,20 +177,10 @@ def check_pod_report(uow: UnitOfWork, cluster: str, report: PodReport) -> str | 
     return None
 
 
-def _team_principal(uow: UnitOfWork, team: str) -> Principal | None:
-    node = uow.admin.get_tree_node("team", team)
-    if node is None or node.name != team:
-        return None
-    return Principal(f"nats:team:{team}", "team", node.id)
-
-
 def _reject(
     uow: UnitOfWork, team: str, queue: str, message: InboundMessage, reason: str, prefix: str, now: datetime
 ) -> Handled:
-    event_id, payload = envelope(
-        "workload.rejected", {"request_id": message.msg_id, "subject": message.subject, "reason": reason}, now
-    )
-    uow.outbox.add(workload_subject(prefix, team, queue, "rejected"), event_id, payload, now)
+    uow.outbox.add(*rejection(team, queue, message, reason, prefix, now), now)
     return Handled(Outcome.REJECTED, reason)
 
 
@@ -205,7 +194,7 @@ def _submit(
     now: datetime,
     fit: FleetFit | None,
 ) -> Handled:
-    principal = _team_principal(uow, team)
+    principal = team_principal(uow, team)
     if principal is None:
         return _reject(uow, team, queue, message, f"no team {team!r}", prefix, now)
     body.setdefault("queue", queue)
@@ -218,7 +207,7 @@ def _submit(
         request = SubmitWorkload.model_validate(body)
         workload_id, _ = workloads.create(uow, principal, request, prefix, now, fit)
     except ValidationError as exc:
-        return _reject(uow, team, queue, message, _errors(exc), prefix, now)
+        return _reject(uow, team, queue, message, errors_text(exc), prefix, now)
     except ServiceError as exc:
         return _reject(uow, team, queue, message, str(exc), prefix, now)
     return Handled(Outcome.APPLIED, workload_id)
@@ -228,14 +217,14 @@ def _cancel(
     uow: UnitOfWork, team: str, body: dict[str, Any], message: InboundMessage, prefix: str, now: datetime
 ) -> Handled:
     queue = "unknown"
-    principal = _team_principal(uow, team)
+    principal = team_principal(uow, team)
     if principal is None:
         return _reject(uow, team, queue, message, f"no team {team!r}", prefix, now)
     try:
         request = CancelWorkload.model_validate(body)
         view = workloads.cancel(uow, principal, request.workload_id, request.reason, prefix, now)
     except ValidationError as exc:
-        return _reject(uow, team, queue, message, _errors(exc), prefix, now)
+        return _reject(uow, team, queue, message, errors_text(exc), prefix, now)
     except ServiceError as exc:
         return _reject(uow, team, queue, message, str(exc), prefix, now)
     return Handled(Outcome.APPLIED, view.id)

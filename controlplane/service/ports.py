@@ -23,6 +23,7 @@ from controlplane.service.views import (
     ClusterCredential,
     ClusterView,
     PriorityClassView,
+    QueueRef,
     TokenView,
     TreeNodeView,
     WorkloadView,
@@ -147,10 +148,30 @@ class AdminRepository(Protocol):
 
     def put_priority_class(self, pc: PriorityClassView) -> None: ...
     def get_priority_class(self, name: str) -> PriorityClassView | None: ...
+    def queue_ref(self, ref: str, token_id: str | None = None) -> QueueRef | None:
+        """The queue with this id or name and its team, or None; with `token_id`, also whether that
+        API token is active (in the same query: a submit checks its token in its own transaction)."""
+        ...
+
     def default_priority_class(self) -> PriorityClassView | None: ...
     def list_priority_classes(self) -> list[PriorityClassView]: ...
     def delete_priority_class(self, name: str) -> None: ...
     def priority_class_in_use(self, name: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class NewWorkload:
+    """What `WorkloadRepository.add` stores, for `add_many`."""
+
+    workload: Workload
+    container: Mapping[str, Any]
+    labels: Mapping[str, str]
+    idempotency_key: str | None
+    fingerprint: str
+
+
+# A new workload's reason until the scheduler's first decision about it.
+QUEUED_REASON = "waiting for the next cycle"
 
 
 class WorkloadRepository(Protocol):
@@ -163,7 +184,16 @@ class WorkloadRepository(Protocol):
         idempotency_key: str | None,
         fingerprint: str,
         now: datetime,
-    ) -> None: ...
+    ) -> None:
+        """Store a new queued workload (reason `QUEUED_REASON`, version 1) and its pod sets. Raises
+        `DuplicateKey` when the team used `idempotency_key` before; the transaction stays usable."""
+        ...
+
+    def add_many(self, new: Sequence[NewWorkload], now: datetime) -> set[str]:
+        """`add` of many workloads in a few statements; returns the ids of those added (one whose
+        team used its idempotency key before, or earlier in `new`, is not)."""
+        ...
+
     def by_idempotency_key(self, team_id: str, key: str) -> tuple[str, str] | None:
         """(workload id, request fingerprint) of the submission that used this key."""
         ...
@@ -224,6 +254,10 @@ class RunRepository(Protocol):
 
 class Outbox(Protocol):
     def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None: ...
+    def add_many(self, events: Sequence[tuple[str, str, str]], now: datetime) -> None:
+        """`add` of each (subject, event id, payload), in this order, in one statement."""
+        ...
+
     def unpublished(self, limit: int) -> list[tuple[str, str, str]]: ...
     def mark_published(self, event_ids: Sequence[str], now: datetime) -> None: ...
     def record_failure(self, event_id: str, error: str) -> None: ...
@@ -232,6 +266,10 @@ class Outbox(Protocol):
 
 class Inbox(Protocol):
     def first_time(self, consumer: str, msg_id: str, now: datetime) -> bool: ...
+    def first_times(self, consumer: str, msg_ids: Sequence[str], now: datetime) -> set[str]:
+        """`first_time` for many distinct ids in one statement: those seen for the first time."""
+        ...
+
     def prune(self, processed_before: datetime) -> int: ...
 
 

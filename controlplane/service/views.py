@@ -75,6 +75,19 @@ class TreeNodeView:
 
 
 @dataclass(frozen=True)
+class QueueRef:
+    """A queue and its team, by id and name: what a submit needs of them (one query, no quotas)."""
+
+    id: str
+    name: str
+    team_id: str
+    team: str
+    # Whether the API token asked about with the queue (`AdminRepository.queue_ref`) exists and is
+    # not revoked; True when none was asked about.
+    token_active: bool = True
+
+
+@dataclass(frozen=True)
 class PriorityClassView:
     name: str
     value: int

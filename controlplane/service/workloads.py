@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from controlplane.domain.model import (
     Toleration,
@@ -14,11 +15,11 @@ from controlplane.domain.model import (
 )
 from controlplane.service import events
 from controlplane.service.commands import SubmitWorkload, gang_minimum
-from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound
+from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound, Unauthenticated
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
-from controlplane.service.ports import UnitOfWork, WorkloadFilter
-from controlplane.service.views import Principal, WorkloadView
+from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
+from controlplane.service.views import Principal, PriorityClassView, QueueRef, WorkloadView
 
 CANCELLABLE = (WorkloadState.QUEUED, WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 
@@ -37,11 +38,14 @@ def submit(
     prefix: str,
     now: datetime,
     fit: FleetFit | None = None,
+    recheck_token: bool = False,
 ) -> tuple[WorkloadView, bool]:
     """Returns the workload and whether it was created (False: an idempotent retry). `fit` is the
-    process's memo of the fleet check; without one the fleet is read afresh. The workload is read
-    back in the transaction that creates it (one transaction per submit, not two)."""
-    workload_id, created, view = _create(uow, principal, request, prefix, now, fit, read_back=True)
+    process's memo of the fleet check; without one the fleet is read afresh. With `recheck_token`
+    the principal came from a memo of recent authentications (`auth.PrincipalCache`): its token is
+    checked again in this transaction, before anything else is answered (`Unauthenticated`)."""
+    token_id = principal.token_id if recheck_token else None
+    workload_id, created, view = _create(uow, principal, request, prefix, now, fit, read_back=True, token_id=token_id)
     assert view is not None, workload_id
     return view, created
 
@@ -60,6 +64,66 @@ def create(
     return workload_id, created
 
 
+class SubmitLookups:
+    """The queues and priority classes submits name, each read once per unit of work: a batch of
+    NATS submits names the same few again and again. (A fresh one per REST submit.)"""
+
+    def __init__(self, uow: UnitOfWork) -> None:
+        self._uow = uow
+        self._queues: dict[tuple[str, str | None], QueueRef | None] = {}
+        self._classes: dict[str | None, PriorityClassView | None] = {}
+
+    def queue(self, ref: str, token_id: str | None = None) -> QueueRef | None:
+        if (ref, token_id) not in self._queues:
+            self._queues[ref, token_id] = self._uow.admin.queue_ref(ref, token_id)
+        return self._queues[ref, token_id]
+
+    def priority_class(self, name: str | None) -> PriorityClassView | None:
+        if name not in self._classes:
+            admin = self._uow.admin
+            self._classes[name] = admin.get_priority_class(name) if name else admin.default_priority_class()
+        return self._classes[name]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A submit checked against the platform: the workload to add, or why it cannot be taken."""
+
+    queue: QueueRef
+    fingerprint: str
+    workload: Workload | None
+    refusal: Invalid | None
+
+
+def prepare(
+    uow: UnitOfWork,
+    lookups: SubmitLookups,
+    principal: Principal,
+    request: SubmitWorkload,
+    now: datetime,
+    fit: FleetFit | None,
+    token_id: str | None = None,
+) -> Prepared:
+    """Raises `Invalid` for a queue the caller may not use (before any idempotency key is looked up:
+    keys are per team). Any other refusal is returned, for the caller to look for a retry first.
+    With `token_id`, raises `Unauthenticated` first when that API token is no longer active."""
+    queue = lookups.queue(request.queue, token_id)
+    if token_id is not None and not (queue.token_active if queue is not None else _token_active(uow, token_id)):
+        raise Unauthenticated("missing, unknown or revoked API token")
+    if queue is None or (not principal.is_admin and queue.team_id != principal.team_id):
+        raise Invalid(f"unknown queue {request.queue!r}")
+    fingerprint = _fingerprint(request)
+    try:
+        return Prepared(queue, fingerprint, _acceptable(uow, lookups, queue, request, now, fit), None)
+    except Invalid as exc:
+        return Prepared(queue, fingerprint, None, exc)
+
+
+def _token_active(uow: UnitOfWork, token_id: str) -> bool:
+    token = uow.tokens.get(token_id)
+    return token is not None and token.revoked_at is None
+
+
 def _create(
     uow: UnitOfWork,
     principal: Principal,
@@ -68,32 +132,25 @@ def _create(
     now: datetime,
     fit: FleetFit | None,
     read_back: bool,
+    token_id: str | None = None,
 ) -> tuple[str, bool, WorkloadView | None]:
+    # Few statements on the way (a submit's cost is mostly round trips): the queue with its team in
+    # one query, the priority class, the insert, which skips a used idempotency key itself (so the
+    # key is looked up only when it was used, or the request is refused), the pod sets and the
+    # event. The new workload's view and event data are built from what was written, not read back.
     with uow:
-        queue = uow.admin.get_tree_node("queue", request.queue)
-        if queue is None or (not principal.is_admin and queue.parent_id != principal.team_id):
-            raise Invalid(f"unknown queue {request.queue!r}")
-        team_id = queue.parent_id
-        assert team_id is not None
-        fingerprint = _fingerprint(request)
-        if request.idempotency_key:
-            existing = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
-            if existing is not None:
-                replayed = _replayed(request.idempotency_key, existing, fingerprint)
-                return replayed, False, uow.workloads.view(replayed) if read_back else None
-        pc = (
-            uow.admin.get_priority_class(request.priority_class)
-            if request.priority_class
-            else uow.admin.default_priority_class()
-        )
-        if pc is None:
-            if request.priority_class:
-                raise Invalid(f"unknown priority class {request.priority_class!r}")
-            raise Invalid("no priority class given and the platform has no default priority class")
-        workload = _to_domain(new_id("wl"), team_id, queue.id, pc.name, pc.value, request, now)
-        reason = fit.refusal(uow, workload) if fit is not None else refusal_now(uow, workload)
-        if reason is not None:
-            raise Invalid(reason)
+        prepared = prepare(uow, SubmitLookups(uow), principal, request, now, fit, token_id)
+        queue, fingerprint = prepared.queue, prepared.fingerprint
+        if prepared.workload is None:
+            # A retry of a submission that was taken is answered with its workload, even when the
+            # same request would be refused now (a priority class deleted, the fleet shrunk).
+            if request.idempotency_key:
+                existing = uow.workloads.by_idempotency_key(queue.team_id, request.idempotency_key)
+                if existing is not None:
+                    return _replay(uow, request.idempotency_key, existing, fingerprint, read_back)
+            assert prepared.refusal is not None
+            raise prepared.refusal
+        workload = prepared.workload
         try:
             uow.workloads.add(
                 workload,
@@ -105,14 +162,92 @@ def _create(
             )
         except DuplicateKey:
             assert request.idempotency_key is not None
-            winner = uow.workloads.by_idempotency_key(team_id, request.idempotency_key)
+            winner = uow.workloads.by_idempotency_key(queue.team_id, request.idempotency_key)
             assert winner is not None
-            replayed = _replayed(request.idempotency_key, winner, fingerprint)
-            return replayed, False, uow.workloads.view(replayed) if read_back else None
-        emit(uow, prefix, queue.name, "queued", workload.id, now)
-        view = uow.workloads.view(workload.id) if read_back else None
+            return _replay(uow, request.idempotency_key, winner, fingerprint, read_back)
+        view = new_workload_view(workload, queue, request, now)
+        events.emit_view(uow, prefix, "queued", view, now)
         uow.commit()
-    return workload.id, True, view
+    return workload.id, True, view if read_back else None
+
+
+def _acceptable(
+    uow: UnitOfWork,
+    lookups: SubmitLookups,
+    queue: QueueRef,
+    request: SubmitWorkload,
+    now: datetime,
+    fit: FleetFit | None,
+) -> Workload:
+    """The new workload, or `Invalid` with why it cannot be taken."""
+    pc = lookups.priority_class(request.priority_class)
+    if pc is None:
+        if request.priority_class:
+            raise Invalid(f"unknown priority class {request.priority_class!r}")
+        raise Invalid("no priority class given and the platform has no default priority class")
+    workload = _to_domain(new_id("wl"), queue.team_id, queue.id, pc.name, pc.value, request, now)
+    reason = fit.refusal(uow, workload) if fit is not None else refusal_now(uow, workload)
+    if reason is not None:
+        raise Invalid(reason)
+    return workload
+
+
+def _replay(
+    uow: UnitOfWork, key: str, existing: tuple[str, str], fingerprint: str, read_back: bool
+) -> tuple[str, bool, WorkloadView | None]:
+    replayed = replayed_id(key, existing, fingerprint)
+    return replayed, False, uow.workloads.view(replayed) if read_back else None
+
+
+def new_workload_view(workload: Workload, queue: QueueRef, request: SubmitWorkload, now: datetime) -> WorkloadView:
+    """The view of a workload just added (`WorkloadRepository.add`), equal to what reading it back
+    would give: values as the columns return them (floats as floats, times in UTC)."""
+    at = now.astimezone(UTC)
+    return WorkloadView(
+        id=workload.id,
+        name=workload.name,
+        team=queue.team,
+        queue=queue.name,
+        priority_class=workload.priority_class,
+        priority=workload.priority,
+        kind=str(workload.kind),
+        state=WorkloadState.QUEUED.value,
+        reason=QUEUED_REASON,
+        queue_position=None,
+        min_available=workload.min_available,
+        requires_isolation=workload.requires_isolation,
+        pod_sets=[
+            {
+                "name": p.name,
+                "replicas": p.replicas,
+                "gpus": p.gpus,
+                "mig_profile": p.mig_profile,
+                "gpu_fraction": _float(p.gpu_fraction),
+                "cpu_millis": p.cpu_millis,
+                "memory_mib": p.memory_mib,
+                "gpu_models": list(p.gpu_models),
+                "min_replicas": p.min_replicas,
+            }
+            for p in workload.pod_sets
+        ],
+        duration_seconds=_float(workload.duration_seconds),
+        max_runtime_seconds=_float(workload.max_runtime_seconds),
+        spot=workload.spot,
+        same_pool=workload.same_pool,
+        idempotency_key=request.idempotency_key,
+        labels=dict(request.labels),
+        created_at=at,
+        updated_at=at,
+        finished_at=None,
+        cluster=None,
+        nodes=[],
+        runs=[],
+        reason_detail=None,
+    )
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _fingerprint(request: SubmitWorkload) -> str:
@@ -120,7 +255,7 @@ def _fingerprint(request: SubmitWorkload) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replayed(key: str, existing: tuple[str, str], fingerprint: str) -> str:
+def replayed_id(key: str, existing: tuple[str, str], fingerprint: str) -> str:
     """The workload a retried submission created, if the retry repeats the same request."""
     workload_id, stored = existing
     if stored != fingerprint:

@@ -19,6 +19,9 @@ from controlplane.workers.consumers import message_lag, wait_for_store
 from controlplane.workers.loops import Clock, sleep_or_stop
 
 log = logging.getLogger(__name__)
+# Messages fetched (and, when all are first deliveries, applied in one transaction) at a time: a
+# batch's statements and commit are shared by its messages, and its acks go out together.
+FETCH_BATCH = 256
 
 
 class InboundDelivery(Protocol):
@@ -54,7 +57,7 @@ async def ingest_loop(
     fit = FleetFit()  # this consumer's memo of the submit-time fleet check
     while not stop.is_set():
         try:
-            deliveries = await source.fetch()
+            deliveries = await source.fetch(batch=FETCH_BATCH)
             failures = 0
         except Exception as exc:
             failures += 1
@@ -112,20 +115,24 @@ async def handle_deliveries(
     except Exception:
         log.exception("a batch of %d inbound messages failed; applying them one by one", len(deliveries))
         return False
-    for delivery, result in zip(deliveries, results, strict=True):
-        try:
-            if result.outcome.dead_letter:
-                await source.dead_letter(delivery.message, result.detail)
-                log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
-            await delivery.ack()
-            metrics.ingested(
-                ingest.CONSUMER, result.outcome.value, message_lag(getattr(delivery, "published_at", None))
-            )
-        except Exception:  # NATS trouble: redelivered, then found in the inbox or refused again
-            log.exception("could not settle %s; it will be redelivered", delivery.message.subject)
-            with contextlib.suppress(Exception):
-                await delivery.retry_later(2.0)
+    # Settled concurrently: each ack waits for the server's confirmation, and one after another they
+    # cost a batch a round trip per message.
+    await asyncio.gather(*(_settle(source, d, r, metrics) for d, r in zip(deliveries, results, strict=True)))
     return True
+
+
+async def _settle(source: InboundSource, delivery: InboundDelivery, result: ingest.Handled, metrics: Metrics) -> None:
+    """Dead-letter (when the outcome says so) and ack one message of a committed batch."""
+    try:
+        if result.outcome.dead_letter:
+            await source.dead_letter(delivery.message, result.detail)
+            log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
+        await delivery.ack()
+        metrics.ingested(ingest.CONSUMER, result.outcome.value, message_lag(getattr(delivery, "published_at", None)))
+    except Exception:  # NATS trouble: redelivered, then found in the inbox or refused again
+        log.exception("could not settle %s; it will be redelivered", delivery.message.subject)
+        with contextlib.suppress(Exception):
+            await delivery.retry_later(2.0)
 
 
 async def handle_delivery(
