@@ -319,6 +319,12 @@ class SnapshotReader(Protocol):
         """Everything `load` would read differently than at `cursor`, in one read transaction."""
         ...
 
+    def latest_change(self) -> int:
+        """The `seq` of the latest change logged: a cheap poll for "something changed since the
+        cursor's seq". Only a hint (on PostgreSQL a change may commit after a later seq was seen);
+        what changed is always read through `changes_since`."""
+        ...
+
     def stored_reasons(self) -> Mapping[str, tuple[str, str, int | None]]:
         """(reason, kind, queue position) as stored, per queued workload: call beside `load` in the
         same unit of work, so the scheduler's first decision of a term writes only what differs."""

@@ -87,6 +87,11 @@ class SnapshotCache:
     def epoch(self) -> int | None:
         return self._epoch
 
+    @property
+    def last_change_read(self) -> int | None:
+        """The `seq` of the latest change the snapshot holds; None before a load."""
+        return None if self._snapshot is None or self._cursor is None else self._cursor.seq
+
     def invalidate(self) -> None:
         """Forget everything: the next refresh is a full load."""
         self._snapshot = None
