@@ -62,6 +62,10 @@ class SqlSnapshotChanges(SqlSnapshotReader):
         horizon = self.s.scalar(text(_HORIZON)) if self._postgresql() else None
         return ChangeCursor(int(seq or 0), None if horizon is None else int(horizon))
 
+    def latest_change(self) -> int:
+        """The highest `seq` logged (one look-up at the end of the primary key's index)."""
+        return int(self.s.scalar(select(func.coalesce(func.max(SnapshotChangeRow.seq), 0))) or 0)
+
     def _after(self, cursor: ChangeCursor) -> ColumnElement[bool]:
         if self._postgresql():
             assert cursor.horizon is not None, "a PostgreSQL cursor has a transaction horizon"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, insert, select, text, update
+from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from adapters.sql.insert_or_skip import insert_or_skip
+from adapters.sql.pending_reasons import write_pending
 from adapters.sql.tables import (
     PodSetRow,
     QueueRow,
@@ -198,48 +198,8 @@ class SqlWorkloadRepository(SqlWorkloadViews):
                 found[workload_id] = created_at
         return found
 
-    def record_pending(self, reasons: Sequence[PendingRecord], compare_stored: bool = True) -> int:
-        if not reasons:
-            return 0
-        if not compare_stored:  # the snapshot cache knows these differ from what it wrote this term
-            self._write_pending([_pending_row(r) for r in reasons])
-            return len(reasons)
-        current = {
-            wid: (reason, kind, pos)
-            for wid, reason, kind, pos in self.s.execute(
-                select(WorkloadRow.id, WorkloadRow.reason, WorkloadRow.reason_kind, WorkloadRow.queue_position).where(
-                    WorkloadRow.state == WorkloadState.QUEUED
-                )
-            )
-        }
-        changed = [
-            _pending_row(r)
-            for r in reasons
-            if r.workload_id in current and current[r.workload_id] != (r.text, r.kind, r.queue_position)
-        ]
-        self._write_pending(changed)
-        return len(changed)
-
-    def _write_pending(self, changed: Sequence[dict[str, Any]]) -> None:
-        if not changed:
-            pass
-        elif self.s.get_bind().dialect.name == "postgresql":
-            self._record_pending_postgresql(changed)
-        else:  # SQLite runs in-process: executemany costs no round trips
-            self.s.connection().execute(
-                update(WorkloadRow.__table__)  # type: ignore[arg-type]
-                .where(
-                    WorkloadRow.__table__.c.id == bindparam("wid"),
-                    WorkloadRow.__table__.c.state == WorkloadState.QUEUED.value,
-                )
-                .values(
-                    reason=bindparam("reason"),
-                    reason_kind=bindparam("rkind"),
-                    reason_detail=bindparam("detail", type_=WorkloadRow.__table__.c.reason_detail.type),
-                    queue_position=bindparam("pos"),
-                ),
-                changed,
-            )
+    def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
+        return write_pending(self.s, reasons)
 
     def _event_query(self) -> Any:
         return (
@@ -257,30 +217,6 @@ class SqlWorkloadRepository(SqlWorkloadViews):
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
         )
 
-    def _record_pending_postgresql(self, changed: Sequence[dict[str, Any]]) -> None:
-        """One UPDATE ... FROM unnest(arrays) per 10,000 reasons: executemany would pay one round
-        trip per row, tens of thousands on a deep backlog."""
-        statement = text(
-            "UPDATE workloads AS w SET reason = v.reason, reason_kind = v.rkind,"
-            " reason_detail = CAST(v.detail AS json), queue_position = v.pos"
-            " FROM unnest(CAST(:wid AS text[]), CAST(:reason AS text[]), CAST(:rkind AS text[]),"
-            " CAST(:detail AS text[]), CAST(:pos AS integer[])) AS v(wid, reason, rkind, detail, pos)"
-            " WHERE w.id = v.wid AND w.state = :queued"
-        )
-        for start in range(0, len(changed), 10_000):
-            chunk = changed[start : start + 10_000]
-            self.s.execute(
-                statement,
-                {
-                    "wid": [c["wid"] for c in chunk],
-                    "reason": [c["reason"] for c in chunk],
-                    "rkind": [c["rkind"] for c in chunk],
-                    "detail": [json.dumps(c["detail"]) for c in chunk],
-                    "pos": [c["pos"] for c in chunk],
-                    "queued": WorkloadState.QUEUED.value,
-                },
-            )
-
     def event_data(self, workload_id: str) -> dict[str, Any]:
         row = self.s.execute(self._event_query().where(WorkloadRow.id == workload_id)).one()
         return dict(zip(_EVENT_KEYS, row, strict=True))
@@ -292,16 +228,6 @@ class SqlWorkloadRepository(SqlWorkloadViews):
             for row in self.s.execute(self._event_query().where(WorkloadRow.id.in_(ids[start : start + CHUNK]))):
                 found[row[0]] = dict(zip(_EVENT_KEYS, row, strict=True))
         return found
-
-
-def _pending_row(record: PendingRecord) -> dict[str, Any]:
-    return {
-        "wid": record.workload_id,
-        "reason": record.text,
-        "rkind": record.kind,
-        "detail": dict(record.detail),
-        "pos": record.queue_position,
-    }
 
 
 def _workload_row(new: NewWorkload, now: datetime) -> dict[str, Any]:

@@ -210,10 +210,9 @@ class WorkloadRepository(Protocol):
         since the snapshot was read is left out."""
         ...
 
-    def record_pending(self, reasons: Sequence[PendingRecord], compare_stored: bool = True) -> int:
-        """Store the reasons of queued workloads whose reason or position changed; returns how many.
-        With `compare_stored` False the caller already knows these differ from what is stored (the
-        snapshot cache remembers what it wrote): they are written without reading the stored ones."""
+    def record_pending(self, reasons: Sequence[PendingRecord]) -> int:
+        """Store the reasons of queued workloads whose reason, kind or position differs from the
+        stored one, set-based (the store compares, nothing is read back); returns how many."""
 
     def submitted_at(self, workload_ids: Collection[str]) -> dict[str, datetime]:
         """When each of these workloads was submitted (metrics: time to admission and to running)."""
@@ -356,6 +355,17 @@ class SnapshotReader(Protocol):
         self, cursor: ChangeCursor, history_since: datetime | None = None, last_rebalance: bool = False
     ) -> SnapshotChanges:
         """Everything `load` would read differently than at `cursor`, in one read transaction."""
+        ...
+
+    def latest_change(self) -> int:
+        """The `seq` of the latest change logged: a cheap poll for "something changed since the
+        cursor's seq". Only a hint (on PostgreSQL a change may commit after a later seq was seen);
+        what changed is always read through `changes_since`."""
+        ...
+
+    def stored_reasons(self) -> Mapping[str, tuple[str, str, int | None]]:
+        """(reason, kind, queue position) as stored, per queued workload: call beside `load` in the
+        same unit of work, so the scheduler's first decision of a term writes only what differs."""
         ...
 
     def usage_by_run(self, since: datetime) -> Mapping[str, UsageInterval | None]:

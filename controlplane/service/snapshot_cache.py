@@ -11,8 +11,8 @@ caller calls `invalidate`, or `refresh` does when it fails itself), when a prior
 when the history window or rebalance flag it was built with changes, and every
 `rebuild_interval` seconds as a safety net (Settings.snapshot_rebuild_interval).
 
-It also remembers the pending reasons it wrote this term, so a cycle writes only those that
-changed (a rebuild forgets them: the next write compares with what is stored, as without it).
+It also remembers the pending reasons stored: read with each full load, then those it wrote this
+term, so a cycle (the first of a term too) sends only those that changed.
 """
 
 from __future__ import annotations
@@ -79,13 +79,18 @@ class SnapshotCache:
         self._pending: dict[str, Workload] = {}
         self._live: dict[str, LiveRun] = {}
         self._usage: dict[str, UsageInterval] = {}
-        # Pending reasons as last written this term: (text, kind, position) per workload; None
-        # until a write compared with what is stored (after a rebuild).
-        self._written: dict[str, tuple[str, str, int]] | None = None
+        # Pending reasons as stored: read with the full load, then as last written this term
+        # (text, kind, position) per workload; None until a full load.
+        self._written: dict[str, tuple[str, str, int | None]] | None = None
 
     @property
     def epoch(self) -> int | None:
         return self._epoch
+
+    @property
+    def last_change_read(self) -> int | None:
+        """The `seq` of the latest change the snapshot holds; None before a load."""
+        return None if self._snapshot is None or self._cursor is None else self._cursor.seq
 
     def invalidate(self) -> None:
         """Forget everything: the next refresh is a full load."""
@@ -142,6 +147,9 @@ class SnapshotCache:
             snapshot = uow.snapshots.load(last_rebalance=shape.last_rebalance)
             usage = uow.snapshots.usage_by_run(history_since) if history_since is not None else {}
             cursor = uow.snapshots.change_cursor()
+            stored = uow.snapshots.stored_reasons()
+        # What is stored now is what the first write compares with (the store compares again).
+        self._written = dict(stored)
         self._usage = {run_id: interval for run_id, interval in usage.items() if interval is not None}
         self._pending = {w.id: w for w in snapshot.pending}
         self._live = {run.run_id: run for run in snapshot.live_runs}
@@ -260,13 +268,13 @@ class SnapshotCache:
 
     # --- pending reasons --------------------------------------------------------------------------
 
-    def pending_to_write(self, records: Sequence[PendingRecord]) -> tuple[list[PendingRecord], bool]:
-        """The reasons to write and whether the writer must compare them with what is stored: all,
-        compared, after a rebuild; else only those that differ from what this term last wrote."""
+    def pending_to_write(self, records: Sequence[PendingRecord]) -> list[PendingRecord]:
+        """The reasons worth sending: all after a rebuild (the store compares them with what it
+        holds), else only those that differ from what this term last wrote."""
         if self._written is None:
-            return list(records), True
+            return list(records)
         written = self._written
-        return [r for r in records if written.get(r.workload_id) != _reason_key(r)], False
+        return [r for r in records if written.get(r.workload_id) != _reason_key(r)]
 
     def pending_written(self, records: Sequence[PendingRecord]) -> None:
         """Every reason of a decision is stored now (written, or already equal): call after commit."""

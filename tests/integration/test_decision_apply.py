@@ -1,0 +1,149 @@
+"""Writing a decision: the set-based pending reasons, the epoch fence, a restarted leader's first
+write, and the scheduler loop waking on a change (every test on SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from adapters.sql.pending_reasons import write_pending
+from adapters.sql.tables import WorkloadRow
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.core.snapshot import Policy
+from controlplane.service.errors import LostLeadership
+from controlplane.service.ports import PendingRecord
+from controlplane.service.scheduling import acquire_leadership, run_cycle
+from controlplane.service.snapshot_cache import SnapshotCache
+from controlplane.workers.scheduler_loop import wait_for_next_cycle
+from tests.integration.fleet import Tenant, gang
+
+Stored = dict[str, tuple[str, str, Any, int | None, str]]
+
+
+def _stored(wiring: Wiring) -> Stored:
+    with wiring.uow() as uow:
+        rows = uow.session.execute(  # type: ignore[attr-defined]
+            select(
+                WorkloadRow.id,
+                WorkloadRow.reason,
+                WorkloadRow.reason_kind,
+                WorkloadRow.reason_detail,
+                WorkloadRow.queue_position,
+                WorkloadRow.state,
+            )
+        ).all()
+    return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def _submit(client: TestClient, tenant: Tenant, count: int, replicas: int = 2) -> list[str]:
+    ids = []
+    for i in range(count):
+        body = gang(f"g{i}", tenant.queue, replicas=replicas)
+        response = client.post("/v1/workloads", json=body, headers=tenant.headers)
+        assert response.status_code in (200, 201, 202), response.text
+        ids.append(response.json()["id"])
+    return ids
+
+
+def _row_by_row(before: Stored, records: list[PendingRecord]) -> tuple[Stored, int]:
+    """What writing each record alone would leave: a queued workload whose reason, kind or position
+    differs gets all four fields; anything else keeps its row."""
+    after, written = dict(before), 0
+    for r in records:
+        reason, kind, _, position, state = before[r.workload_id]
+        if state == "queued" and (reason, kind, position) != (r.text, r.kind, r.queue_position):
+            after[r.workload_id] = (r.text, r.kind, dict(r.detail), r.queue_position, state)
+            written += 1
+    return after, written
+
+
+def test_set_based_reasons_are_what_row_by_row_writes_would_store(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    ids = _submit(client, tenant, 6)  # no scheduler runs here: all stay queued
+    with wiring.uow() as uow:
+        uow.workloads.set_state(ids[5], ["queued"], "cancelled", "cancelled", utc_now())
+        uow.commit()
+    shared = {"kind": "no-fit", "needed": 40, "quote": 'a "quoted" \\ text'}
+    records = [
+        PendingRecord(ids[0], "no fit: 40 pods", "no-fit", shared, 1),
+        PendingRecord(ids[1], "no fit: 40 pods", "no-fit", shared, 2),
+        PendingRecord(ids[2], "quota: team over its limit ünïcode", "quota-limit", {"kind": "quota-limit"}, 3),
+        PendingRecord(ids[3], "no fit: 40 pods", "no-fit", shared, 4),
+        PendingRecord(ids[5], "never written: cancelled", "no-fit", shared, 5),
+    ]
+    with wiring.uow() as uow:
+        assert write_pending(uow.session, records[3:4]) == 1  # type: ignore[attr-defined]
+        uow.commit()
+    before = _stored(wiring)
+    expected, expected_count = _row_by_row(before, records)
+    with wiring.uow() as uow:
+        written = write_pending(uow.session, records)  # type: ignore[attr-defined]
+        uow.commit()
+    assert _stored(wiring) == expected
+    assert written == expected_count == 3  # ids[3] already held its reason, ids[5] is not queued
+    with wiring.uow() as uow:
+        assert write_pending(uow.session, records) == 0  # type: ignore[attr-defined]
+        uow.commit()
+
+
+def test_a_deposed_leaders_decision_writes_nothing(wiring: Wiring, client: TestClient, tenant: Tenant) -> None:
+    _submit(client, tenant, 5)
+    epoch = acquire_leadership(wiring.uow, "old", utc_now(), 3600.0)
+    assert epoch is not None
+    before = _stored(wiring)
+    assert acquire_leadership(wiring.uow, "new", utc_now() + timedelta(hours=2), 3600.0) is not None
+    with pytest.raises(LostLeadership):
+        run_cycle(wiring.uow, "old", epoch, Policy(), wiring.settings.subject_prefix, utc_now(), 3600.0)
+    assert _stored(wiring) == before  # neither admissions nor reasons landed
+
+
+def test_a_restarted_leader_sends_only_the_reasons_that_differ_from_what_is_stored(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    _submit(client, tenant, 6)
+    prefix = wiring.settings.subject_prefix
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), 3600.0)
+    assert epoch is not None
+    cache = SnapshotCache()
+    for _ in range(3):  # admit, then reasons settle on the capacity the admitted gangs took
+        run_cycle(wiring.uow, "s", epoch, Policy(), prefix, utc_now(), 3600.0, True, cache=cache)
+    stored = _stored(wiring)
+    restarted = SnapshotCache()  # a new leader's cache: a full load, reasons read beside it
+    sent: list[int] = []
+    pending_to_write = restarted.pending_to_write
+
+    def counting(records: Any) -> Any:
+        chosen = pending_to_write(records)
+        sent.append(len(chosen))
+        return chosen
+
+    restarted.pending_to_write = counting  # type: ignore[method-assign]
+    result = run_cycle(wiring.uow, "s", epoch, Policy(), prefix, utc_now(), 3600.0, True, cache=restarted)
+    assert (result.admitted, result.reasons_written, result.pending) == (0, 0, 4)
+    assert sent == [0]  # nothing differed from the stored reasons: nothing was even sent
+    assert _stored(wiring) == stored
+
+
+async def test_the_loop_wakes_for_a_change_and_otherwise_waits_out_its_interval(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    with wiring.uow() as uow:
+        seen = uow.snapshots.latest_change()
+    stop = asyncio.Event()
+    waiting = asyncio.create_task(wait_for_next_cycle(wiring.uow, stop, time.monotonic(), 3600.0, seen))
+    await asyncio.sleep(0.3)  # several polls: nothing changed, so it still waits
+    assert not waiting.done()
+    await asyncio.to_thread(_submit, client, tenant, 1)
+    await asyncio.wait_for(waiting, timeout=30)  # the submit's change woke it, long before the hour
+    blind = asyncio.create_task(wait_for_next_cycle(wiring.uow, stop, time.monotonic(), 3600.0, None))
+    await asyncio.sleep(0.3)
+    assert not blind.done()  # without a cursor (standby, after an error) only the interval or stop
+    stop.set()
+    await asyncio.wait_for(blind, timeout=30)
