@@ -65,7 +65,7 @@ class SqlWorkloadRepository(SqlWorkloadViews):
             ids = [n.workload.id for n in new]
             added = set(self.s.scalars(select(WorkloadRow.id).where(WorkloadRow.id.in_(ids))))
         pod_sets = [
-            _pod_set_row(n.workload.id, i, p)
+            pod_set_row(n.workload.id, i, p)
             for n in new
             if n.workload.id in added
             for i, p in enumerate(n.workload.pod_sets)
@@ -266,7 +266,8 @@ def _workload_row(new: NewWorkload, now: datetime) -> dict[str, Any]:
     }
 
 
-def _pod_set_row(workload_id: str, ordinal: int, p: PodSet) -> dict[str, Any]:
+def pod_set_row(workload_id: str, ordinal: int, p: PodSet) -> dict[str, Any]:
+    """The `pod_sets` row of a gang's pod set (also the bench's bulk seeding writes these)."""
     return {
         "workload_id": workload_id,
         "ordinal": ordinal,

@@ -27,11 +27,7 @@ def principal(
 ) -> Principal:
     found = authenticate(ctx.uow_factory(), credentials.credentials) if credentials else None
     if found is None:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "missing, unknown or revoked API token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise _unauthenticated()
     return found
 
 
@@ -49,12 +45,14 @@ async def submitter(
         if found is None:
             found = await run_in_threadpool(ctx.principals.authenticate, ctx.uow_factory, raw)
     if found is None:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "missing, unknown or revoked API token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise _unauthenticated()
     return found
+
+
+def _unauthenticated() -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, "missing, unknown or revoked API token", headers={"WWW-Authenticate": "Bearer"}
+    )
 
 
 def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:

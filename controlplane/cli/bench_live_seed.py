@@ -30,9 +30,10 @@ from adapters.sql.tables import (
     TeamRow,
     WorkloadRow,
 )
+from adapters.sql.workload_repo import pod_set_row
 from controlplane.bench.synthetic import PRIORITY_CLASSES, BenchSize, SyntheticFleet
 from controlplane.core.snapshot import LiveRun
-from controlplane.domain.model import CPU, GPU, MEM, PodSet, QueueNode, Workload
+from controlplane.domain.model import CPU, GPU, MEM, QueueNode, Workload
 
 BATCH = 5_000  # rows per executemany: bounded memory, few round trips
 DEFAULT_CLASS = "batch"
@@ -56,21 +57,6 @@ def _quota_columns(node: QueueNode) -> dict[str, Any]:
         "weight": node.weight,
         "borrowing_limit": dict(node.borrowing_limit.amounts),
         "lending_limit": dict(node.lending_limit.amounts),
-    }
-
-
-def _pod_set_row(workload_id: str, ordinal: int, p: PodSet) -> dict[str, Any]:
-    return {
-        "workload_id": workload_id,
-        "ordinal": ordinal,
-        "name": p.name,
-        "replicas": p.replicas,
-        "gpus": p.gpus,
-        "mig_profile": p.mig_profile,
-        "gpu_fraction": p.gpu_fraction,
-        "cpu_millis": p.cpu_millis,
-        "memory_mib": p.memory_mib,
-        "gpu_models": list(p.gpu_models),
     }
 
 
@@ -305,5 +291,5 @@ def _write(engine: Engine, fleet: SyntheticFleet, live: tuple[LiveRun, ...], now
                 for w in gangs
             ),
         )
-        put(PodSetRow, (_pod_set_row(w.id, i, p) for w in gangs for i, p in enumerate(w.pod_sets)))
+        put(PodSetRow, (pod_set_row(w.id, i, p) for w in gangs for i, p in enumerate(w.pod_sets)))
     return counts
