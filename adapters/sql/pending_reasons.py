@@ -7,8 +7,9 @@ written, so a restarted leader whose decision matches its predecessor's writes o
 differences, without first reading 100,000 stored reasons back into Python. Only queued workloads
 are written (one cancelled or admitted since the snapshot keeps its own reason).
 
-PostgreSQL: one UPDATE ... FROM unnest(arrays) per chunk (executemany would pay one round trip
-per row). SQLite, in-process: one executemany with the same comparison.
+PostgreSQL: one UPDATE ... FROM json_to_recordset(one JSON text) per chunk (executemany would pay
+one round trip per row, and array parameters are adapted element by element). SQLite,
+in-process: one executemany with the same comparison.
 """
 
 from __future__ import annotations
