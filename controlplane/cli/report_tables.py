@@ -103,7 +103,9 @@ def rows_of(report: Mapping[str, Any], layout: Layout) -> list[list[Any]]:
     for key in layout.singles:
         single = report.get(key)
         if single:
-            out.append([single.get(c) for c in layout.columns])
+            # A total row may lack the label column (the utilization report's total has no group).
+            row = [single.get(c) for c in layout.columns]
+            out.append([key if row[0] is None else row[0], *row[1:]])
     return out
 
 

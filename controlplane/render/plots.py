@@ -41,7 +41,8 @@ from controlplane.render.svg import (
 
 WIDTH = 720
 HEIGHT = 320
-LEFT, RIGHT, TOP = 70.0, 20.0, 48.0
+# The right margin leaves room for half of the last time label, centred on the last point.
+LEFT, RIGHT, TOP = 70.0, 40.0, 48.0
 # Points beyond this many per series are drawn as a line only (markers would be noise).
 MARKER_LIMIT = 60
 CATEGORY_LABEL = 14
