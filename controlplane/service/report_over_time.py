@@ -58,8 +58,27 @@ def buckets(start: datetime, end: datetime, size: int | None) -> list[tuple[date
     return out
 
 
-def _overlapping(runs: Sequence[RunRecord], lo: datetime, hi: datetime) -> list[RunRecord]:
-    return [r for r in runs if r.admitted_at < hi and (r.finished_at is None or r.finished_at >= lo)]
+def runs_by_bucket(runs: Sequence[RunRecord], spans: Sequence[tuple[datetime, datetime]]) -> list[list[RunRecord]]:
+    """The runs overlapping each bucket (admitted before its end, not finished before its start),
+    in one pass over the runs: buckets are equal steps from the first start, so a run's buckets
+    are an index range (O(runs + overlaps), not O(runs x buckets))."""
+    out: list[list[RunRecord]] = [[] for _ in spans]
+    if not spans:
+        return out
+    origin, step = spans[0][0], (spans[0][1] - spans[0][0]).total_seconds()
+    last = len(spans) - 1
+    for run in runs:
+        first_index = max(0, int((run.admitted_at - origin).total_seconds() // step))
+        if run.finished_at is None:
+            last_index = last
+        else:
+            # A run that finished exactly at a bucket's start still overlaps it (`finished_at >= lo`).
+            last_index = min(last, int((run.finished_at - origin).total_seconds() // step))
+        for i in range(first_index, last_index + 1):
+            lo, hi = spans[i]
+            if run.admitted_at < hi and (run.finished_at is None or run.finished_at >= lo):
+                out[i].append(run)
+    return out
 
 
 # --- utilization over time ---------------------------------------------------------------------
@@ -99,9 +118,9 @@ def timeline_figures(
     ordered = sorted(windows, key=lambda w: w.window_start)
     starts = [w.window_start for w in ordered]
     rows: list[TimelineRow] = []
-    for lo, hi in spans:
+    for (lo, hi), overlapping in zip(spans, runs_by_bucket(runs, spans), strict=True):
         mine = ordered[bisect.bisect_left(starts, lo - WINDOW_LOOKBACK) : bisect.bisect_left(starts, hi)]
-        report = aggregate(_overlapping(runs, lo, hi), mine, lo, hi, group_by, now, top=0)
+        report = aggregate(overlapping, mine, lo, hi, group_by, now, top=0)
         for g in report.groups:
             rows.append(
                 TimelineRow(
@@ -205,10 +224,10 @@ def fairness_figures(
     team_of = {q.queue: q.team for q in queues}
     visible = {q.queue for q in queues if team_id is None or q.team_id == team_id}
     rows: list[FairnessRow] = []
-    for lo, hi in spans:
+    for (lo, hi), overlapping in zip(spans, runs_by_bucket(runs, spans), strict=True):
         stop = min(hi, now)
         held: dict[str, float] = dict.fromkeys(entitled, 0.0)
-        for run in _overlapping(runs, lo, hi):
+        for run in overlapping:
             held[run.queue] = held.get(run.queue, 0.0) + run.gpu_eq * held_hours(run, lo, stop)
             team_of.setdefault(run.queue, run.team)
         fleet = sum(held.values())
