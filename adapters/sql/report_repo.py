@@ -1,17 +1,39 @@
-"""Rows for utilization reports: runs whose allocation overlaps a range, with their pods."""
+"""Rows for fleet reports: runs whose allocation overlaps a range (with their pods and prices),
+workloads submitted in a range, queues' entitlement inputs, fleet capacity, eviction beneficiaries."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, selectinload
 
-from adapters.sql.tables import AuditRow, ClusterRow, NodePoolRow, NodeRow, QueueRow, RunRow, TeamRow, WorkloadRow
+from adapters.sql.tables import (
+    AuditRow,
+    ClusterRow,
+    NodePoolRow,
+    NodeRow,
+    PodSetRow,
+    QueueRow,
+    RunRow,
+    TeamRow,
+    WorkloadRow,
+)
 from controlplane.core.gpu_eq import gpu_eq_with_replicas
-from controlplane.domain.sharing import InvalidSharingMode, SharingMode
-from controlplane.service.report_records import RunRecord, RunSlice
+from controlplane.domain.model import GPU_EQ
+from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_gpu_eq
+from controlplane.service.report_records import (
+    EVICTION_ACTION,
+    IDLE_RECLAIM_ACTION,
+    QueueRecord,
+    RunRecord,
+    RunSlice,
+    WorkloadRecord,
+)
+
+CHUNK = 1000  # bounded IN lists
 
 
 def _slice(node: str, pool: NodePoolRow, demand: dict[str, Any]) -> RunSlice:
@@ -31,7 +53,34 @@ def _slice(node: str, pool: NodePoolRow, demand: dict[str, Any]) -> RunSlice:
                 continue  # a profile this version does not know holds no gpu-eq it can count
     devices = int(demand.get("gpu", 0)) + (1 if demand.get("share") else 0)
     share = plain / devices if devices else 1.0
-    return RunSlice(node=node, gpu_model=pool.gpu_model, gpu_eq=plain + migs, device_share=share)
+    return RunSlice(
+        node=node,
+        gpu_model=pool.gpu_model,
+        gpu_eq=plain + migs,
+        device_share=share,
+        price_per_gpu_hour=float(pool.price_per_gpu_hour or 0.0),
+    )
+
+
+def _pod_set_gpu_eq(pod_set: PodSetRow) -> float:
+    """gpu-eq a pod set asks for (every replica): whole GPUs, a MIG slice's sevenths, or a fraction."""
+    if pod_set.mig_profile:
+        try:
+            per_pod = float(mig_gpu_eq(pod_set.mig_profile))
+        except InvalidSharingMode:
+            per_pod = 0.0
+    elif pod_set.gpu_fraction:
+        per_pod = float(pod_set.gpu_fraction)
+    else:
+        per_pod = float(pod_set.gpus or 0)
+    return pod_set.replicas * per_pod
+
+
+def _gpu_amount(quota: dict[str, Any]) -> float:
+    """The GPUs a quota names: its gpu-eq amount, or the sum of its per-model amounts if larger."""
+    eq = float(quota.get(GPU_EQ, 0) or 0)
+    models = sum(float(v or 0) for k, v in quota.items() if k != GPU_EQ)
+    return max(eq, models)
 
 
 class SqlReportRepository:
@@ -80,12 +129,91 @@ class SqlReportRepository:
                     state=run.state,
                     message=run.message,
                     end_cause=run.end_cause,
+                    started_at=run.started_at,
                     admitted_at=run.created_at,
                     finished_at=run.finished_at,
                     slices=slices,
                 )
             )
         return out
+
+    def workloads(self, start: datetime, end: datetime, team_id: str | None) -> list[WorkloadRecord]:
+        first_run = (
+            select(RunRow.workload_id, func.min(RunRow.created_at).label("first"))
+            .group_by(RunRow.workload_id)
+            .subquery()
+        )
+        query = (
+            select(WorkloadRow, TeamRow.name, QueueRow.name, first_run.c.first)
+            .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .outerjoin(first_run, first_run.c.workload_id == WorkloadRow.id)
+            .where(WorkloadRow.created_at >= start, WorkloadRow.created_at < end)
+            .order_by(WorkloadRow.created_seq)
+        )
+        if team_id is not None:
+            query = query.where(WorkloadRow.team_id == team_id)
+        return [
+            WorkloadRecord(
+                workload_id=w.id,
+                workload=w.name,
+                team_id=w.team_id,
+                team=team,
+                queue=queue,
+                state=w.state,
+                submitted_at=w.created_at,
+                first_admitted_at=first,
+                finished_at=w.finished_at,
+                gpu_eq=sum(_pod_set_gpu_eq(p) for p in w.pod_sets),
+            )
+            for w, team, queue, first in self.s.execute(query)
+        ]
+
+    def queues(self) -> list[QueueRecord]:
+        rows = self.s.execute(select(QueueRow, TeamRow).join(TeamRow, TeamRow.id == QueueRow.team_id))
+        return [
+            QueueRecord(
+                queue=q.name,
+                team_id=t.id,
+                team=t.name,
+                guaranteed=_gpu_amount(dict(q.guaranteed or {})),
+                team_guaranteed=_gpu_amount(dict(t.guaranteed or {})),
+                weight=float(q.weight) if q.weight and q.weight > 0 else 1.0,
+            )
+            for q, t in rows
+        ]
+
+    def capacity_gpu_eq(self) -> float:
+        total = self.s.scalar(select(func.sum(NodePoolRow.node_count * NodePoolRow.gpus_per_node)))
+        return float(total or 0)
+
+    def beneficiary_teams(self, run_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(run_ids)
+        found: dict[str, str] = {}
+        beneficiary_of: dict[str, str] = {}
+        for start in range(0, len(ids), CHUNK):
+            for object_id, detail in self.s.execute(
+                select(AuditRow.object_id, AuditRow.detail).where(
+                    AuditRow.action.in_((IDLE_RECLAIM_ACTION, EVICTION_ACTION)),
+                    AuditRow.object_id.in_(ids[start : start + CHUNK]),
+                )
+            ):
+                workload = (detail or {}).get("beneficiary")
+                if isinstance(workload, str) and workload:
+                    beneficiary_of[object_id] = workload
+        workloads = sorted(set(beneficiary_of.values()))
+        team_of: dict[str, str] = {}
+        for start in range(0, len(workloads), CHUNK):
+            for workload_id, team in self.s.execute(
+                select(WorkloadRow.id, TeamRow.name)
+                .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
+                .where(WorkloadRow.id.in_(workloads[start : start + CHUNK]))
+            ):
+                team_of[workload_id] = team
+        for run_id, workload in beneficiary_of.items():
+            if workload in team_of:
+                found[run_id] = team_of[workload]
+        return found
 
     def marked(self, action: str, object_id: str) -> bool:
         found = self.s.scalar(

@@ -1,4 +1,5 @@
-"""`gpufleet report ...`: fleet reports from the REST API (a table, CSV or the raw JSON)."""
+"""`gpufleet report ...`: fleet reports from the REST API (a table, CSV, the raw JSON, or an HTML page
+with plots)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import csv
 import sys
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import click
 
 from controlplane.cli.client_output import console, new_table, print_json
+from controlplane.cli.report_html import write_page
+from controlplane.cli.report_tables import LAYOUTS, print_table
+from controlplane.cli.report_tables import write_csv as write_layout_csv
 from controlplane.cli.rest_api import Api, connection_options, decoded
 
 GROUP_BY = ("team", "queue", "cluster", "gpu_model")
@@ -86,15 +91,83 @@ def report() -> None:
     """Reports over the fleet's history."""
 
 
+def _range(func: Any) -> Any:
+    func = click.option(
+        "--to", "end", required=True, type=click.DateTime(), help="End (exclusive), UTC; at most 92 days on."
+    )(func)
+    return click.option("--from", "start", required=True, type=click.DateTime(), help="Start (inclusive), UTC.")(func)
+
+
+def _outputs(func: Any) -> Any:
+    func = click.option("--csv", "as_csv", is_flag=True, help="Print CSV with a header row.")(func)
+    return click.option(
+        "--html",
+        "html",
+        type=click.Path(dir_okay=False, writable=True, path_type=Path),
+        help="Write a self-contained HTML page with tables and plots to this file.",
+    )(func)
+
+
+def parse_bucket(value: str | None) -> int | None:
+    """`3600`, `90m`, `6h` or `1d` as seconds; None when not given (the API then picks one)."""
+    if value is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = value.strip().lower()
+    factor = units.get(text[-1:], 0)
+    number = text[:-1] if factor else text
+    try:
+        amount = float(number)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a duration such as 3600, 30m, 6h or 1d") from None
+    return int(amount * (factor or 1))
+
+
+BUCKET = click.option(
+    "--bucket", default=None, help="Bucket length: seconds, or 30m, 6h, 1d (default: chosen by the API)."
+)
+
+
+def _params(start: datetime, end: datetime, **extra: Any) -> dict[str, str | int | list[str]]:
+    params: dict[str, str | int | list[str]] = {"from": start.isoformat(), "to": end.isoformat()}
+    params.update({k: v for k, v in extra.items() if v is not None})
+    return params
+
+
+def _get(api: str, token: str | None, kind: str, params: dict[str, str | int | list[str]]) -> Any:
+    return decoded(Api.from_options(api, token).request("GET", f"/v1/reports/{kind}", params=params))
+
+
+def _show(kind: str, found: Any, *, as_json: bool, as_csv: bool, html: Path | None) -> None:
+    if html is not None:
+        write_page(html, f"gpufleet {kind} report, {found.get('start')} to {found.get('end')}", {kind: found})
+        console().print(f"wrote {html}")
+    elif as_json:
+        print_json(found)
+    elif as_csv:
+        write_layout_csv(found, LAYOUTS[kind])
+    else:
+        note = [str(found["note"])] if found.get("note") else []
+        print_table(found, LAYOUTS[kind], note)
+
+
 @report.command()
-@click.option("--from", "start", required=True, type=click.DateTime(), help="Start (inclusive), UTC.")
-@click.option("--to", "end", required=True, type=click.DateTime(), help="End (exclusive), UTC; at most 92 days on.")
+@_range
 @click.option("--by", "by", type=click.Choice(GROUP_BY), default="team", show_default=True, help="Group rows by.")
 @click.option("--top", type=click.IntRange(0, 100), default=10, show_default=True, help="Idlest runs to list.")
-@click.option("--csv", "as_csv", is_flag=True, help="Print CSV (one row per group, then the total).")
+@_outputs
 @connection_options
 def utilization(
-    *, start: datetime, end: datetime, by: str, top: int, as_csv: bool, api: str, token: str | None, as_json: bool
+    *,
+    start: datetime,
+    end: datetime,
+    by: str,
+    top: int,
+    as_csv: bool,
+    html: Path | None,
+    api: str,
+    token: str | None,
+    as_json: bool,
 ) -> None:
     """Allocated, used, idle, unmeasured and reclaimed GPU-hours per group over [FROM, TO)."""
     params: dict[str, str | int | list[str]] = {
@@ -104,12 +177,139 @@ def utilization(
         "top": top,
     }
     found = decoded(Api.from_options(api, token).request("GET", "/v1/reports/utilization", params=params))
-    if as_json:
+    if html is not None:
+        _show("utilization", found, as_json=as_json, as_csv=as_csv, html=html)
+    elif as_json:
         print_json(found)
     elif as_csv:
         write_csv(found, by)
     else:
         print_tables(found, by)
+
+
+@report.command()
+@_range
+@_outputs
+@connection_options
+def waiting(
+    *, start: datetime, end: datetime, as_csv: bool, html: Path | None, api: str, token: str | None, as_json: bool
+) -> None:
+    """p50/p95/max wait to first admission per team, queue and gang size (gpu-eq), for workloads
+    submitted in [FROM, TO); ones never admitted count with their wait so far."""
+    found = _get(api, token, "waiting", _params(start, end))
+    _show("waiting", found, as_json=as_json, as_csv=as_csv, html=html)
+
+
+@report.command()
+@_range
+@click.option("--by", type=click.Choice(("queue", "team")), default="queue", show_default=True, help="Rows per.")
+@BUCKET
+@_outputs
+@connection_options
+def fairness(
+    *,
+    start: datetime,
+    end: datetime,
+    by: str,
+    bucket: str | None,
+    as_csv: bool,
+    html: Path | None,
+    api: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Per time bucket, each queue's (or team's) share of the fleet's allocated GPU-hours vs its
+    entitlement (guarantee plus weight share of the rest)."""
+    found = _get(api, token, "fairness", _params(start, end, by=by, bucket=parse_bucket(bucket)))
+    _show("fairness", found, as_json=as_json, as_csv=as_csv, html=html)
+
+
+@report.command()
+@_range
+@_outputs
+@connection_options
+def evictions(
+    *, start: datetime, end: datetime, as_csv: bool, html: Path | None, api: str, token: str | None, as_json: bool
+) -> None:
+    """Preemptions and reclaims in [FROM, TO) by kind, victim and beneficiary team: GPU-hours of
+    work lost and of idle capacity returned."""
+    found = _get(api, token, "evictions", _params(start, end))
+    _show("evictions", found, as_json=as_json, as_csv=as_csv, html=html)
+
+
+@report.command()
+@_range
+@click.option("--by", "by", type=click.Choice(GROUP_BY), default="team", show_default=True, help="Group rows by.")
+@_outputs
+@connection_options
+def cost(
+    *,
+    start: datetime,
+    end: datetime,
+    by: str,
+    as_csv: bool,
+    html: Path | None,
+    api: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """GPU-hours x pool price: allocated vs used, and the money at stake (allocated - used)."""
+    found = _get(api, token, "cost", _params(start, end, group_by=by))
+    _show("cost", found, as_json=as_json, as_csv=as_csv, html=html)
+
+
+@report.command()
+@_range
+@click.option("--by", "by", type=click.Choice(GROUP_BY), default="team", show_default=True, help="Group rows by.")
+@BUCKET
+@_outputs
+@connection_options
+def timeline(
+    *,
+    start: datetime,
+    end: datetime,
+    by: str,
+    bucket: str | None,
+    as_csv: bool,
+    html: Path | None,
+    api: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """The utilization figures per time bucket (allocated, used, idle ... GPU-hours)."""
+    found = _get(api, token, "timeline", _params(start, end, group_by=by, bucket=parse_bucket(bucket)))
+    _show("timeline", found, as_json=as_json, as_csv=as_csv, html=html)
+
+
+@report.command(name="all")
+@_range
+@BUCKET
+@click.option(
+    "--html",
+    "html",
+    required=True,
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="The HTML file to write.",
+)
+@connection_options
+def all_reports(
+    *, start: datetime, end: datetime, bucket: str | None, html: Path, api: str, token: str | None, as_json: bool
+) -> None:
+    """Every fleet report over [FROM, TO) in one self-contained HTML page with plots."""
+    seconds = parse_bucket(bucket)
+    reports = {
+        "timeline": _get(api, token, "timeline", _params(start, end, group_by="team", bucket=seconds)),
+        "utilization": _get(api, token, "utilization", _params(start, end, group_by="team")),
+        "waiting": _get(api, token, "waiting", _params(start, end)),
+        "fairness": _get(api, token, "fairness", _params(start, end, by="team", bucket=seconds)),
+        "evictions": _get(api, token, "evictions", _params(start, end)),
+        "cost": _get(api, token, "cost", _params(start, end, group_by="team")),
+    }
+    write_page(html, f"gpufleet fleet reports, {start.isoformat()} to {end.isoformat()} UTC", reports)
+    if as_json:
+        print_json(reports)
+    else:
+        console().print(f"wrote {html}")
 
 
 def register(group: click.Group) -> None:

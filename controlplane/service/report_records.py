@@ -5,11 +5,17 @@ A leaf module, so the ports can name `ReportRepository` without importing the re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from controlplane.core.decision import EndCause
+
+# The audit actions whose entries name an eviction's beneficiary (`detail.beneficiary`, a workload
+# id): the scheduler writes `run.reclaim-idle` with the idle evidence, `run.evict` for every other kind.
+IDLE_RECLAIM_ACTION = "run.reclaim-idle"
+EVICTION_ACTION = "run.evict"
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class RunSlice:
     # gpu-eq of each whole or shared GPU the pod reports telemetry for (1, or 1 / replicas);
     # MIG instances carry their profile in the window instead.
     device_share: float = 1.0
+    price_per_gpu_hour: float = 0.0  # its pool's price, for the cost report
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class RunRecord:
     finished_at: datetime | None
     slices: tuple[RunSlice, ...]
     end_cause: str = ""  # EndCause; "" while live
+    started_at: datetime | None = None  # when its pods last all ran; None if they never did
 
     @property
     def gpu_eq(self) -> float:
@@ -49,10 +57,55 @@ class RunRecord:
         return self.end_cause == EndCause.RECLAIMED_IDLE and self.finished_at is not None
 
 
+@dataclass(frozen=True)
+class WorkloadRecord:
+    """A submitted workload, for the waiting-time report."""
+
+    workload_id: str
+    workload: str
+    team_id: str
+    team: str
+    queue: str
+    state: str
+    submitted_at: datetime
+    first_admitted_at: datetime | None  # its first run's admission; None if never admitted
+    finished_at: datetime | None
+    gpu_eq: float  # what the whole gang asks for (every replica), as the core counts gpu-eq
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """A queue's entitlement inputs, as configured now: its own and its team's GPU guarantees (the
+    sum of their GPU amounts, gpu-eq or per model) and its fair-share weight."""
+
+    queue: str
+    team_id: str
+    team: str
+    guaranteed: float
+    team_guaranteed: float
+    weight: float
+
+
 class ReportRepository(Protocol):
     def runs(self, start: datetime, end: datetime, team_id: str | None) -> list[RunRecord]:
         """Runs whose allocation overlaps `[start, end)` (admitted before `end`, not finished
         before `start`), of one team or of all."""
+        ...
+
+    def workloads(self, start: datetime, end: datetime, team_id: str | None) -> list[WorkloadRecord]:
+        """Workloads submitted in `[start, end)`, of one team or of all."""
+        ...
+
+    def queues(self) -> list[QueueRecord]:
+        """Every queue with its guarantees and weight."""
+        ...
+
+    def capacity_gpu_eq(self) -> float:
+        """The fleet's GPUs now: every pool's nodes x GPUs per node (a MIG or shared GPU counts 1)."""
+        ...
+
+    def beneficiary_teams(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """Run id -> the team of the workload its eviction was for, where the audit log recorded it."""
         ...
 
     def marked(self, action: str, object_id: str) -> bool:

@@ -30,22 +30,27 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from controlplane.domain.sharing import InvalidSharingMode, mig_gpu_eq
 from controlplane.service.errors import Invalid
 from controlplane.service.events import envelope
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory
+from controlplane.service.report_accounting import (
+    DEFAULT_IDLE_THRESHOLD,
+    check_span,
+    held_hours,
+    reclaimed_hours,
+    utc,
+    window_terms,
+)
 
 # Also re-exported: these values were defined here before they moved to their leaf module.
 from controlplane.service.report_records import ReportRepository, RunRecord, RunSlice  # noqa: F401
 from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import Principal
 
-DEFAULT_IDLE_THRESHOLD = 0.05
-MAX_RANGE = timedelta(days=92)
 DEFAULT_TOP = 10
 MAX_TOP = 100
 # Windows are at most this long, so one that starts this long before the range may still overlap it.
@@ -139,23 +144,6 @@ class UtilizationReport:
 # --- pure aggregation --------------------------------------------------------------------------
 
 
-def _hours(start: datetime, end: datetime) -> float:
-    return max(0.0, (end - start).total_seconds() / 3600.0)
-
-
-def _run_end(run: RunRecord, end: datetime) -> datetime:
-    return end if run.finished_at is None else min(run.finished_at, end)
-
-
-def _window_share(window: TelemetryWindow, slice_: RunSlice | None) -> float:
-    if window.mig_profile:
-        try:
-            return float(mig_gpu_eq(window.mig_profile))
-        except InvalidSharingMode:
-            pass
-    return slice_.device_share if slice_ is not None else 1.0
-
-
 def _key(run: RunRecord, group_by: GroupBy) -> str:
     if group_by is GroupBy.TEAM:
         return run.team
@@ -189,13 +177,10 @@ def aggregate(
         return found
 
     for run in runs:
-        held_from, held_to = max(run.admitted_at, start), _run_end(run, stop)
-        hours = _hours(held_from, held_to)
-        reclaimed = 0.0
-        if run.reclaimed_idle and run.finished_at is not None and start <= run.finished_at < end:
-            reclaimed = _hours(run.finished_at, stop)
+        held = held_hours(run, start, stop)
+        reclaimed = reclaimed_hours(run, start, end, stop)
         mine = per_run[run.run_id] = Figures(runs=1)
-        mine.allocated_gpu_hours = run.gpu_eq * hours
+        mine.allocated_gpu_hours = run.gpu_eq * held
         mine.reclaimed_gpu_hours = run.gpu_eq * reclaimed
         if group_by is GroupBy.GPU_MODEL:
             models: dict[str, float] = {}
@@ -204,7 +189,7 @@ def aggregate(
             for model, eq in models.items():
                 g = figures(model)
                 g.runs += 1
-                g.allocated_gpu_hours += eq * hours
+                g.allocated_gpu_hours += eq * held
                 g.reclaimed_gpu_hours += eq * reclaimed
         else:
             g = figures(_key(run, group_by))
@@ -212,34 +197,12 @@ def aggregate(
             g.allocated_gpu_hours += mine.allocated_gpu_hours
             g.reclaimed_gpu_hours += mine.reclaimed_gpu_hours
 
-    slices_by_node: dict[tuple[str, str], RunSlice] = {}
-    for run in runs:
-        for s in run.slices:
-            slices_by_node.setdefault((run.run_id, s.node), s)
-    for w in windows:
-        owner = by_run.get(w.run_id or "")
-        if owner is None:
-            continue
-        run = owner
-        lo = max(w.window_start, start, run.admitted_at)
-        hi = min(w.window_end, _run_end(run, stop))
-        hours = _hours(lo, hi)
-        activity = w.activity_mean
-        if hours <= 0 or activity is None:
-            continue
-        slice_ = slices_by_node.get((run.run_id, w.node))
-        measured = _window_share(w, slice_) * hours
-        used = measured * activity
-        idle = measured if activity < threshold else 0.0
-        if group_by is GroupBy.GPU_MODEL:
-            model = slice_.gpu_model if slice_ is not None else (run.slices[0].gpu_model if run.slices else "unknown")
-            targets = [figures(model), per_run[run.run_id]]
-        else:
-            targets = [figures(_key(run, group_by)), per_run[run.run_id]]
-        for t in targets:
-            t.measured_gpu_hours += measured
-            t.used_gpu_hours += used
-            t.idle_gpu_hours += idle
+    for term in window_terms(runs, windows, start, stop, threshold):
+        key = term.gpu_model if group_by is GroupBy.GPU_MODEL else _key(term.run, group_by)
+        for t in (figures(key), per_run[term.run.run_id]):
+            t.measured_gpu_hours += term.measured
+            t.used_gpu_hours += term.used
+            t.idle_gpu_hours += term.idle
 
     rows: list[GroupRow] = []
     total = Figures()
@@ -281,17 +244,9 @@ def aggregate(
 # --- with the database -------------------------------------------------------------------------
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def check_range(start: datetime, end: datetime, group_by: str, top: int) -> tuple[datetime, datetime, GroupBy]:
     """Validated inputs (naive times are taken as UTC); `Invalid` with a message otherwise."""
-    start, end = _utc(start), _utc(end)
-    if end <= start:
-        raise Invalid("`to` must be after `from`")
-    if end - start > MAX_RANGE:
-        raise Invalid(f"the range may span at most {MAX_RANGE.days} days")
+    start, end = check_span(start, end)
     if group_by not in set(GroupBy):
         raise Invalid(f"unknown group_by {group_by!r}; use one of {', '.join(g.value for g in GroupBy)}")
     if not 0 <= top <= MAX_TOP:
@@ -352,7 +307,7 @@ def report_dict(report: UtilizationReport) -> dict[str, Any]:
 
 
 def previous_hour(now: datetime) -> tuple[datetime, datetime]:
-    end = _utc(now).replace(minute=0, second=0, microsecond=0)
+    end = utc(now).replace(minute=0, second=0, microsecond=0)
     return end - timedelta(hours=1), end
 
 

@@ -21,6 +21,7 @@ from controlplane.service.errors import LostLeadership
 from controlplane.service.events import emit_many
 from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, seconds_between
 from controlplane.service.ports import PendingRecord, UnitOfWorkFactory
+from controlplane.service.report_records import EVICTION_ACTION, IDLE_RECLAIM_ACTION
 from controlplane.service.snapshot_cache import SnapshotCache
 from controlplane.service.wording import eviction_fields, eviction_text, pending_fields, pending_text
 from controlplane.service.workloads import emit
@@ -237,7 +238,7 @@ def _cycle(
                 # Every reclaim for idleness is audited with the evidence it rests on and the epoch.
                 uow.audit.record(
                     "scheduler",
-                    "run.reclaim-idle",
+                    IDLE_RECLAIM_ACTION,
                     "run",
                     eviction.run_id,
                     {
@@ -249,6 +250,17 @@ def _cycle(
                         "idle_windows": finding.idle_windows if finding else 0,
                         "evidence": list(finding.evidence) if finding else [],
                     },
+                    now,
+                )
+            else:
+                # The beneficiary of every other eviction is kept too (events are pruned, the run
+                # row has no column for it): the preemption report names the team that gained.
+                uow.audit.record(
+                    "scheduler",
+                    EVICTION_ACTION,
+                    "run",
+                    eviction.run_id,
+                    {"epoch": epoch, "workload_id": eviction.workload_id, **eviction_fields(eviction)},
                     now,
                 )
             emit(
