@@ -31,7 +31,13 @@ def _slice(node: str, pool: NodePoolRow, demand: dict[str, Any]) -> RunSlice:
                 continue  # a profile this version does not know holds no gpu-eq it can count
     devices = int(demand.get("gpu", 0)) + (1 if demand.get("share") else 0)
     share = plain / devices if devices else 1.0
-    return RunSlice(node=node, gpu_model=pool.gpu_model, gpu_eq=plain + migs, device_share=share)
+    return RunSlice(
+        node=node,
+        gpu_model=pool.gpu_model,
+        gpu_eq=plain + migs,
+        device_share=share,
+        price_per_gpu_hour=pool.price_per_gpu_hour,
+    )
 
 
 class SqlReportRepository:

@@ -22,6 +22,7 @@ class RunSlice:
     # gpu-eq of each whole or shared GPU the pod reports telemetry for (1, or 1 / replicas);
     # MIG instances carry their profile in the window instead.
     device_share: float = 1.0
+    price_per_gpu_hour: float = 0.0  # the price of its node's pool
 
 
 @dataclass(frozen=True)

@@ -278,6 +278,20 @@ def aggregate(
     return UtilizationReport(start, end, str(group_by), threshold, rows, total, top_runs)
 
 
+def mean_price_by_team(runs: Sequence[RunRecord], start: datetime, end: datetime, now: datetime) -> dict[str, float]:
+    """Per team, the price per GPU-hour of its allocation in `[start, end)`: each pod's pool price
+    weighted by the pod's allocated GPU-hours (0 for a team that held nothing)."""
+    stop = min(end, now)
+    hours: dict[str, float] = {}
+    cost: dict[str, float] = {}
+    for run in runs:
+        held = _hours(max(run.admitted_at, start), _run_end(run, stop))
+        for s in run.slices:
+            hours[run.team] = hours.get(run.team, 0.0) + s.gpu_eq * held
+            cost[run.team] = cost.get(run.team, 0.0) + s.gpu_eq * held * s.price_per_gpu_hour
+    return {team: (cost[team] / h if h > 0 else 0.0) for team, h in hours.items()}
+
+
 # --- with the database -------------------------------------------------------------------------
 
 
@@ -299,15 +313,23 @@ def check_range(start: datetime, end: datetime, group_by: str, top: int) -> tupl
     return start, end, GroupBy(group_by)
 
 
-def _report(
-    uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime, group_by: GroupBy, top: int, now: datetime
-) -> UtilizationReport:
+def runs_and_windows(
+    uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime
+) -> tuple[list[RunRecord], list[TelemetryWindow]]:
+    """The runs whose allocation overlaps `[start, end)` (of one team or all) and their windows."""
     runs = uow.reports.runs(start, end, team_id)
     ids = {r.run_id for r in runs}
     windows: list[TelemetryWindow] = []
     if ids:
         found = uow.telemetry.windows(WindowQuery(since=start - WINDOW_LOOKBACK, until=end, limit=WINDOW_LIMIT))
         windows = [w for w in found if w.run_id in ids]
+    return runs, windows
+
+
+def _report(
+    uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime, group_by: GroupBy, top: int, now: datetime
+) -> UtilizationReport:
+    runs, windows = runs_and_windows(uow, team_id, start, end)
     return aggregate(runs, windows, start, end, group_by, now, top)
 
 
