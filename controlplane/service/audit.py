@@ -50,16 +50,20 @@ from controlplane.service.views import Principal
 AUDIT_EVENT = "audit.report"
 AUDIT_ACTION = "report.audit"
 MAX_RULE_FILTERS = len(Rule)
+# The daily event carries at most this many findings (the most severe), so it stays one NATS message
+# on any fleet; `findings_total` says how many there were.
+MAX_EVENT_FINDINGS = 500
 LIVE = ("admitted", "dispatching", "running")
 
 
 class AuditSettings(Strict):
     """`audit:` of gpufleet.yaml (every field optional; the defaults are the README's)."""
 
-    lookback_hours: float = Field(default=24.0, gt=0, le=24 * 92)
-    min_utilization: float = Field(default=0.3, ge=0, le=1)
-    min_measured_gpu_hours: float = Field(default=1.0, ge=0, le=1e9)
-    high_utilization: float = Field(default=0.1, ge=0, le=1)
+    # The defaults live with the thresholds themselves (`AuditThresholds`).
+    lookback_hours: float = Field(default=AuditThresholds.lookback_hours, gt=0, le=24 * 92)
+    min_utilization: float = Field(default=AuditThresholds.min_utilization, ge=0, le=1)
+    min_measured_gpu_hours: float = Field(default=AuditThresholds.min_measured_gpu_hours, ge=0, le=1e9)
+    high_utilization: float = Field(default=AuditThresholds.high_utilization, ge=0, le=1)
 
     def thresholds(self) -> AuditThresholds:
         return AuditThresholds(
@@ -293,8 +297,9 @@ def publish_daily_audit(
         if uow.reports.marked(AUDIT_ACTION, day):
             return False
         found = evaluate(load_facts(uow, rules, thresholds, now), thresholds, now)
-        report = report_of(found, now)
-        data: dict[str, Any] = {"day": day, **report.model_dump(mode="json")}
+        report = report_of(found, now)  # counts over every finding
+        data: dict[str, Any] = {"day": day, "findings_total": len(found), **report.model_dump(mode="json")}
+        data["findings"] = data["findings"][:MAX_EVENT_FINDINGS]
         event_id = uuid.uuid5(uuid.NAMESPACE_URL, f"gpufleet:{prefix}:{AUDIT_EVENT}:{day}").hex
         _, payload = envelope(AUDIT_EVENT, data, now, event_id=event_id)
         uow.outbox.add(audit_subject(prefix), event_id, payload, now)

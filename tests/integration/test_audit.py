@@ -142,7 +142,8 @@ def test_the_demo_reports_its_time_sliced_pool_and_its_hoarder_and_nothing_else(
     # 32 A100-40GB GPUs for 6 minutes at $3.05, busy (75 %) for the first 45 s only
     assert unused["evidence"]["allocated_gpu_hours"] == pytest.approx(3.2, abs=0.01)
     assert unused["evidence"]["cost_at_stake"] == pytest.approx(unused["evidence"]["wasted_gpu_hours"] * 3.05, abs=0.01)
-    assert "GPU-hours" in unused["evidence_text"] and unused["fix_text"]
+    assert "GPU-hours" in unused["evidence_text"]
+    assert unused["fix_text"]
 
 
 def test_a_team_sees_its_own_findings_and_the_fleets_never_another_teams(story: Demo) -> None:
@@ -186,13 +187,16 @@ def test_the_cli_fails_on_findings_at_or_above_fail_on(story: Demo) -> None:
             return result.exit_code, result.output
 
         code, out = audit()
-        assert code == 0 and "idle-run" in out and "g2-l4-shared" in out
+        assert code == 0
+        assert "idle-run" in out
+        assert "g2-l4-shared" in out
         assert audit("--fail-on", "critical")[0] == 0
         assert audit("--fail-on", "high")[0] == 2
         assert audit("--fail-on", "warning", "--rule", "timeslice-pool-open-to-all")[0] == 2
         assert audit("--fail-on", "high", "--rule", "timeslice-pool-open-to-all")[0] == 0
         code, out = audit("--json", "--rule", "idle-run")
-        assert code == 0 and [f["rule"] for f in json.loads(out)["findings"]] == ["idle-run"]
+        assert code == 0
+        assert [f["rule"] for f in json.loads(out)["findings"]] == ["idle-run"]
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -209,7 +213,8 @@ def test_the_daily_audit_event_is_written_once_per_utc_day(story: Demo) -> None:
         events = [(s, json.loads(p)) for _, s, p in uow.outbox.unpublished(10_000) if s.endswith(".report.audit")]
     assert [s for s, _ in events] == [f"{prefix}.events.report.audit"] * 2
     first = events[0][1]
-    assert first["type"] == "audit.report" and first["data"]["day"] == "2026-11-30"
+    assert first["type"] == "audit.report"
+    assert first["data"]["day"] == "2026-11-30"
     assert {f["rule"] for f in first["data"]["findings"]} == {
         "timeslice-pool-open-to-all",
         "idle-run",
@@ -224,7 +229,8 @@ def test_non_gpu_pods_from_an_inventory_report_are_kept_per_node_and_reported_pe
     admin = admin_headers(wiring)
     kubeconfig = (
         "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://k.example:6443'}}]\n"
-        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
     )
     r = client.post(
         "/v1/clusters", json={"name": "k1", "provider": "kubernetes", "kubeconfig": kubeconfig}, headers=admin

@@ -27,10 +27,10 @@ def _pod(
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}}
     if owner:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": f"{name}-owner", "uid": "u"}]
-    spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "app", "image": "x"}]}
-    spec["initContainers" if init else "containers"] = [container] + ([] if not init else [])
+    # `init`: the resources are an init container's, beside an app container that asks for nothing
+    spec: dict[str, Any] = {"nodeName": node, "containers": [container]}
     if init:
-        spec["containers"] = [{"name": "app", "image": "x"}]
+        spec = {"nodeName": node, "initContainers": [container], "containers": [{"name": "app", "image": "x"}]}
     return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
 
 

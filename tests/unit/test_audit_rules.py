@@ -134,9 +134,11 @@ def test_non_gpu_pods_on_gpu_nodes_one_finding_per_pool_admins_only() -> None:
         if f.rule is Rule.NON_GPU_PODS_ON_GPU_NODES
     ]
     assert len(found) == 1
-    assert found[0].evidence.pods == 3 and found[0].evidence.nodes == 2  # type: ignore[union-attr]
+    assert found[0].evidence.pods == 3  # type: ignore[union-attr]
+    assert found[0].evidence.nodes == 2  # type: ignore[union-attr]
     assert found[0].evidence.sample == ("ns/c", "ns/a", "ns/b")  # type: ignore[union-attr]
-    assert not found[0].visible_to("a") and found[0].visible_to(None)
+    assert not found[0].visible_to("a")
+    assert found[0].visible_to(None)
 
 
 def test_timeslice_pool_open_to_every_team_where_mig_exists() -> None:
