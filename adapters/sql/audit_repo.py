@@ -50,7 +50,7 @@ class SqlAuditRepository:
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
             .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
             .join(PriorityClassRow, PriorityClassRow.name == WorkloadRow.priority_class)
-            .where(or_(RunRow.state.in_(LIVE), RunRow.created_at >= since))
+            .where(or_(RunRow.state.in_(LIVE), RunRow.created_at >= since, RunRow.finished_at >= since))
             .order_by(RunRow.id)
         ).all()
         node_ids = {a.node_id for row in rows for a in row[0].assignments}
@@ -84,6 +84,8 @@ class SqlAuditRepository:
                     started_at=run.started_at,
                     gpu_eq=round(sum(_slice(n, p, d).gpu_eq for (n, p), d in zip(held, demands, strict=True)), 6),
                     last_window_end=newest.get(run.id),
+                    finished_at=run.finished_at,
+                    end_cause=run.end_cause,
                 )
             )
         return out

@@ -35,6 +35,7 @@ from controlplane.core.audit import (
     TreeFact,
     evaluate,
 )
+from controlplane.core.decision import EndCause
 from controlplane.core.idle import IdleRules, RunActivity
 from controlplane.domain.model import Taint
 from controlplane.domain.sharing import InvalidSharingMode, SharingMode
@@ -200,6 +201,7 @@ def load_facts(uow: UnitOfWork, rules: IdleRules, thresholds: AuditThresholds, n
                 stale_seconds=_stale_seconds(rules, r),
                 idle_stage=stage,
                 idle_windows=marked.idle_windows if marked is not None else 0,
+                reclaimed_idle_at=r.finished_at if r.end_cause == EndCause.RECLAIMED_IDLE else None,
             )
         )
     # Allocation against use: the utilization report's accounting over the lookback.

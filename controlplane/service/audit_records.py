@@ -34,6 +34,8 @@ class AuditRun:
     started_at: datetime | None
     gpu_eq: float
     last_window_end: datetime | None  # the end of its newest telemetry window, if any
+    finished_at: datetime | None = None
+    end_cause: str = ""  # controlplane.core.decision.EndCause; "" while live
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class NodePods:
 
 class AuditRepository(Protocol):
     def runs(self, since: datetime) -> list[AuditRun]:
-        """Every live run, and every run created at or after `since`."""
+        """Every live run, and every run created or ended at or after `since`."""
         ...
 
     def node_pods(self) -> list[NodePodsFact]:

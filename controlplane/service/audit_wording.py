@@ -16,6 +16,7 @@ from controlplane.core.audit.findings import (
     ClassPolicy,
     Evidence,
     GangMissing,
+    IdleReclaimed,
     IdleRun,
     NoGuarantee,
     NoLimit,
@@ -43,6 +44,7 @@ TITLES: dict[Rule, str] = {
     Rule.RUN_UNMEASURED: "run not measured",
     Rule.ALLOCATION_UNUSED: "team uses far less than it is allocated",
     Rule.IDLE_RUN: "run holds idle GPUs",
+    Rule.IDLE_RECLAIMED: "workload's idle GPUs were reclaimed",
 }
 
 
@@ -123,6 +125,11 @@ def evidence_text(finding: Finding) -> str:
                 f"run {_names(finding, 'run')} of {workload} (team {_names(finding, 'team')}, {eq:g} GPUs) has been "
                 f"idle for {windows} window(s): stage {stage}"
             )
+        case IdleReclaimed(workload=workload, reclaims=n, gpu_eq=eq, last_reclaimed_at=last, lookback_hours=hours):
+            return (
+                f"workload {workload} (team {_names(finding, 'team')}) held {eq:g} GPUs idle while another gang "
+                f"waited: reclaimed {n} time(s) in the last {hours:g} h, last at {last.isoformat()}"
+            )
     raise AssertionError(f"no wording for {finding.evidence!r}")  # pragma: no cover - every evidence type is matched
 
 
@@ -162,6 +169,8 @@ def fix_text(finding: Finding) -> str:
             return "ask for fewer GPUs, share them (MIG), or let the idle policy reclaim them sooner"
         case Rule.IDLE_RUN:
             return "stop or scale down the idle run; the idle policy reclaims it when another gang waits"
+        case Rule.IDLE_RECLAIMED:
+            return "release GPUs when the work pauses (end the run, checkpoint and resubmit), or size it to its use"
     raise AssertionError(f"no fix for {finding.rule}")  # pragma: no cover - every rule is matched
 
 

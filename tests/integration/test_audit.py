@@ -137,6 +137,9 @@ def test_the_demo_reports_its_time_sliced_pool_and_its_hoarder_and_nothing_else(
         ("allocation-unused", ("demo",)),
     }
     assert report["counts"] == {"info": 0, "warning": 1, "high": 2, "critical": 0}
+    idle = next(f for f in report["findings"] if f["rule"] == "idle-run")
+    assert idle["evidence"]["stage"] == "reclaim"
+    assert idle["evidence"]["gpu_eq"] == 32
     assert [f["severity"] for f in report["findings"]] == ["high", "high", "warning"]  # most severe first
     unused = next(f for f in report["findings"] if f["rule"] == "allocation-unused")
     # 32 A100-40GB GPUs for 6 minutes at $3.05, busy (75 %) for the first 45 s only
@@ -144,6 +147,25 @@ def test_the_demo_reports_its_time_sliced_pool_and_its_hoarder_and_nothing_else(
     assert unused["evidence"]["cost_at_stake"] == pytest.approx(unused["evidence"]["wasted_gpu_hours"] * 3.05, abs=0.01)
     assert "GPU-hours" in unused["evidence_text"]
     assert unused["fix_text"]
+
+
+def test_after_the_reclaim_the_hoarder_is_still_reported_for_the_day(story: Demo) -> None:
+    body = dict(demo.WAITING_WORKLOAD, queue=demo.WAITING_QUEUE)
+    r = story.client.post("/v1/workloads", json=body, headers=story.vision)
+    assert r.status_code == 201, r.text
+    epoch = acquire_leadership(story.wiring.uow, "s", story.now, 15.0)
+    assert epoch is not None
+    prefix = story.wiring.settings.subject_prefix
+    result = run_cycle(story.wiring.uow, "s", epoch, Policy(), prefix, story.now, 15_000.0, True)
+    assert result.evicted == 1
+    report = story.client.get("/v1/audit", headers=story.admin).json()
+    assert {(f["rule"], tuple(o["name"] for o in f["objects"])) for f in report["findings"]} == {
+        ("timeslice-pool-open-to-all", ("gke-us-central1/g2-l4-shared",)),
+        ("idle-reclaimed", ("demo-hoarder", "demo")),
+        ("allocation-unused", ("demo",)),
+    }
+    vision = story.client.get("/v1/audit", headers=story.vision).json()
+    assert [f["rule"] for f in vision["findings"]] == ["timeslice-pool-open-to-all"]
 
 
 def test_a_team_sees_its_own_findings_and_the_fleets_never_another_teams(story: Demo) -> None:

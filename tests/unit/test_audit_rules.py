@@ -49,10 +49,12 @@ def run(
     window_age: timedelta | None = timedelta(seconds=30),
     idle_stage: str = "",
     live: bool = True,
+    reclaimed: timedelta | None = None,
+    workload: str | None = None,
 ) -> RunFact:
     return RunFact(
         run_id=run_id,
-        workload=f"w-{run_id}",
+        workload=workload or f"w-{run_id}",
         team=team,
         queue=f"{team}-q",
         cluster=cluster,
@@ -68,6 +70,7 @@ def run(
         last_window_end=None if window_age is None else NOW - window_age,
         idle_stage=idle_stage,
         idle_windows=6 if idle_stage else 0,
+        reclaimed_idle_at=None if reclaimed is None else NOW - reclaimed,
     )
 
 
@@ -265,6 +268,21 @@ def test_runs_the_idle_policy_marks() -> None:
         if f.rule is Rule.IDLE_RUN
     ]
     assert found == [("r1", Severity.HIGH), ("r2", Severity.WARNING)]
+
+
+def test_workloads_whose_idle_runs_were_reclaimed_one_finding_each() -> None:
+    runs = (
+        run("r1", "a", live=False, reclaimed=timedelta(hours=3), workload="hoarder"),
+        run("r2", "a", live=False, reclaimed=timedelta(hours=1), workload="hoarder"),
+        run("r3", "a", workload="hoarder"),  # its live run, not marked: nothing about it
+        run("r4", "b", live=False, workload="finished"),
+    )
+    found = [f for f in evaluate(dataclasses.replace(GOOD, runs=runs), T, NOW) if f.rule is Rule.IDLE_RECLAIMED]
+    assert [(f.objects[0].name, f.audience.team) for f in found] == [("hoarder", "a")]
+    evidence = found[0].evidence
+    assert evidence.reclaims == 2  # type: ignore[union-attr]
+    assert evidence.last_reclaimed_at == NOW - timedelta(hours=1)  # type: ignore[union-attr]
+    assert rules(dataclasses.replace(GOOD, runs=runs[2:])) == set()
 
 
 BAD = AuditFacts(

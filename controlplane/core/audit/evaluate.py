@@ -27,5 +27,6 @@ def evaluate(facts: AuditFacts, thresholds: AuditThresholds, now: datetime) -> t
         *work.unmeasured_runs(facts, now, {f.objects[0].name for f in silent}),
         *work.allocation_unused(facts, thresholds),
         *work.idle_runs(facts),
+        *work.idle_reclaimed(facts, thresholds),
     ]
     return tuple(sorted(found, key=lambda f: f.sort_key))

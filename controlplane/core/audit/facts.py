@@ -82,7 +82,7 @@ class ClassFact:
 
 @dataclass(frozen=True)
 class RunFact:
-    """A live run, or one created within the lookback that has ended."""
+    """A live run, or one created or ended within the lookback."""
 
     run_id: str
     workload: str
@@ -103,6 +103,8 @@ class RunFact:
     stale_seconds: float = 900.0
     idle_stage: str = ""  # notify | deprioritize | reclaim while the idle policy marks it, else ""
     idle_windows: int = 0
+    # Ended within the lookback because the idle policy reclaimed its GPUs for a waiting gang.
+    reclaimed_idle_at: datetime | None = None
 
 
 @dataclass(frozen=True)

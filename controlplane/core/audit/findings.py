@@ -45,6 +45,7 @@ class Rule(StrEnum):
     RUN_UNMEASURED = "run-unmeasured"
     ALLOCATION_UNUSED = "allocation-unused"
     IDLE_RUN = "idle-run"
+    IDLE_RECLAIMED = "idle-reclaimed"
 
 
 class Fix(StrEnum):
@@ -174,6 +175,15 @@ class IdleRun:
     gpu_eq: float
 
 
+@dataclass(frozen=True)
+class IdleReclaimed:
+    workload: str
+    reclaims: int  # its runs the idle policy reclaimed within the lookback
+    gpu_eq: float  # of the last one
+    last_reclaimed_at: datetime
+    lookback_hours: float
+
+
 Evidence = (
     PoolUntainted
     | NonGpuPods
@@ -188,6 +198,7 @@ Evidence = (
     | Unmeasured
     | AllocationUnused
     | IdleRun
+    | IdleReclaimed
 )
 
 

@@ -13,6 +13,7 @@ from controlplane.core.audit.findings import (
     Finding,
     Fix,
     GangMissing,
+    IdleReclaimed,
     IdleRun,
     ObjectRef,
     Rule,
@@ -202,3 +203,34 @@ def idle_runs(facts: AuditFacts) -> list[Finding]:
         for run in facts.runs
         if run.live and run.idle_stage in IDLE_STAGES
     ]
+
+
+def idle_reclaimed(facts: AuditFacts, thresholds: AuditThresholds) -> list[Finding]:
+    """Workloads whose runs the idle policy reclaimed within the lookback: they held GPUs they did
+    not use while another gang waited (the hoarder, also after its GPUs were taken back). One
+    finding per workload, however often it was reclaimed."""
+    by_workload: dict[tuple[str, str], list[RunFact]] = defaultdict(list)
+    for run in facts.runs:
+        if run.reclaimed_idle_at is not None:
+            by_workload[(run.team, run.workload)].append(run)
+    found = []
+    for (team, workload), runs in sorted(by_workload.items()):
+        last = max(runs, key=lambda r: (r.reclaimed_idle_at or r.created_at, r.run_id))
+        assert last.reclaimed_idle_at is not None
+        found.append(
+            Finding(
+                Rule.IDLE_RECLAIMED,
+                Severity.WARNING,
+                (ObjectRef("workload", workload), ObjectRef("team", team)),
+                IdleReclaimed(
+                    workload=workload,
+                    reclaims=len(runs),
+                    gpu_eq=last.gpu_eq,
+                    last_reclaimed_at=last.reclaimed_idle_at,
+                    lookback_hours=thresholds.lookback_hours,
+                ),
+                Fix.RELEASE_IDLE_GPUS,
+                team_of(team),
+            )
+        )
+    return found
