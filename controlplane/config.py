@@ -10,8 +10,10 @@ import yaml
 from pydantic import Field, TypeAdapter, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controlplane.core.audit import AuditThresholds
 from controlplane.core.idle import IdlePolicy, IdleRules
 from controlplane.core.snapshot import Policy
+from controlplane.service.audit import parse_audit_settings
 from controlplane.service.idle import parse_idle_rules
 
 POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
@@ -106,6 +108,19 @@ class Settings(BaseSettings):
     telemetry_window_seconds: int = Field(default=300, ge=1)
     # How often each simulated cluster publishes a DCGM batch for its running pods.
     telemetry_interval: float = Field(default=10.0, gt=0)
+
+    # The audit's thresholds (`controlplane.service.audit.AuditSettings`: lookback_hours,
+    # min_utilization, min_measured_gpu_hours, high_utilization); unset fields keep their defaults.
+    audit: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("audit")
+    @classmethod
+    def _valid_audit_settings(cls, audit: dict[str, Any]) -> dict[str, Any]:
+        parse_audit_settings(audit)
+        return audit
+
+    def audit_thresholds(self) -> AuditThresholds:
+        return parse_audit_settings(self.audit)
 
     @field_validator("idle")
     @classmethod

@@ -95,3 +95,62 @@ def reserved_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, i
             continue  # gpufleet's own: already counted as a run's assignment
         _add(reserved.setdefault(node, {}), pod_requests(pod))
     return {node: dict(sorted(r.items())[:MAX_RESOURCES]) for node, r in reserved.items()}
+
+
+# Resources that are GPUs or parts of one: whole GPUs and their shared replicas (`nvidia.com/gpu`,
+# `nvidia.com/gpu.shared`, renamed time-slicing or MPS resources), MIG instances (`nvidia.com/mig-*`),
+# and AMD's. A node may advertise more under its own names (`InventoryNode.gpu_resources`).
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "amd.com/gpu")
+# Owners whose pods belong on every node: DaemonSet pods (device plugin, dcgm-exporter, CNI, log
+# shippers) and a node's static pods (mirror pods, owned by the Node).
+NODE_OWNER_KINDS = frozenset({"DaemonSet", "Node"})
+MAX_SAMPLE = 8
+
+
+def _asks_for_gpu(pod: Mapping[str, Any], extra: frozenset[str]) -> bool:
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    for key in ("containers", "initContainers"):
+        for container in _containers(spec, key):
+            resources = container.get("resources")
+            if not isinstance(resources, Mapping):
+                continue
+            for part in ("requests", "limits"):
+                asked = resources.get(part)
+                if isinstance(asked, Mapping) and any(
+                    str(name).startswith(GPU_RESOURCE_PREFIXES) or name in extra for name in asked
+                ):
+                    return True
+    return False
+
+
+def _owned_by_node(meta: Mapping[str, Any]) -> bool:
+    owners = meta.get("ownerReferences")
+    return isinstance(owners, list) and any(
+        isinstance(o, Mapping) and o.get("kind") in NODE_OWNER_KINDS for o in owners
+    )
+
+
+def non_gpu_pods_by_node(
+    pods: Iterable[Mapping[str, Any]], gpu_resources: Iterable[str] = ()
+) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """Per node name: the live pods bound to it that gpufleet did not place, that ask for no GPU
+    resource (requests or limits) and that no DaemonSet or Node owns; their count and up to 8
+    `namespace/name`, sorted. Whether a node has GPUs is the caller's to know."""
+    extra = frozenset(gpu_resources)
+    names: dict[str, list[str]] = {}
+    for pod in pods:
+        spec, status, meta = pod.get("spec"), pod.get("status"), pod.get("metadata")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        if not isinstance(node, str) or not node or not isinstance(meta, Mapping):
+            continue
+        if isinstance(status, Mapping) and status.get("phase") in TERMINAL_PHASES:
+            continue
+        labels = meta.get("labels")
+        if isinstance(labels, Mapping) and LABEL_RUN in labels:
+            continue
+        if _owned_by_node(meta) or _asks_for_gpu(pod, extra):
+            continue
+        names.setdefault(node, []).append(f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}")
+    return {node: (len(found), tuple(sorted(found)[:MAX_SAMPLE])) for node, found in names.items()}

@@ -393,6 +393,19 @@ class IdleFindingRow(Base):
     updated_at: Mapped[datetime]
 
 
+class NodePodSummaryRow(Base):
+    """Per GPU node, the live pods gpufleet did not place that ask for no GPU and belong to no
+    DaemonSet, as the last inventory report saw them (migration 0010; read by the audit). Its own
+    table: writes to `nodes` are logged for the scheduler's snapshot, these change every report."""
+
+    __tablename__ = "node_pod_summaries"
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True)
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    pods: Mapped[int] = mapped_column(Integer)
+    sample: Mapped[list[Any]] = mapped_column(default=list)
+    observed_at: Mapped[datetime]
+
+
 class SnapshotChangeRow(Base):
     """One write that changed what the scheduling snapshot reads (migration 0009). Written only by
     triggers, read by the scheduler's snapshot cache (adapters/sql/snapshot_changes.py).

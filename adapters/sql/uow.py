@@ -10,6 +10,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from adapters.sql.admin_repo import SqlAdminRepository
+from adapters.sql.audit_repo import SqlAuditRepository
 from adapters.sql.cloud_repo import SqlCloudRepository
 from adapters.sql.idle_repo import SqlIdleRepository
 from adapters.sql.messaging_repo import SqlAudit, SqlClusterCredentials, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
@@ -55,6 +56,7 @@ class SqlUnitOfWork:
             self.idle = SqlIdleRepository(s)
             self.cloud = SqlCloudRepository(s)
             self.reports = SqlReportRepository(s)
+            self.audit_facts = SqlAuditRepository(s)
         else:
             self._levels.append((self._session.begin_nested(), False))
         return self

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from controlplane.core.audit import AuditThresholds
+from controlplane.core.idle import IdleRules
 from controlplane.service.auth import PrincipalCache
 from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.metrics import NO_METRICS, Metrics
@@ -32,3 +34,6 @@ class ApiContext:
     exposition: Callable[[], tuple[bytes, str]] | None = None
     # Where answered requests are counted and timed.
     metrics: Metrics = NO_METRICS
+    # What the audit judges by: the idle policy (when telemetry is stale) and its own thresholds.
+    idle_rules: IdleRules = field(default_factory=IdleRules)
+    audit_thresholds: AuditThresholds = field(default_factory=AuditThresholds)

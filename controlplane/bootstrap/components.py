@@ -109,6 +109,8 @@ async def run_components(
             metrics=metrics,
             uow_factory=wiring.uow,
             subject_prefix=prefix,
+            idle_rules=settings.idle_rules(),
+            audit_thresholds=settings.audit_thresholds(),
             readiness={
                 "database": wiring.database_ready,
                 "nats": lambda: None if nc.is_connected else "not connected to NATS",
@@ -159,7 +161,15 @@ async def run_components(
         )
         tasks.append(
             asyncio.create_task(
-                report_loop(wiring.uow, prefix, clock, stop, lease_ttl=settings.lease_ttl), name="reports"
+                report_loop(
+                    wiring.uow,
+                    prefix,
+                    clock,
+                    stop,
+                    lease_ttl=settings.lease_ttl,
+                    audit=(idle_rules, settings.audit_thresholds()),
+                ),
+                name="reports",
             )
         )
     if "dispatcher" in components:

@@ -24,13 +24,14 @@ from adapters.kubernetes import (
 )
 from adapters.kubernetes.cluster_reads import list_live_pod_objects, list_node_objects
 from adapters.kubernetes.nodes import observe_node
-from adapters.kubernetes.reserved import reserved_by_node
+from adapters.kubernetes.reserved import non_gpu_pods_by_node, reserved_by_node
 from controlplane.bootstrap.wiring import Wiring, utc_now
 from controlplane.service.cloud_ports import CloudProvider, ClusterLocator, UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.cloud_state import CloudClusterRecord
 from controlplane.service.cluster_status import PodReport
 from controlplane.service.fleet_sync import locator_of
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
+from controlplane.service.inventory_node import NonGpuPods
 from controlplane.service.kubeconfigs import FileKubeconfigStore
 from controlplane.service.metered_cloud import metered
 from controlplane.service.metrics import NO_METRICS, Metrics
@@ -213,13 +214,24 @@ class RealFleet:
         with a warning, rather than not at all."""
         nodes = [observe_node(n, pool_label_key) for n in await list_node_objects(api)][:10_000]
         try:
-            reserved = reserved_by_node(await list_live_pod_objects(api))
+            pods = await list_live_pod_objects(api)
         except Exception as exc:
             log.warning(
                 "cluster %s: pods not listed (%s); its pools are planned without what other pods request", name, exc
             )
             return nodes
-        return [n.model_copy(update={"reserved": reserved.get(n.name, {})}) for n in nodes]
+        reserved = reserved_by_node(pods)
+        gpu_names = {r for n in nodes for r in n.gpu_resources.values()}
+        foreign = non_gpu_pods_by_node(pods, gpu_names)
+        return [
+            n.model_copy(
+                update={
+                    "reserved": reserved.get(n.name, {}),
+                    "non_gpu_pods": _non_gpu_pods(foreign.get(n.name)) if n.has_gpus else None,
+                }
+            )
+            for n in nodes
+        ]
 
     async def publish_inventory(self) -> int:
         """Publish one `InventoryReport` per cluster with a client; returns the reports published."""
@@ -263,6 +275,11 @@ class RealFleet:
         for cluster in self.clusters.values():
             cluster.close()
         self.clusters.clear()
+
+
+def _non_gpu_pods(found: tuple[int, tuple[str, ...]] | None) -> NonGpuPods:
+    count, sample = found or (0, ())
+    return NonGpuPods(count=count, sample=[name[:317] for name in sample])
 
 
 def _from_kubeconfig(text: str) -> tuple[str, str, str]:

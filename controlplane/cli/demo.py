@@ -14,7 +14,7 @@ from controlplane import bootstrap
 from controlplane.bootstrap.wiring import write_secret
 from controlplane.config import Settings
 from controlplane.service import admin, auth, workloads
-from controlplane.service.commands import QueueSpec, TeamSpec, TokenSpec
+from controlplane.service.commands import PriorityClassSpec, QueueSpec, TeamSpec, TokenSpec
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import Principal
 
@@ -42,6 +42,7 @@ WAITING_WORKLOAD: dict[str, Any] = {
     "pod_sets": [{"name": "workers", "replicas": 2, "gpus": 8, "gpu_models": ["A100-40GB"]}],
 }
 WAITING_TEAM, WAITING_QUEUE = "vision", "vision-train"
+DEMO_MIN_RUNTIME_SECONDS = 60
 DEMO_TEAM = "demo"
 
 
@@ -60,14 +61,37 @@ def demo_settings(settings: Settings) -> Settings:
     )
 
 
+def ensure_demo_policy(wiring: bootstrap.Wiring) -> None:
+    """The seeded `batch` class gets a preemption policy: a started gang is safe for a minute (the
+    audit reports a preemptible class without one). Short enough for the hoarding story, whose
+    reclaim comes minutes after the hoarder starts. A class the user changed is left alone."""
+    for pc in admin.list_priority_classes(wiring.uow()):
+        if pc.name == "batch" and pc.preemptible and pc.min_runtime_seconds == 0:
+            spec = PriorityClassSpec(
+                name=pc.name,
+                value=pc.value,
+                preemptible=True,
+                min_runtime_seconds=DEMO_MIN_RUNTIME_SECONDS,
+                is_default=pc.is_default,
+            )
+            admin.put_priority_class(wiring.uow(), spec, "up", bootstrap.utc_now())
+
+
 def ensure_demo_team(wiring: bootstrap.Wiring, token_path: Path) -> str:
     now = bootstrap.utc_now()
     if not admin.list_tree_nodes(wiring.uow(), "team"):
         admin.create_tree_node(wiring.uow(), "team", TeamSpec(name="demo", limit={"gpu-eq": 160}), "up", now)
-        for name, limit in (("research", 128.0), ("serving", 24.0)):
-            admin.create_tree_node(
-                wiring.uow(), "queue", QueueSpec(name=name, team="demo", limit={"gpu-eq": limit}), "up", now
+        # Every queue has a limit and serving a guarantee (what `gpufleet audit` checks). The guarantee
+        # is serving's, on MIG: a guarantee on research or vision would let a queue within it reclaim
+        # the hoarder's GPUs as borrowed capacity before the idle policy does (the story to show).
+        for name, limit, guaranteed in (("research", 128.0, 0.0), ("serving", 24.0, 8.0)):
+            spec = QueueSpec(
+                name=name,
+                team="demo",
+                limit={"gpu-eq": limit},
+                guaranteed={"gpu-eq": guaranteed} if guaranteed else {},
             )
+            admin.create_tree_node(wiring.uow(), "queue", spec, "up", now)
     if token_path.exists():
         return token_path.read_text().strip()
     _, raw = auth.issue_token(wiring.uow(), TokenSpec(name="demo", team="demo"), "up", now)
@@ -79,8 +103,14 @@ def ensure_waiting_team(wiring: bootstrap.Wiring, token_path: Path) -> str:
     """The second team of the hoarding story, whose gang waits for the hoarder's GPUs."""
     now = bootstrap.utc_now()
     if not any(node.name == WAITING_TEAM for node in admin.list_tree_nodes(wiring.uow(), "team")):
-        admin.create_tree_node(wiring.uow(), "team", TeamSpec(name=WAITING_TEAM), "up", now)
-        admin.create_tree_node(wiring.uow(), "queue", QueueSpec(name=WAITING_QUEUE, team=WAITING_TEAM), "up", now)
+        admin.create_tree_node(wiring.uow(), "team", TeamSpec(name=WAITING_TEAM, limit={"gpu-eq": 32}), "up", now)
+        admin.create_tree_node(
+            wiring.uow(),
+            "queue",
+            QueueSpec(name=WAITING_QUEUE, team=WAITING_TEAM, limit={"gpu-eq": 16}),
+            "up",
+            now,
+        )
     if token_path.exists():
         return token_path.read_text().strip()
     _, raw = auth.issue_token(wiring.uow(), TokenSpec(name=WAITING_TEAM, team=WAITING_TEAM), "up", now)

@@ -6,6 +6,7 @@ import click
 
 from controlplane.cli import (
     agent_commands,
+    audit_commands,
     bench_commands,
     client_commands,
     report_commands,
@@ -30,6 +31,7 @@ sim_commands.register(main)
 sim_run_commands.add_commands(sim_commands.sim)
 agent_commands.register(main)
 report_commands.register(main)
+audit_commands.register(main)
 
 if __name__ == "__main__":
     main()

@@ -336,6 +336,7 @@ def up(
         if demo_flag:
             # Short telemetry windows and idle stages, so the hoarder story plays in minutes.
             settings = demo.demo_settings(settings)
+            demo.ensure_demo_policy(wiring)
             team_token = demo.ensure_demo_team(wiring, state / "demo.token")
             waiting_token = demo.ensure_waiting_team(wiring, state / "vision.token")
             extra.append(demo.generate(settings, team_token, stop, waiting_token))

@@ -23,6 +23,7 @@ from pydantic import AwareDatetime, Field
 
 from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
+from controlplane.service.audit_records import NodePods
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.cloud_state import PoolChanges
 from controlplane.service.commands import CLOUD_PROVIDERS, Strict
@@ -93,6 +94,17 @@ def apply_inventory(uow: UnitOfWork, cluster: str, report: InventoryReport, now:
     cloud_issues = [i for i in view.pool_issues if i.startswith(CLOUD_ISSUE)]
     issues = list(dict.fromkeys([*plan.issues, *cloud_issues]))
     outcome = apply_node_plan(uow, view.id, view.name, known, report.nodes, plan, issues, now, prefix, mark)
+    # What the audit reads about non-GPU pods on GPU nodes: this report's, replacing the last one's (a
+    # node whose pods were not listed this time is forgotten rather than shown with stale pods).
+    uow.audit_facts.put_node_pods(
+        view.id,
+        {
+            n.name: NodePods(n.non_gpu_pods.count, tuple(n.non_gpu_pods.sample))
+            for n in report.nodes
+            if n.non_gpu_pods is not None and n.has_gpus
+        },
+        now,
+    )
     if outcome.changes.changed:
         c = outcome.changes
         data = {

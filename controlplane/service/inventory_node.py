@@ -21,6 +21,17 @@ AnnotationValue = Annotated[str, Field(max_length=1024)]
 DemandKey = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^(gpu|share|mig:[1-7]g\.[0-9]+gb)$")]
 
 
+PodName = Annotated[str, Field(min_length=1, max_length=317)]  # namespace/name
+
+
+class NonGpuPods(Strict):
+    """Live pods on a GPU node that gpufleet did not place, that ask for no GPU resource and belong to
+    no DaemonSet (nor are a node's static pods): work that the pool's GPU taint should keep off."""
+
+    count: int = Field(ge=0, le=100_000)
+    sample: list[PodName] = Field(default_factory=list, max_length=8)  # up to 8 `namespace/name`
+
+
 class InventoryNode(Strict):
     """One node as its cluster reports it. The adapter that lists nodes reads the provider's and NVIDIA's
     labels (`adapters/kubernetes/nodes.py`) into the interpreted fields; `labels` and `annotations` keep
@@ -44,6 +55,8 @@ class InventoryNode(Strict):
     # Requested by live pods gpufleet did not place (DaemonSets, system pods, other tenants), in the
     # units of `allocatable`: what a gang cannot have of this node. None: not known (pods not listed).
     reserved: dict[ResourceName, Amount] | None = Field(default=None, max_length=64)
+    # GPU nodes only; None: not known (pods not listed, or a node without GPUs).
+    non_gpu_pods: NonGpuPods | None = None
     instance_type: str = Field(default="", max_length=80)
     spot: bool = False
     taints: list[TaintSpec] = Field(default_factory=list, max_length=32)

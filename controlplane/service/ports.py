@@ -15,6 +15,7 @@ from controlplane.core.decision import Admission, EndCause
 from controlplane.core.history import UsageInterval
 from controlplane.core.snapshot import LiveRun, Snapshot
 from controlplane.domain.model import Cluster, Node, QueueNode, Workload
+from controlplane.service.audit_records import AuditRepository
 from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.idle_records import IdleRepository
 from controlplane.service.report_records import ReportRepository
@@ -439,6 +440,9 @@ class UnitOfWork(Protocol):
 
     @property
     def reports(self) -> ReportRepository: ...
+
+    @property
+    def audit_facts(self) -> AuditRepository: ...
 
     def __enter__(self) -> Self: ...
     def __exit__(

@@ -63,6 +63,20 @@ def held_hours(run: RunRecord, start: datetime, stop: datetime) -> float:
     return hours(max(run.admitted_at, start), run_end(run, stop))
 
 
+def mean_price_by_team(runs: Sequence[RunRecord], start: datetime, end: datetime, now: datetime) -> dict[str, float]:
+    """Per team, the price per GPU-hour of its allocation in `[start, end)`: each pod's pool price
+    weighted by the pod's allocated GPU-hours (0 for a team that held nothing)."""
+    stop = min(end, now)
+    hours: dict[str, float] = {}
+    cost: dict[str, float] = {}
+    for run in runs:
+        held = held_hours(run, start, stop)
+        for s in run.slices:
+            hours[run.team] = hours.get(run.team, 0.0) + s.gpu_eq * held
+            cost[run.team] = cost.get(run.team, 0.0) + s.gpu_eq * held * s.price_per_gpu_hour
+    return {team: (cost[team] / h if h > 0 else 0.0) for team, h in hours.items()}
+
+
 def reclaimed_hours(run: RunRecord, start: datetime, end: datetime, stop: datetime) -> float:
     """Hours a run reclaimed for idleness inside `[start, end)` handed back, up to `stop`."""
     if run.reclaimed_idle and run.finished_at is not None and start <= run.finished_at < end:

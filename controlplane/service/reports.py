@@ -254,15 +254,23 @@ def check_range(start: datetime, end: datetime, group_by: str, top: int) -> tupl
     return start, end, GroupBy(group_by)
 
 
-def _report(
-    uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime, group_by: GroupBy, top: int, now: datetime
-) -> UtilizationReport:
+def runs_and_windows(
+    uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime
+) -> tuple[list[RunRecord], list[TelemetryWindow]]:
+    """The runs whose allocation overlaps `[start, end)` (of one team or all) and their windows."""
     runs = uow.reports.runs(start, end, team_id)
     ids = {r.run_id for r in runs}
     windows: list[TelemetryWindow] = []
     if ids:
         found = uow.telemetry.windows(WindowQuery(since=start - WINDOW_LOOKBACK, until=end, limit=WINDOW_LIMIT))
         windows = [w for w in found if w.run_id in ids]
+    return runs, windows
+
+
+def _report(
+    uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime, group_by: GroupBy, top: int, now: datetime
+) -> UtilizationReport:
+    runs, windows = runs_and_windows(uow, team_id, start, end)
     return aggregate(runs, windows, start, end, group_by, now, top)
 
 

@@ -1,0 +1,146 @@
+"""Rows for the fleet audit: runs with their workload, pools and newest telemetry, and the
+inventory's non-GPU pods per GPU node."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, func, insert, or_, select
+from sqlalchemy.orm import Session
+
+from adapters.sql.report_repo import _slice
+from adapters.sql.tables import (
+    ClusterRow,
+    NodePodSummaryRow,
+    NodePoolRow,
+    NodeRow,
+    PriorityClassRow,
+    QueueRow,
+    RunRow,
+    TeamRow,
+    TelemetryWindowRow,
+    WorkloadRow,
+)
+from controlplane.core.audit import NodePodsFact
+from controlplane.service.audit_records import AuditRun, NodePods
+
+LIVE = ("admitted", "dispatching", "running")
+MAX_SAMPLE = 8
+
+
+class SqlAuditRepository:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def runs(self, since: datetime) -> list[AuditRun]:
+        rows = self.s.execute(
+            select(
+                RunRow,
+                WorkloadRow.name,
+                WorkloadRow.kind,
+                WorkloadRow.priority_class,
+                PriorityClassRow.preemptible,
+                TeamRow.name,
+                QueueRow.name,
+                ClusterRow.name,
+            )
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
+            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+            .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
+            .join(PriorityClassRow, PriorityClassRow.name == WorkloadRow.priority_class)
+            .where(or_(RunRow.state.in_(LIVE), RunRow.created_at >= since, RunRow.finished_at >= since))
+            .order_by(RunRow.id)
+        ).all()
+        node_ids = {a.node_id for row in rows for a in row[0].assignments}
+        nodes: dict[str, tuple[str, NodePoolRow]] = {}
+        if node_ids:
+            for node, pool in self.s.execute(
+                select(NodeRow, NodePoolRow)
+                .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
+                .where(NodeRow.id.in_(node_ids))
+            ):
+                nodes[node.id] = (node.name, pool)
+        newest = self._newest_windows([row[0].id for row in rows if row[0].state in LIVE])
+        out = []
+        for run, workload, kind, class_name, preemptible, team, queue, cluster in rows:
+            held = [nodes[a.node_id] for a in run.assignments if a.node_id in nodes]
+            demands = [dict(a.demand) for a in run.assignments if a.node_id in nodes]
+            out.append(
+                AuditRun(
+                    run_id=run.id,
+                    workload=workload,
+                    team=team,
+                    queue=queue,
+                    cluster=cluster,
+                    pools=tuple(sorted({f"{cluster}/{pool.name}" for _, pool in held})),
+                    kind=kind,
+                    priority_class=class_name,
+                    preemptible=bool(preemptible),
+                    pods=len(run.assignments),
+                    state=run.state,
+                    created_at=run.created_at,
+                    started_at=run.started_at,
+                    gpu_eq=round(sum(_slice(n, p, d).gpu_eq for (n, p), d in zip(held, demands, strict=True)), 6),
+                    last_window_end=newest.get(run.id),
+                    finished_at=run.finished_at,
+                    end_cause=run.end_cause,
+                )
+            )
+        return out
+
+    def _newest_windows(self, run_ids: list[str]) -> dict[str, datetime]:
+        found: dict[str, datetime] = {}
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start : start + 500]
+            query = (
+                select(
+                    TelemetryWindowRow.run_id,
+                    func.max(TelemetryWindowRow.window_start),
+                    func.max(TelemetryWindowRow.window_seconds),
+                )
+                .where(TelemetryWindowRow.run_id.in_(chunk))
+                .group_by(TelemetryWindowRow.run_id)
+            )
+            for run_id, window_start, seconds in self.s.execute(query):
+                if window_start is not None:  # max() keeps the column's type: an aware UTC datetime
+                    found[run_id] = window_start + timedelta(seconds=int(seconds or 0))
+        return found
+
+    def node_pods(self) -> list[NodePodsFact]:
+        query = (
+            select(NodePodSummaryRow, ClusterRow.name, NodePoolRow.name)
+            .join(ClusterRow, ClusterRow.id == NodePodSummaryRow.cluster_id)
+            .outerjoin(
+                NodeRow, (NodeRow.cluster_id == NodePodSummaryRow.cluster_id) & (NodeRow.name == NodePodSummaryRow.node)
+            )
+            .outerjoin(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
+            .where(NodePodSummaryRow.pods > 0)
+            .order_by(ClusterRow.name, NodePodSummaryRow.node)
+        )
+        return [
+            NodePodsFact(
+                cluster=cluster,
+                pool=pool or "",
+                node=row.node,
+                count=row.pods,
+                sample=tuple(str(n) for n in row.sample[:MAX_SAMPLE]),
+            )
+            for row, cluster, pool in self.s.execute(query)
+        ]
+
+    def put_node_pods(self, cluster_id: str, by_node: Mapping[str, NodePods], now: datetime) -> None:
+        self.s.execute(delete(NodePodSummaryRow).where(NodePodSummaryRow.cluster_id == cluster_id))
+        rows = [
+            {
+                "cluster_id": cluster_id,
+                "node": node,
+                "pods": seen.count,
+                "sample": list(seen.sample[:MAX_SAMPLE]),
+                "observed_at": now,
+            }
+            for node, seen in sorted(by_node.items())
+        ]
+        if rows:
+            self.s.execute(insert(NodePodSummaryRow), rows)
