@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from controlplane.service.auth import PrincipalCache
 from controlplane.service.fleet_fit import FleetFit
-from controlplane.service.metrics import NO_METRICS, Metrics
+from controlplane.service.metrics import NO_METRICS, FleetGaugeReader, Metrics
 from controlplane.service.ports import UnitOfWorkFactory
 
 
@@ -32,3 +32,6 @@ class ApiContext:
     exposition: Callable[[], tuple[bytes, str]] | None = None
     # Where answered requests are counted and timed.
     metrics: Metrics = NO_METRICS
+    # The fleet gauges (bounded aggregate reads) the dashboard's fleet and queue pages show; None:
+    # those two pages fail (only tests that do not open them leave it out).
+    gauges: FleetGaugeReader | None = None
