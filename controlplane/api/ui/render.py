@@ -105,4 +105,6 @@ def page(
 
 
 def ui_headers() -> dict[str, str]:
-    return {"Content-Security-Policy": UI_CSP, "Cache-Control": "no-store"}
+    # same-origin, not the API's no-referrer: under no-referrer a browser sends `Origin: null` with
+    # the page's own form posts, and the login's same-origin check could not tell them from forgeries.
+    return {"Content-Security-Policy": UI_CSP, "Cache-Control": "no-store", "Referrer-Policy": "same-origin"}
