@@ -239,7 +239,7 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
                 await expect(page.locator("#feed")).to_contain_text("idle.reclaim")
                 await _post(api, "/v1/workloads", gang("late-arrival", "vision-train", replicas=1, gpus=1), vision)
                 await expect(page.locator("#feed tr.new", has_text="late-arrival").first).to_be_visible()
-                await expect(page.locator("#feed-status")).to_contain_text("live")
+                await expect(page.locator("#feed-status")).to_contain_text("Live")
                 await _shot(page, "10-events-live", taken)
 
                 # A team sees its own team only; logging out ends the session.

@@ -23,7 +23,7 @@
   function add(event, before) {
     const row = document.createElement("tr");
     row.className = "new";
-    cell(row, when(event.at));
+    cell(row, when(event.at)).className = "when";
     cell(row, event.type);
     const link = cell(row, "");
     if (event.workload_id) {
@@ -55,9 +55,9 @@
         last = Math.max(last, ...events.map((e) => e.seq));
         while (body.rows.length > MAX_ROWS) body.deleteRow(-1);
       }
-      status.textContent = "live, updated " + new Date().toLocaleTimeString();
+      status.textContent = "Live, updated " + new Date().toLocaleTimeString();
     } catch (error) {
-      status.textContent = "feed paused (" + error.message + "), retrying";
+      status.textContent = "Feed paused (" + error.message + "), retrying";
     }
     window.setTimeout(poll, 3000);
   }
