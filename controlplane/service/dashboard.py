@@ -169,7 +169,9 @@ class QueueLine:
 
 
 def _bars(guaranteed: Mapping[str, float], used: Mapping[str, float], limit: Mapping[str, float]) -> tuple[Bar, ...]:
-    keys = set(guaranteed) | set(limit) | {k for k, v in used.items() if v}
+    """gpu-eq always, and each GPU model the node's quota names: use of a model no quota speaks of
+    is not borrowing of it (the fleet page shows use per model)."""
+    keys = set(guaranteed) | set(limit) | {GPU_EQ}
     ordered = sorted(keys, key=lambda k: (k != GPU_EQ, k))
     return tuple(Bar(k, guaranteed.get(k, 0.0), used.get(k, 0.0), limit.get(k)) for k in ordered)
 
