@@ -144,6 +144,7 @@ def test_workload_page_says_why_it_waits_and_other_teams_workloads_are_404(seede
     assert "secret" not in other.text
     assert "no workload" in other.text
     assert seeded.login(seeded.llm.token).get(f"/ui/workloads/{seeded.ids['secret']}").status_code == 200
+    assert vision.get("/ui/workloads/" + "x" * 500).status_code == 404  # a long id is not looked up
 
 
 def test_hostile_text_is_shown_as_text(seeded: Seeded) -> None:

@@ -133,7 +133,7 @@ def workloads_page(
 @router.get("/workloads/{workload_id}", response_class=HTMLResponse)
 def workload_page(request: Request, workload_id: str, who: Viewer, ctx: Ctx) -> Response:
     if len(workload_id) > 64:
-        return page(request, "error.html", who, None, status=404, message=f"no workload {workload_id[:64]}…")
+        return page(request, "error.html", None, None, status=404, message=f"no workload {workload_id[:64]}...")
     team = dashboard.team_name(ctx.uow_factory(), who)
     view = workloads.get(ctx.uow_factory(), who, workload_id)
     return page(request, "workload.html", who, team, w=view)
