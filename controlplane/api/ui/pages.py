@@ -35,7 +35,7 @@ from controlplane.service.ports import WorkloadFilter
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
-PAGE_SIZE = 100
+PAGE_SIZE = 50
 MAX_LOGIN_BODY = 4096
 # The utilization page's ranges: name -> (bucket, buckets). At most 24 report calls per page.
 RANGES = {"6h": (timedelta(minutes=15), 24), "24h": (timedelta(hours=1), 24), "7d": (timedelta(hours=7), 24)}
