@@ -22,7 +22,6 @@ MAX_EVENTS = 200
 MAX_BUCKETS = 48
 # Event families the feed shows: about workloads (subject carries the team) and idle findings
 # (the team is in the event's data); cluster and report events are fleet-wide, for admins only.
-_TEAM_FAMILIES = ("workload", "idle")
 _ADMIN_FAMILIES = ("workload", "idle", "cluster", "report")
 
 
@@ -46,13 +45,19 @@ def _summary(data: Mapping[str, Any]) -> str:
     return "; ".join(parts)[:500]
 
 
-def events(uow: UnitOfWork, prefix: str, team: str | None, after_seq: int, limit: int) -> list[FeedEvent]:
-    """The newest events (newest first) after `after_seq`; `team`: only those about that team."""
+def events(
+    uow: UnitOfWork, prefix: str, team: str | None, after_seq: int, limit: int, idle_only: bool = False
+) -> list[FeedEvent]:
+    """The newest events (newest first) after `after_seq`; `team`: only those about that team;
+    `idle_only`: only the idle policy's decisions (read on their own, so a busy fleet's workload
+    events do not crowd them out)."""
     if not 1 <= limit <= MAX_EVENTS:
         raise Invalid(f"limit must be between 1 and {MAX_EVENTS}")
     if after_seq < 0:
         raise Invalid("after must not be negative")
-    if team is None:
+    if idle_only:
+        prefixes = [f"{prefix}.events.idle."]
+    elif team is None:
         prefixes = [f"{prefix}.events.{family}." for family in _ADMIN_FAMILIES]
     else:
         # The workload subject names the team; idle subjects name the cluster, so those are

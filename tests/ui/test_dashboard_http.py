@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from controlplane.bootstrap import utc_now
+from controlplane.service.events import envelope
 from controlplane.service.idle_records import IdleFinding
 from tests.ui.conftest import ORIGIN, Seeded
 
@@ -245,3 +246,24 @@ def test_utilization_page_plots_allocated_and_used_per_team(seeded: Seeded) -> N
     vision = seeded.login(seeded.vision.token).get("/ui/utilization").text
     assert "Team vision" in vision
     assert "Team llm" not in vision
+
+
+def test_idle_decisions_stay_visible_behind_many_newer_workload_events(seeded: Seeded) -> None:
+    prefix, now = seeded.wiring.settings.subject_prefix, utc_now()
+    with seeded.wiring.uow() as uow:
+        for team, workload in (("vision", "a"), ("llm", "secret")):
+            data = {"workload_id": seeded.ids[workload], "workload": workload, "team": team, "stage": "reclaim"}
+            event_id, payload = envelope("idle.reclaim", data, now)
+            uow.outbox.add(f"{prefix}.events.idle.sim-h100", event_id, payload, now)
+        busy = []
+        for i in range(300):  # a busy fleet: far more workload events than one page reads
+            event_id, payload = envelope("workload.queued", {"team": "vision", "name": f"w{i}"}, now)
+            busy.append((f"{prefix}.events.workload.vision.vision-train.queued", event_id, payload))
+        uow.outbox.add_many(busy, now)
+        uow.commit()
+    vision = seeded.login(seeded.vision.token).get("/ui/idle").text
+    decisions = _text(vision.split('id="idle-decisions"', 1)[1])
+    assert "idle.reclaim a vision stage reclaim" in decisions
+    assert "secret" not in decisions
+    admin = _text(seeded.login(seeded.admin_token).get("/ui/idle").text.split('id="idle-decisions"', 1)[1])
+    assert "idle.reclaim secret llm stage reclaim" in admin

@@ -143,12 +143,8 @@ def workload_page(request: Request, workload_id: str, who: Viewer, ctx: Ctx) -> 
 def idle_page(request: Request, who: Viewer, ctx: Ctx) -> Response:
     team = dashboard.team_name(ctx.uow_factory(), who)
     lines = dashboard_feed.idle_findings(ctx.uow_factory(), team)
-    feed = [
-        e
-        for e in dashboard_feed.events(ctx.uow_factory(), ctx.subject_prefix, team, 0, dashboard_feed.MAX_EVENTS)
-        if e.type.startswith("idle.")
-    ]
-    return page(request, "idle.html", who, team, lines=lines, history=feed[:50])
+    history = dashboard_feed.events(ctx.uow_factory(), ctx.subject_prefix, team, 0, 50, idle_only=True)
+    return page(request, "idle.html", who, team, lines=lines, history=history)
 
 
 @router.get("/utilization", response_class=HTMLResponse)
