@@ -176,9 +176,11 @@ def _bars(guaranteed: Mapping[str, float], used: Mapping[str, float], limit: Map
     return tuple(Bar(k, guaranteed.get(k, 0.0), used.get(k, 0.0), limit.get(k)) for k in ordered)
 
 
-def queues(teams: Sequence[TreeNodeView], queue_nodes: Sequence[TreeNodeView], gauges: FleetGauges) -> list[QueueLine]:
-    """Each team, then its queues, with their bars and pending counts. `teams` and `queue_nodes`
-    are what the caller may see (a team token: its own team and queues)."""
+def queues(
+    teams: Sequence[TreeNodeView], queue_nodes: Sequence[TreeNodeView], gauges: FleetGauges, only: str | None = None
+) -> list[QueueLine]:
+    """Each team, then its queues, with their bars and pending counts. `teams` are all teams (a
+    team's entitlement is its weight over all of theirs); `only`: show that team alone."""
     used = {q.queue: q.used for q in gauges.quotas}
     pending: dict[str, dict[str, int]] = defaultdict(dict)
     for (queue, kind), count in gauges.pending.items():
@@ -189,6 +191,8 @@ def queues(teams: Sequence[TreeNodeView], queue_nodes: Sequence[TreeNodeView], g
     team_weights = sum(t.weight for t in teams) or 1.0
     lines: list[QueueLine] = []
     for team in sorted(teams, key=lambda t: t.name):
+        if only is not None and team.name != only:
+            continue
         members = sorted(by_team.get(team.name, []), key=lambda q: q.name)
         team_used: dict[str, float] = defaultdict(float)
         for q in members:

@@ -94,3 +94,9 @@ def test_queue_bars_borrowed_is_use_above_guarantee_and_teams_sum_their_queues()
     assert (train.weight_share, by_name["llm-serve"].weight_share) == (0.25, 0.75)
     assert by_name["cv"].pending == 1
     assert by_name["cv-train"].bars[0].limit is None
+
+
+def test_a_team_sees_its_own_lines_with_its_share_of_all_teams_weights() -> None:
+    teams = [_node("llm", None, 3.0), _node("cv", None, 1.0)]
+    lines = queues(teams, [_node("cv-train", "cv")], _gauges(), only="cv")
+    assert [(line.name, line.weight_share) for line in lines] == [("cv", 0.25), ("cv-train", 1.0)]

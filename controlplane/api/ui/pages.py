@@ -94,10 +94,8 @@ def fleet_page(request: Request, who: Viewer, ctx: Ctx) -> Response:
 def queues_page(request: Request, who: Viewer, ctx: Ctx) -> Response:
     team = dashboard.team_name(ctx.uow_factory(), who)
     teams = admin.list_tree_nodes(ctx.uow_factory(), "team")
-    if team is not None:
-        teams = [t for t in teams if t.name == team]
     queue_nodes = admin.list_tree_nodes(ctx.uow_factory(), "queue", None if who.is_admin else who.team_id)
-    lines = dashboard.queues(teams, queue_nodes, _gauges(ctx))
+    lines = dashboard.queues(teams, queue_nodes, _gauges(ctx), only=team)
     return page(request, "queues.html", who, team, lines=lines, charts=plots.quota_charts(lines))
 
 
