@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Result, Select, case, delete, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Result, Select, case, delete, func, insert, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -20,6 +20,7 @@ from adapters.sql.tables import (
     LeaderLeaseRow,
     OutboxRow,
 )
+from controlplane.service.ports import OutboxEvent
 from controlplane.service.views import ClusterCredential, TokenView
 
 # A lease released or expired by hand: its epoch is kept, so the next term's still rises.
@@ -88,6 +89,19 @@ class SqlOutbox:
 
     def prune(self, published_before: datetime) -> int:
         return _rowcount(self.s.execute(delete(OutboxRow).where(OutboxRow.published_at < published_before)))
+
+    def recent(self, subject_prefixes: Sequence[str], after_seq: int, limit: int) -> list[OutboxEvent]:
+        if not subject_prefixes or limit <= 0:
+            return []
+        # autoescape: a `_` or `%` in a team or cluster name is matched as itself, not as a wildcard
+        matches = or_(*(OutboxRow.subject.startswith(prefix, autoescape=True) for prefix in subject_prefixes))
+        rows = self.s.execute(
+            select(OutboxRow.seq, OutboxRow.subject, OutboxRow.payload, OutboxRow.created_at)
+            .where(matches, OutboxRow.seq > after_seq)
+            .order_by(OutboxRow.seq.desc())
+            .limit(limit)
+        )
+        return [OutboxEvent(int(seq), subject, payload, created_at) for seq, subject, payload, created_at in rows]
 
 
 class SqlInbox:

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from controlplane.api import responses, routes_admin, routes_audit, routes_reports, routes_workloads
+from controlplane.api import responses, routes_admin, routes_audit, routes_reports, routes_workloads, ui
 from controlplane.api.context import ApiContext
 from controlplane.api.request_ids import RequestIds
 from controlplane.api.text import refuse_nul
@@ -214,5 +214,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_workloads.router)
     app.include_router(routes_reports.router)
     app.include_router(routes_audit.router)
+    ui.install(app)  # the web dashboard under /ui
     responses.install(app)
     return app

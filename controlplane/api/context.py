@@ -10,7 +10,7 @@ from controlplane.core.audit import AuditThresholds
 from controlplane.core.idle import IdleRules
 from controlplane.service.auth import PrincipalCache
 from controlplane.service.fleet_fit import FleetFit
-from controlplane.service.metrics import NO_METRICS, Metrics
+from controlplane.service.metrics import NO_METRICS, FleetGaugeReader, Metrics
 from controlplane.service.ports import UnitOfWorkFactory
 
 
@@ -37,3 +37,6 @@ class ApiContext:
     # What the audit judges by: the idle policy (when telemetry is stale) and its own thresholds.
     idle_rules: IdleRules = field(default_factory=IdleRules)
     audit_thresholds: AuditThresholds = field(default_factory=AuditThresholds)
+    # The fleet gauges (bounded aggregate reads) the dashboard's fleet and queue pages show; None:
+    # those two pages fail (only tests that do not open them leave it out).
+    gauges: FleetGaugeReader | None = None

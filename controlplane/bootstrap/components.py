@@ -100,13 +100,15 @@ async def run_components(
     server: uvicorn.Server | None = None
     registry = new_registry()  # this run's own: two control planes in one process do not mix
     metrics = PrometheusMetrics(registry)
+    gauges = SqlFleetGauges(wiring.engine)
     if "api" in components:  # the API processes export the fleet's SQL gauges (read when scraped)
-        registry.register(FleetCollector(SqlFleetGauges(wiring.engine), utc_now, settings.metrics_fleet_interval))
+        registry.register(FleetCollector(gauges, utc_now, settings.metrics_fleet_interval))
     stop_metrics: Callable[[], None] | None = None
     if "api" in components:
         ctx = ApiContext(
             exposition=lambda: exposition(registry),
             metrics=metrics,
+            gauges=gauges,  # the dashboard's fleet and queue pages
             uow_factory=wiring.uow,
             subject_prefix=prefix,
             idle_rules=settings.idle_rules(),

@@ -252,6 +252,16 @@ class RunRepository(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class OutboxEvent:
+    """An event as the outbox keeps it: `seq` orders the outbox (a live feed resumes after one)."""
+
+    seq: int
+    subject: str
+    payload: str
+    created_at: datetime
+
+
 class Outbox(Protocol):
     def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None: ...
     def add_many(self, events: Sequence[tuple[str, str, str]], now: datetime) -> None:
@@ -262,6 +272,10 @@ class Outbox(Protocol):
     def mark_published(self, event_ids: Sequence[str], now: datetime) -> None: ...
     def record_failure(self, event_id: str, error: str) -> None: ...
     def prune(self, published_before: datetime) -> int: ...
+    def recent(self, subject_prefixes: Sequence[str], after_seq: int, limit: int) -> list[OutboxEvent]:
+        """The newest `limit` events (newest first) whose subject starts with one of the prefixes
+        and whose `seq` is above `after_seq`: the dashboard's live feed, published or not."""
+        ...
 
 
 class Inbox(Protocol):

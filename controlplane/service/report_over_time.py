@@ -31,8 +31,8 @@ from controlplane.service.errors import Invalid
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.report_accounting import check_span, held_hours, team_scope, utc
 from controlplane.service.report_records import QueueRecord, RunRecord
-from controlplane.service.reports import WINDOW_LIMIT, WINDOW_LOOKBACK, GroupBy, aggregate
-from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
+from controlplane.service.reports import WINDOW_LOOKBACK, GroupBy, aggregate, runs_and_windows
+from controlplane.service.telemetry_window import TelemetryWindow
 from controlplane.service.views import Principal
 
 MIN_BUCKET = 300
@@ -154,12 +154,7 @@ def timeline(
     spans = buckets(start, end, bucket)
     team_id = team_scope(who)
     with uow:
-        runs = uow.reports.runs(start, end, team_id)
-        ids = {r.run_id for r in runs}
-        windows: list[TelemetryWindow] = []
-        if ids:
-            query = WindowQuery(since=start - WINDOW_LOOKBACK, until=end, limit=WINDOW_LIMIT)
-            windows = [w for w in uow.telemetry.windows(query) if w.run_id in ids]
+        runs, windows = runs_and_windows(uow, team_id, start, end)
     size = int((spans[0][1] - spans[0][0]).total_seconds()) if len(spans) > 1 else int((end - start).total_seconds())
     rows = timeline_figures(runs, windows, spans, GroupBy(group_by), utc(now))
     return TimelineReport(start, end, size, group_by, rows)

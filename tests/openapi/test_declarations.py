@@ -54,7 +54,8 @@ def _api_routes(routes: list[Any]) -> list[APIRoute]:
 
 
 def _operations(app: FastAPI) -> list[tuple[APIRoute, str]]:
-    return [(r, m.lower()) for r in _api_routes(app.routes) for m in sorted(r.methods)]
+    """The published operations: the web dashboard's pages (`/ui`) are not part of the API."""
+    return [(r, m.lower()) for r in _api_routes(app.routes) if r.include_in_schema for m in sorted(r.methods)]
 
 
 def test_no_fastapi_validation_error_schema_is_published(schema: dict[str, Any]) -> None:
