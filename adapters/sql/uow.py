@@ -15,6 +15,7 @@ from adapters.sql.idle_repo import SqlIdleRepository
 from adapters.sql.messaging_repo import SqlAudit, SqlClusterCredentials, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
 from adapters.sql.report_repo import SqlReportRepository
 from adapters.sql.run_repo import SqlRunRepository
+from adapters.sql.serving_repo import SqlServingRepository
 from adapters.sql.snapshot_changes import SqlSnapshotChanges
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from adapters.sql.workload_repo import SqlWorkloadRepository
@@ -55,6 +56,7 @@ class SqlUnitOfWork:
             self.idle = SqlIdleRepository(s)
             self.cloud = SqlCloudRepository(s)
             self.reports = SqlReportRepository(s)
+            self.serving = SqlServingRepository(s)
         else:
             self._levels.append((self._session.begin_nested(), False))
         return self

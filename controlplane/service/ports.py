@@ -18,6 +18,7 @@ from controlplane.domain.model import Cluster, Node, QueueNode, Workload
 from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.idle_records import IdleRepository
 from controlplane.service.report_records import ReportRepository
+from controlplane.service.serving import ServingRepository
 from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import (
     ClusterCredential,
@@ -168,6 +169,7 @@ class NewWorkload:
     labels: Mapping[str, str]
     idempotency_key: str | None
     fingerprint: str
+    serving: Mapping[str, Any] | None = None  # an inference workload's `serving` block (ServingSpec)
 
 
 # A new workload's reason until the scheduler's first decision about it.
@@ -184,6 +186,7 @@ class WorkloadRepository(Protocol):
         idempotency_key: str | None,
         fingerprint: str,
         now: datetime,
+        serving: Mapping[str, Any] | None = None,
     ) -> None:
         """Store a new queued workload (reason `QUEUED_REASON`, version 1) and its pod sets. Raises
         `DuplicateKey` when the team used `idempotency_key` before; the transaction stays usable."""
@@ -439,6 +442,9 @@ class UnitOfWork(Protocol):
 
     @property
     def reports(self) -> ReportRepository: ...
+
+    @property
+    def serving(self) -> ServingRepository: ...
 
     def __enter__(self) -> Self: ...
     def __exit__(
