@@ -101,7 +101,13 @@ async def run_components(
     registry = new_registry()  # this run's own: two control planes in one process do not mix
     metrics = PrometheusMetrics(registry)
     if "api" in components:  # the API processes export the fleet's SQL gauges (read when scraped)
-        registry.register(FleetCollector(SqlFleetGauges(wiring.engine), utc_now, settings.metrics_fleet_interval))
+        registry.register(
+            FleetCollector(
+                SqlFleetGauges(wiring.engine, max_run_series=settings.metrics_max_run_series),
+                utc_now,
+                settings.metrics_fleet_interval,
+            )
+        )
     stop_metrics: Callable[[], None] | None = None
     if "api" in components:
         ctx = ApiContext(
