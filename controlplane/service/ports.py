@@ -96,6 +96,8 @@ class RunOrder:
     labels: Mapping[str, str] = field(default_factory=dict)
     # The value of `priority_class` when the workload was submitted (for cluster priority classes).
     priority: int = 0
+    # An inference workload's declared serving block: put on its pods for the agent to scrape.
+    serving: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
