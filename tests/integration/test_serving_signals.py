@@ -165,14 +165,14 @@ def test_idle_pass_reclaims_inference_without_traffic_and_exempts_serving_ones(
     # All three hold idle GPUs for 100 minutes; only the traffic differs.
     now = start + timedelta(minutes=100)
     samples = [s for run_id, nodes in runs.values() for s in _samples(run_id, nodes, 0.0, start, now)]
-    serving = [
+    readings = [
         ServingReading(runs["quiet"][0], now - timedelta(seconds=20), 0.0, None),
         ServingReading(runs["busy-chat"][0], now - timedelta(seconds=20), 3.2, 250.0),
     ]
     with wiring.uow() as uow:
         uow.telemetry.merge_windows(fold(samples), now)
         uow.commit()
-    result = handle_batch(wiring.uow(), [_message(prefix, "sim-h100", "serve-1", [], serving)], prefix, now)
+    result = handle_batch(wiring.uow(), [_message(prefix, "sim-h100", "serve-1", [], readings)], prefix, now)
     assert result.serving == 2
 
     idle_pass(wiring.uow, RULES, prefix, now)
