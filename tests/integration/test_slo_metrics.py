@@ -76,7 +76,7 @@ def _names(series: Series, name: str) -> list[dict[str, str]]:
 def seeded(wiring: Wiring, client: TestClient, admin: dict[str, str]) -> tuple[datetime, dict[str, str]]:
     """On 4 nodes x 8 H100: vision runs `busy` (80 % active) and `hoarder` (idle for 100 minutes,
     reclaim stage); serve runs `chat` (inference, 3.2 requests/s at 250 ms against a 100 ms objective,
-    no GPU telemetry). Three more vision gangs wait, submitted 100, 200 and 1000 s before `now`."""
+    no GPU telemetry). Four more vision gangs wait, submitted 50, 100, 200 and 1000 s before `now`."""
     setup_fleet(client, admin)
     vision = add_tenant(client, admin, "vision", "vision-train")
     serve = add_tenant(client, admin, "serve", "serve-prod")
@@ -124,7 +124,7 @@ def seeded(wiring: Wiring, client: TestClient, admin: dict[str, str]) -> tuple[d
         uow.serving.put_readings([("sim-h100", ServingReading(runs["chat"], now, 3.2, 250.0))], now)
         uow.commit()
     idle_pass(wiring.uow, RULES, prefix, now)
-    for age in (100, 200, 1000):
+    for age in (50, 100, 200, 1000):
         r = client.post("/v1/workloads", json=gang(f"wait-{age}", vision.queue, replicas=2), headers=vision.headers)
         assert r.status_code == 201, r.text
         with wiring.uow() as uow:
@@ -161,9 +161,9 @@ def test_slo_families_carry_the_seeded_values(wiring: Wiring, seeded: tuple[date
     assert _get(series, "gpufleet_unmeasured_gpus", cluster="sim-h100") == 8.0
 
     q = {"queue": "vision-train", "team": "vision"}
-    assert _get(series, "gpufleet_queue_pending_workloads", **q) == 3
+    assert _get(series, "gpufleet_queue_pending_workloads", **q) == 4
     assert _get(series, "gpufleet_queue_oldest_pending_seconds", **q) == pytest.approx(1000, abs=1)
-    assert _get(series, "gpufleet_queue_pending_wait_seconds", quantile="0.5", **q) == pytest.approx(200, abs=1)
+    assert _get(series, "gpufleet_queue_pending_wait_seconds", quantile="0.5", **q) == pytest.approx(100, abs=1)
     assert _get(series, "gpufleet_queue_pending_wait_seconds", quantile="0.95", **q) == pytest.approx(1000, abs=1)
     assert _get(series, "gpufleet_queue_pending_workloads", queue="serve-prod", team="serve") == 0
 
