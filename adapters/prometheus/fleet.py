@@ -215,8 +215,8 @@ def slo_families(g: FleetGauges) -> Iterator[Metric]:
     )
     for name, doc, attr in (
         ("gpufleet_run_requests_per_second", "Request rate of the run's declared traffic metric", "rps"),
-        ("gpufleet_run_latency_ms", "Mean request latency of the run's declared latency metric", "latency"),
-        ("gpufleet_run_latency_objective_ms", "The run's declared latency objective", "objective"),
+        ("gpufleet_run_latency_seconds", "Mean request latency of the run's declared latency metric", "latency"),
+        ("gpufleet_run_latency_objective_seconds", "The run's declared latency objective", "objective"),
     ):
         yield _gauge(
             name,
@@ -235,4 +235,6 @@ def _team_part(t: TeamUtilization, part: str) -> float:
 
 
 def _serving_part(r: RunServing, part: str) -> float | None:
-    return {"rps": r.requests_per_second, "latency": r.latency_ms, "objective": r.objective_ms}[part]
+    # Prometheus' base unit is the second; the declaration and the readings are in milliseconds.
+    value = {"rps": r.requests_per_second, "latency": r.latency_ms, "objective": r.objective_ms}[part]
+    return value if value is None or part == "rps" else value / 1000.0

@@ -450,11 +450,11 @@ def slo_row(d: Layout) -> None:
         "timeseries",
         "Inference latency vs. objective",
         [
-            ("max by (workload, team) (gpufleet_run_latency_ms)", "{{workload}} latency"),
-            ("max by (workload, team) (gpufleet_run_latency_objective_ms)", "{{workload}} objective"),
+            ("max by (workload, team) (gpufleet_run_latency_seconds)", "{{workload}} latency"),
+            ("max by (workload, team) (gpufleet_run_latency_objective_seconds)", "{{workload}} objective"),
             ("max by (workload, team) (gpufleet_run_requests_per_second)", "{{workload}} req/s"),
         ],
-        "ms",
+        "s",
         w=12,
         description="Latest reading of each inference run's declared serving signal (mean latency over the "
         "agent's scrape interval) beside its declared objective.",

@@ -169,8 +169,8 @@ def test_slo_families_carry_the_seeded_values(wiring: Wiring, seeded: tuple[date
 
     chat = {"run": runs["chat"], "workload": "chat", "team": "serve", "cluster": "sim-h100"}
     assert _get(series, "gpufleet_run_requests_per_second", **chat) == pytest.approx(3.2)
-    assert _get(series, "gpufleet_run_latency_ms", **chat) == pytest.approx(250.0)
-    assert _get(series, "gpufleet_run_latency_objective_ms", **chat) == 100.0
+    assert _get(series, "gpufleet_run_latency_seconds", **chat) == pytest.approx(0.25)
+    assert _get(series, "gpufleet_run_latency_objective_seconds", **chat) == pytest.approx(0.1)
 
 
 def test_per_run_families_are_bounded_lowest_utilization_first(
@@ -179,4 +179,4 @@ def test_per_run_families_are_bounded_lowest_utilization_first(
     now, runs = seeded
     series = _scrape(wiring, now, max_runs=1)
     assert [labels["run"] for labels in _names(series, "gpufleet_run_effective_utilization_ratio")] == [runs["hoarder"]]
-    assert not _names(_scrape(wiring, now, max_runs=0), "gpufleet_run_latency_ms")
+    assert not _names(_scrape(wiring, now, max_runs=0), "gpufleet_run_latency_seconds")
