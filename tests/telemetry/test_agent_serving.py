@@ -1,5 +1,6 @@
 """The agent's serving scrape against real local HTTP servers: vLLM's metrics text into request rates
-and latencies, pods found through a Kubernetes API listing, and the readings published in the batch."""
+and latencies, pods found through a Kubernetes API listing, and the readings published in the batch;
+and simulated clusters publishing their runs' `sim.traffic_rps`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -17,6 +19,7 @@ from kubernetes import client
 
 from adapters.dcgm.exposition import RunResolver
 from adapters.kubernetes.serving_pods import pod_lister
+from adapters.sim.cluster import SimCluster
 from controlplane.agent.dcgm import AgentConfig, scrape_once
 from controlplane.agent.serving import (
     SERVING_ANNOTATION,
@@ -26,6 +29,7 @@ from controlplane.agent.serving import (
     lister_targets,
     pod_targets,
 )
+from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.telemetry_wire import decode_message
 from tests.telemetry import samples
 from tests.telemetry.vllm_samples import vllm_metrics
@@ -212,3 +216,35 @@ async def test_pods_listed_through_the_kubernetes_api_then_scraped_and_published
     assert reading.run_id == "run-chat"
     assert reading.requests_per_second == pytest.approx(3.0)
     assert reading.latency_ms == pytest.approx(300.0)
+
+
+async def test_simulated_clusters_publish_the_declared_traffic_of_their_runs(tmp_path: Path) -> None:
+    sent: list[tuple[str, bytes, str]] = []
+
+    async def publish(subject: str, payload: bytes, msg_id: str) -> None:
+        sent.append((subject, payload, msg_id))
+
+    now = [T0]
+    cluster = SimCluster("sim-l4", publish, "p", tmp_path / "sim.json", start_delay=1.0, clock=lambda: now[0])
+    cluster.telemetry_interval = 10.0
+
+    def order(run_id: str, sim: dict[str, Any]) -> RunOrder:
+        pod = PodOrder("s", 0, "node-1", "pool", {"gpu": 1})
+        return RunOrder(run_id, "w", "w", "t", "q", "sim-l4", 1, 1, "batch", 1, (pod,), None, {"sim": sim})
+
+    await cluster.apply(order("run-quiet", {"traffic_rps": 0, "latency_ms": 80}))
+    await cluster.apply(order("run-chat", {"traffic_rps": 12.5}))
+    await cluster.apply(order("run-train", {}))
+    await cluster.apply(order("run-bad", {"traffic_rps": "lots"}))
+    now[0] += 5  # the pods run
+    # Another process driving the same cluster file sees the same runs and signals.
+    again = SimCluster("sim-l4", publish, "p", tmp_path / "sim.json", clock=lambda: now[0])
+    assert again.runs["run-chat"].traffic_rps == 12.5
+    assert await cluster.emit_telemetry() == 4  # one GPU sample per run
+    subject, payload, _ = sent[-1]
+    assert subject == "p.telemetry.sim-l4.dcgm"
+    _, readings = decode_message(payload, "sim-l4", datetime.fromtimestamp(now[0], UTC))
+    assert [(r.run_id, r.requests_per_second, r.latency_ms) for r in readings] == [
+        ("run-quiet", 0.0, 80.0),
+        ("run-chat", 12.5, None),
+    ]
