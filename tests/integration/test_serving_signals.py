@@ -4,6 +4,7 @@ reordering harmless), fed to the idle policy, shown on the workload view and rea
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +14,9 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.idle import IdlePolicy, IdleRules
 from controlplane.core.snapshot import Policy
 from controlplane.service.idle import idle_pass
+from controlplane.service.ingest_messages import InboundMessage
+from controlplane.service.ingest_messages import Outcome as IngestOutcome
+from controlplane.service.ingest_submits import SubmitMessage, apply_submits
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from controlplane.service.serving import ServingReading
 from controlplane.service.telemetry import BatchMessage, Outcome, fold, handle_batch
@@ -208,3 +212,27 @@ def test_idle_pass_reclaims_inference_without_traffic_and_exempts_serving_ones(
         stale = uow.idle.findings()[runs["quiet"][0]]
     assert stale.status == "exempt"
     assert "stale" in stale.reason
+
+
+def test_a_nats_submit_stores_the_serving_block_and_refuses_a_bad_one(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    prefix = wiring.settings.subject_prefix
+    declared = {**SERVING, "latency_objective_ms": 300.0, "metrics_port": 9000, "metrics_path": "/stats"}
+
+    def submit(msg_id: str, body: dict[str, Any]) -> SubmitMessage:
+        subject = f"{prefix}.submit.{tenant.team}.{tenant.queue}"
+        return SubmitMessage(
+            InboundMessage(subject, json.dumps(body).encode(), {}, msg_id), tenant.team, tenant.queue, body
+        )
+
+    good = _inference("nats-chat", tenant.queue, declared)
+    bad = gang("nats-train", tenant.queue, replicas=1, serving=SERVING)
+    with wiring.uow() as uow:
+        handled = apply_submits(uow, [submit("n1", good), submit("n2", bad)], prefix, utc_now())
+        uow.commit()
+    assert handled[0].outcome is IngestOutcome.APPLIED
+    assert handled[1].outcome is not IngestOutcome.APPLIED
+    assert "serving is for inference workloads only" in handled[1].detail
+    view = client.get(f"/v1/workloads/{handled[0].detail}", headers=tenant.headers).json()
+    assert view["serving"] == declared
