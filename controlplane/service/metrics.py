@@ -6,8 +6,10 @@ call site, for tests, simulators and benchmarks). Every call reports a committed
 after their transaction commits, never for a decision that may still be rolled back.
 
 Label values are bounded by construction: queues, clusters and providers are names an administrator
-registered; kinds, phases and outcomes are small enums; no workload id, run id or free text is ever a
-label value (the adapter also caps the number of distinct values per label, as a backstop).
+registered; kinds, phases and outcomes are small enums; no free text is ever a label value (the
+adapter also caps the number of distinct values per label, as a backstop). Run ids and workload
+names appear only in the per-run SLO gauges (`RunUtilization`, `RunServing`), which a reader cuts to
+a configured number of runs (`DEFAULT_MAX_RUN_SERIES`).
 
 Gauges that come from SQL state (backlogs, quota, pending gangs, leases, idle findings) are not
 pushed by the hot path: a `FleetGaugeReader` reads them with a few bounded aggregate queries when
