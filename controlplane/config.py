@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     # The SQL gauges (queues, quota, backlog, leases, idle GPUs) are read at most this often, however
     # often Prometheus scrapes; only processes that run the API export them.
     metrics_fleet_interval: float = Field(default=5.0, ge=0)
+    # The per-run families on /metrics (effective utilization, serving latency) hold at most this
+    # many runs each, the lowest-utilization (or slowest against its objective) first.
+    metrics_max_run_series: int = Field(default=2_000, ge=0, le=100_000)
     scheduler_interval: float = Field(default=1.0, gt=0)
     # The scheduler keeps its snapshot across cycles and reads only what changed (service/
     # snapshot_cache.py); as a safety net it still reloads everything at least this often (seconds).

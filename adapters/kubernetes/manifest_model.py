@@ -29,6 +29,9 @@ LABEL_POD_SET = "gpufleet.io/pod-set"
 ANNOTATION_INDICES = "gpufleet.io/pod-indices"
 ANNOTATION_OBJECTS = "gpufleet.io/object-count"
 ANNOTATION_WORKLOAD_NAME = "gpufleet.io/workload-name"
+# An inference workload's declared serving signal, as compact JSON, on each of its pods: the agent
+# scrapes the pod's metrics endpoint it names (controlplane/agent/serving.py).
+ANNOTATION_SERVING = "gpufleet.io/serving"
 OWNED_SELECTOR = f"{MANAGED_BY}={MANAGER}"
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

@@ -5,12 +5,14 @@ Separate from `manifests`, which wraps these templates in Jobs or a JobSet and t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from adapters.kubernetes.manifest_model import (
     ANNOTATION_INDICES,
+    ANNOTATION_SERVING,
     CONTAINER_NAME,
     COSCHEDULING_GROUP_LABEL,
     DNS_SUBDOMAIN,
@@ -333,6 +335,8 @@ def pod_template(
     # The workload's labels first, so gpufleet's own (and the gang scheduler's) always win.
     labels = dict(extra_labels) | ownership_labels(order) | {LABEL_POD_SET: _label_value(unit.pod_set, "pod set")}
     annotations = {ANNOTATION_INDICES: indices}
+    if order.serving:
+        annotations[ANNOTATION_SERVING] = json.dumps(dict(order.serving), separators=(",", ":"), sort_keys=True)
     if settings.gang == "volcano":
         annotations[VOLCANO_GROUP_ANNOTATION] = gang_name
     elif settings.gang == "coscheduling":

@@ -11,7 +11,7 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controlplane.service.metrics import FleetGaugeReader, FleetGauges
+from controlplane.service.metrics import FleetGaugeReader, FleetGauges, RunServing, TeamUtilization
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ def fleet_families(g: FleetGauges) -> Iterator[Metric]:
         ["cluster"],
         (([c], v) for c, v in sorted(g.measured_gpus.items())),
     )
+    yield from slo_families(g)
     yield _gauge("gpufleet_outbox_backlog_events", "Outbox events not published yet", [], [([], g.outbox_backlog)])
     yield _gauge(
         "gpufleet_outbox_oldest_unpublished_age_seconds",
@@ -146,3 +147,94 @@ def fleet_families(g: FleetGauges) -> Iterator[Metric]:
         ["lease"],
         (([x.lease], x.expires_in_seconds) for x in g.leases),
     )
+
+
+RUN_LABELS = ("run", "workload", "team", "queue", "cluster")
+SERVING_LABELS = ("run", "workload", "team", "cluster")
+
+
+def slo_families(g: FleetGauges) -> Iterator[Metric]:
+    """The SLO link: effective utilization, idle and unmeasured GPUs, waits, serving signals."""
+    yield _gauge(
+        "gpufleet_run_effective_utilization_ratio",
+        "Activity mean (0..1) of the live run's latest telemetry window; the lowest-utilization runs, bounded",
+        RUN_LABELS,
+        (([r.run, r.workload, r.team, r.queue, r.cluster], r.activity) for r in g.run_utilization),
+    )
+    yield _gauge(
+        "gpufleet_team_effective_utilization_ratio",
+        "Used / measured GPU-hours of the team's runs over the last hour (the utilization report's efficiency)",
+        ["team"],
+        (([t.team], t.efficiency) for t in g.team_utilization if t.efficiency is not None),
+    )
+    for name, doc, part in (
+        ("gpufleet_team_allocated_gpu_hours", "GPU-hours (gpu-eq) allocated to the team's runs, last hour", "alloc"),
+        ("gpufleet_team_measured_gpu_hours", "Allocated GPU-hours with an activity reading, last hour", "measured"),
+        ("gpufleet_team_used_gpu_hours", "Measured GPU-hours times their activity, last hour", "used"),
+    ):
+        yield _gauge(name, doc, ["team"], (([t.team], _team_part(t, part)) for t in g.team_utilization))
+    yield _gauge(
+        "gpufleet_team_allocated_gpus",
+        "GPU-equivalents held by the team's live runs now",
+        ["team"],
+        (([t.team], t.allocated_gpus) for t in g.team_utilization),
+    )
+    yield _gauge(
+        "gpufleet_idle_notified_gpus",
+        "GPU-equivalents held by live runs whose idle finding is at notify or beyond, by cluster and team",
+        ["cluster", "team"],
+        (([c, t], v) for (c, t), v in sorted(g.idle_notified_gpus.items())),
+    )
+    yield _gauge(
+        "gpufleet_unmeasured_gpus",
+        "GPU-equivalents held by running runs with no recent telemetry window (allocated but unmeasured)",
+        ["cluster"],
+        (([c], v) for c, v in sorted(g.unmeasured_gpus.items())),
+    )
+    yield _gauge(
+        "gpufleet_queue_pending_workloads",
+        "Queued workloads of the queue",
+        ["queue", "team"],
+        (([w.queue, w.team], w.pending) for w in g.queue_waits),
+    )
+    yield _gauge(
+        "gpufleet_queue_oldest_pending_seconds",
+        "Seconds since the oldest queued workload of the queue was submitted (0 with none queued)",
+        ["queue", "team"],
+        (([w.queue, w.team], w.oldest_seconds) for w in g.queue_waits),
+    )
+    yield _gauge(
+        "gpufleet_queue_pending_wait_seconds",
+        "Quantiles (nearest rank) of the current waits of the queue's queued workloads, since submission",
+        ["queue", "team", "quantile"],
+        (
+            ([w.queue, w.team, q], value)
+            for w in g.queue_waits
+            for q, value in (("0.5", w.p50_seconds), ("0.95", w.p95_seconds))
+        ),
+    )
+    for name, doc, attr in (
+        ("gpufleet_run_requests_per_second", "Request rate of the run's declared traffic metric", "rps"),
+        ("gpufleet_run_latency_seconds", "Mean request latency of the run's declared latency metric", "latency"),
+        ("gpufleet_run_latency_objective_seconds", "The run's declared latency objective", "objective"),
+    ):
+        yield _gauge(
+            name,
+            f"{doc}; live inference runs with a serving reading, the slowest against their objective first, bounded",
+            SERVING_LABELS,
+            (
+                ([r.run, r.workload, r.team, r.cluster], value)
+                for r in g.serving
+                if (value := _serving_part(r, attr)) is not None
+            ),
+        )
+
+
+def _team_part(t: TeamUtilization, part: str) -> float:
+    return {"alloc": t.allocated_gpu_hours, "measured": t.measured_gpu_hours, "used": t.used_gpu_hours}[part]
+
+
+def _serving_part(r: RunServing, part: str) -> float | None:
+    # Prometheus' base unit is the second; the declaration and the readings are in milliseconds.
+    value = {"rps": r.requests_per_second, "latency": r.latency_ms, "objective": r.objective_ms}[part]
+    return value if value is None or part == "rps" else value / 1000.0

@@ -26,10 +26,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from adapters.sim.telemetry import Device, allocate_devices, parse_profile, pod_samples, profile_of
 from controlplane.service.inventory import InventoryNode, InventoryReport, inventory_msg_id, inventory_subject
 from controlplane.service.ports import RunOrder
+from controlplane.service.serving import MAX_LATENCY_MS, MAX_RPS, ServingReading
 from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,10 @@ class SimRun:
     last_report_at: float = 0.0
     utilization: str = "busy"  # the workload's `sim.utilization` profile
     devices: list[list[Device]] = field(default_factory=list)  # per pod, as `pods`
+    # The serving signal an inference server would expose (`sim.traffic_rps`, `sim.latency_ms`):
+    # published beside the DCGM samples, as the agent publishes what it scrapes.
+    traffic_rps: float | None = None
+    latency_ms: float | None = None
 
     def phase(self, now: float) -> str:
         if now < self.start_at:
@@ -56,6 +62,15 @@ class SimRun:
         if self.end_at is None or now < self.end_at:
             return "Running"
         return "Failed" if self.fail else "Succeeded"
+
+
+def serving_value(sim: dict[str, Any], key: str) -> float | None:
+    """`sim.traffic_rps` / `sim.latency_ms` of a workload's container: a number in range, else none."""
+    value = sim.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    bound = MAX_RPS if key == "traffic_rps" else MAX_LATENCY_MS
+    return float(value) if 0 <= value <= bound else None
 
 
 @dataclass
@@ -147,6 +162,8 @@ class SimCluster:
                 fail=bool(sim.get("fail", False)),
                 utilization=profile_of(order.container),
                 devices=[allocate_devices(p.demand, taken.setdefault(p.node, set())) for p in order.pods],
+                traffic_rps=serving_value(sim, "traffic_rps"),
+                latency_ms=serving_value(sim, "latency_ms"),
             )
             self.known_nodes.update(p.node for p in order.pods)
             self.created += 1
@@ -216,6 +233,17 @@ class SimCluster:
         self.inventories += 1
         return True
 
+    def serving(self, now: float) -> list[ServingReading]:
+        """The serving reading of each running run that has a simulated traffic signal."""
+        with self._shared_state():
+            runs = list(self.runs.values())
+        at = datetime.fromtimestamp(now, UTC)
+        return [
+            ServingReading(run.run_id, at, run.traffic_rps, run.latency_ms)
+            for run in runs
+            if run.phase(now) == "Running" and (run.traffic_rps is not None or run.latency_ms is not None)
+        ]
+
     def samples(self, now: float) -> list[GpuSample]:
         """One DCGM reading per device that a running pod holds, attributed to its run."""
         with self._shared_state():
@@ -243,11 +271,13 @@ class SimCluster:
         if self.telemetry_switch is not None and self.telemetry_switch.exists():
             return 0
         samples = self.samples(now)
-        if not samples:
+        serving = self.serving(now)
+        if not samples and not serving:
             return 0
         msg_id = f"sim-dcgm:{self.name}:{int(now * 1000)}"
         try:
-            await self.publish(telemetry_subject(self.prefix, self.name), encode_batch(self.name, samples), msg_id)
+            payload = encode_batch(self.name, samples, serving)
+            await self.publish(telemetry_subject(self.prefix, self.name), payload, msg_id)
         except Exception as exc:
             log.warning("sim %s: telemetry batch dropped: %s", self.name, exc)
             return 0

@@ -8,17 +8,19 @@ few seconds, so scraping faster than that costs nothing).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
-from sqlalchemy import Engine, String, and_, case, cast, func, select
+from sqlalchemy import Engine, String, and_, cast, func, select
 from sqlalchemy.orm import Session
 
+from adapters.sql import slo_gauges
 from adapters.sql.convert import pool_from_row
+from adapters.sql.slo_gauges import activity_terms, demand_of
 from adapters.sql.tables import (
     ClusterRow,
     IdleFindingRow,
@@ -36,14 +38,18 @@ from adapters.sql.tables import (
 from controlplane.core.gpu_eq import gpu_eq_float
 from controlplane.domain.model import NodePool
 from controlplane.service.metrics import (
+    DEFAULT_MAX_RUN_SERIES,
     ClusterGpus,
     FleetGauges,
     LeaseState,
     QueueQuota,
+    TeamUtilization,
     pending_reason_kind,
 )
 
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
+# Idle stages at which a run's GPUs count as idle GPUs (`gpufleet_idle_notified_gpus`).
+NOTIFIED_STAGES = ("notify", "deprioritize", "reclaim")
 UNFINISHED_STATES = ("queued", "admitted", "dispatching", "running")
 GPU_EQ = "gpu-eq"
 # The safety cap of any grouped query: far above what a registered fleet produces.
@@ -51,11 +57,24 @@ MAX_ROWS = 20_000
 
 
 class SqlFleetGauges:
-    """`FleetGaugeReader` over the SQL store. `activity_lookback` bounds the telemetry windows read."""
+    """`FleetGaugeReader` over the SQL store. `activity_lookback` bounds the telemetry windows read;
+    `max_run_series` the runs of the per-run families; the team figures (an hour of windows through
+    the report's accounting) are recomputed at most every `team_interval`."""
 
-    def __init__(self, engine: Engine, activity_lookback: timedelta = timedelta(minutes=15)) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        activity_lookback: timedelta = timedelta(minutes=15),
+        max_run_series: int = DEFAULT_MAX_RUN_SERIES,
+        # An hour's figures move slowly, and computing them reads every window of the hour (6 s on
+        # SQLite for 64,000 windows in `gpufleet bench metrics`): at most once per five minutes.
+        team_interval: timedelta = timedelta(minutes=5),
+    ) -> None:
         self.engine = engine
         self.activity_lookback = activity_lookback
+        self.max_run_series = max_run_series
+        self.team_interval = team_interval
+        self._teams: tuple[datetime, tuple[TeamUtilization, ...]] | None = None
 
     def read(self, now: datetime) -> FleetGauges:
         with Session(self.engine) as s, s.begin():
@@ -71,7 +90,7 @@ class SqlFleetGauges:
             pools = {row.id: pool_from_row(row) for row in s.scalars(select(NodePoolRow))}
             pending = self._pending(s, queues)
             workloads = self._workloads(s, queues)
-            used, allocated, idle_gpus = self._live_usage(s, queues, teams, pools)
+            used, allocated, idle_gpus, notified = self._live_usage(s, queues, teams, pools)
             quotas = tuple(
                 QueueQuota(
                     queue=name,
@@ -96,6 +115,15 @@ class SqlFleetGauges:
                     select(LeaderLeaseRow.name, LeaderLeaseRow.epoch, LeaderLeaseRow.expires_at)
                 )
             )
+            cluster_names = {cid: name for cid, (name, _) in clusters.items()}
+            held_by_team: dict[str, float] = defaultdict(float)
+            for queue_id, amounts in used.items():
+                held_by_team[teams.get(queues[queue_id][1], "")] += amounts.get(GPU_EQ, 0.0)
+            runs = slo_gauges.run_utilization(s, now, self.activity_lookback, self.max_run_series)
+            team_figures = self._team_figures(s, now, held_by_team)
+            unmeasured = slo_gauges.unmeasured_gpus(s, cluster_names, pools, now, self.activity_lookback)
+            waits = slo_gauges.queue_waits(s, queues, teams, now)
+            serving = slo_gauges.serving(s, self.max_run_series)
         return FleetGauges(
             pending=pending,
             workloads=workloads,
@@ -109,7 +137,24 @@ class SqlFleetGauges:
             outbox_backlog=int(backlog),
             outbox_oldest_seconds=max(0.0, (now - _aware(oldest, now)).total_seconds()) if oldest else 0.0,
             leases=leases,
+            run_utilization=runs,
+            team_utilization=team_figures,
+            idle_notified_gpus={(cluster_names.get(c, c), t): v for (c, t), v in notified.items()},
+            unmeasured_gpus=unmeasured,
+            queue_waits=waits,
+            serving=serving,
         )
+
+    def _team_figures(self, s: Session, now: datetime, held: Mapping[str, float]) -> tuple[TeamUtilization, ...]:
+        """The hour's figures per team, kept `team_interval`; the GPUs held now are always fresh."""
+        if self._teams is None or not timedelta(0) <= now - self._teams[0] < self.team_interval:
+            self._teams = (now, slo_gauges.team_utilization(s, now, {}))
+        cached = {t.team: t for t in self._teams[1]}
+        out = []
+        for team in sorted(set(cached) | set(held)):
+            row = cached.get(team) or TeamUtilization(team, 0.0, 0.0, 0.0, None, 0.0)
+            out.append(replace(row, allocated_gpus=float(held.get(team, 0.0))))
+        return tuple(out)
 
     @staticmethod
     def _pending(s: Session, queues: Mapping[str, tuple[str, str]]) -> dict[tuple[str, str], int]:
@@ -137,9 +182,15 @@ class SqlFleetGauges:
     @staticmethod
     def _live_usage(
         s: Session, queues: Mapping[str, tuple[str, str]], teams: Mapping[str, str], pools: Mapping[str, NodePool]
-    ) -> tuple[dict[str, dict[str, float]], dict[tuple[str, str], Fraction], dict[tuple[str, str], float]]:
-        """GPU-equivalents held by live runs: per queue and resource, per (cluster id, GPU model), and
-        per (idle stage, team). Grouped by demand shape (as text), so one row stands for many pods."""
+    ) -> tuple[
+        dict[str, dict[str, float]],
+        dict[tuple[str, str], Fraction],
+        dict[tuple[str, str], float],
+        dict[tuple[str, str], float],
+    ]:
+        """GPU-equivalents held by live runs: per queue and resource, per (cluster id, GPU model), per
+        (idle stage, team), and per (cluster id, team) for runs at an idle stage of notify or beyond.
+        Grouped by demand shape (as text), so one row stands for many pods."""
         shape = cast(RunAssignmentRow.demand, String)
         stage = func.coalesce(IdleFindingRow.stage, "")
         rows = s.execute(
@@ -156,11 +207,12 @@ class SqlFleetGauges:
         used: dict[str, dict[str, Fraction]] = defaultdict(lambda: defaultdict(Fraction))
         allocated: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
         idle: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        notified: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
         for queue_id, team_id, idle_stage, pool_id, demand_text, count in rows:
             pool = pools.get(pool_id)
             if pool is None:
                 continue
-            demand = _demand(demand_text)
+            demand = demand_of(demand_text)
             amount = Fraction(gpu_eq_float(demand, pool)) * int(count)
             if not amount:
                 continue
@@ -169,10 +221,13 @@ class SqlFleetGauges:
             allocated[(pool.cluster_id, pool.gpu_model)] += amount
             if idle_stage:
                 idle[(idle_stage, teams.get(team_id, ""))] += amount
+            if idle_stage in NOTIFIED_STAGES:
+                notified[(pool.cluster_id, teams.get(team_id, ""))] += amount
         return (
             {q: {k: float(v) for k, v in amounts.items()} for q, amounts in used.items() if q in queues},
             dict(allocated),
             {key: float(v) for key, v in idle.items()},
+            {key: float(v) for key, v in notified.items()},
         )
 
     @staticmethod
@@ -214,16 +269,7 @@ class SqlFleetGauges:
         """Mean DCGM activity of GPUs held by runs over the recent windows, per cluster: SM activity,
         else graphics-engine activity, else GPU utilization, per window, as the idle policy reads it."""
         w = TelemetryWindowRow
-        total = func.sum(
-            case(
-                (w.sm_active_n > 0, w.sm_active_sum),
-                (w.gr_engine_n > 0, w.gr_engine_sum),
-                else_=w.gpu_util_sum,
-            )
-        )
-        samples = func.sum(
-            case((w.sm_active_n > 0, w.sm_active_n), (w.gr_engine_n > 0, w.gr_engine_n), else_=w.gpu_util_n)
-        )
+        total, samples = activity_terms()
         rows = s.execute(
             select(w.cluster, total, samples, func.count(func.distinct(w.gpu_key)))
             .where(and_(w.window_start >= now - self.activity_lookback, w.run_id != ""))
@@ -246,13 +292,6 @@ def _amounts(value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping):
         return {}
     return {str(k): float(v) for k, v in value.items() if isinstance(v, int | float)}
-
-
-def _demand(text: Any) -> dict[str, int]:
-    value = json.loads(text) if isinstance(text, str) else text
-    if not isinstance(value, Mapping):
-        return {}
-    return {str(k): int(v) for k, v in value.items() if isinstance(v, int | float)}
 
 
 def _aware(value: datetime, now: datetime) -> datetime:

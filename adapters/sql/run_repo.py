@@ -76,6 +76,7 @@ class SqlRunRepository:
                 max_runtime_seconds=wl.max_runtime_seconds,
                 labels={str(k): str(v) for k, v in (wl.labels or {}).items()},
                 priority=wl.priority,
+                serving=wl.serving,
             )
             for run, wl, cluster, queue, team in rows
         ]

@@ -200,6 +200,9 @@ class WorkloadRow(Base):
     # to the sentence in `reason` (migration 0007); "" and None when not pending.
     reason_kind: Mapped[str] = mapped_column(String(30), default="")
     reason_detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # An inference workload's declared serving signal (controlplane.service.serving.ServingSpec), or
+    # NULL (migration 0011). none_as_null: a bulk insert gives every row the key, None meaning none.
+    serving: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     queue_position: Mapped[int | None] = mapped_column(Integer)
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_seq: Mapped[int] = mapped_column(BigInteger)
@@ -404,6 +407,20 @@ class NodePodSummaryRow(Base):
     pods: Mapped[int] = mapped_column(Integer)
     sample: Mapped[list[Any]] = mapped_column(default=list)
     observed_at: Mapped[datetime]
+
+
+class ServingReadingRow(Base):
+    """The latest serving reading of one run (requests/s and mean latency of its declared metrics),
+    as its cluster's agent reported it (migration 0011). One row per run, overwritten only by a newer
+    reading; removed with the run."""
+
+    __tablename__ = "serving_readings"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(63))
+    observed_at: Mapped[datetime]
+    requests_per_second: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[datetime]
 
 
 class SnapshotChangeRow(Base):

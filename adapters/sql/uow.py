@@ -16,6 +16,7 @@ from adapters.sql.idle_repo import SqlIdleRepository
 from adapters.sql.messaging_repo import SqlAudit, SqlClusterCredentials, SqlInbox, SqlLeases, SqlOutbox, SqlTokens
 from adapters.sql.report_repo import SqlReportRepository
 from adapters.sql.run_repo import SqlRunRepository
+from adapters.sql.serving_repo import SqlServingRepository
 from adapters.sql.snapshot_changes import SqlSnapshotChanges
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from adapters.sql.workload_repo import SqlWorkloadRepository
@@ -57,6 +58,7 @@ class SqlUnitOfWork:
             self.cloud = SqlCloudRepository(s)
             self.reports = SqlReportRepository(s)
             self.audit_facts = SqlAuditRepository(s)
+            self.serving = SqlServingRepository(s)
         else:
             self._levels.append((self._session.begin_nested(), False))
         return self

@@ -43,8 +43,9 @@ class SqlWorkloadRepository(SqlWorkloadViews):
         idempotency_key: str | None,
         fingerprint: str,
         now: datetime,
+        serving: Mapping[str, Any] | None = None,
     ) -> None:
-        new = NewWorkload(workload, container, labels, idempotency_key, fingerprint)
+        new = NewWorkload(workload, container, labels, idempotency_key, fingerprint, serving)
         if not self.add_many([new], now):
             raise DuplicateKey(f"idempotency key {idempotency_key!r} was used before")
 
@@ -251,6 +252,8 @@ def _workload_row(new: NewWorkload, now: datetime) -> dict[str, Any]:
         "same_pool": workload.same_pool,
         "container": dict(new.container),
         "labels": dict(new.labels),
+        # None is SQL NULL here: the column is JSON(none_as_null=True), so every row has the key.
+        "serving": None if new.serving is None else dict(new.serving),
         "idempotency_key": new.idempotency_key,
         "request_fingerprint": new.fingerprint,
         "state": WorkloadState.QUEUED.value,

@@ -18,12 +18,13 @@ from adapters.sql.tables import (
     NodeRow,
     QueueRow,
     RunRow,
+    ServingReadingRow,
     TeamRow,
     WorkloadRow,
 )
 from controlplane.domain.model import WorkloadState
 from controlplane.service.ports import WorkloadFilter
-from controlplane.service.views import AssignmentView, IdleView, RunView, WorkloadView
+from controlplane.service.views import AssignmentView, IdleView, RunView, ServingView, WorkloadView
 
 
 class SqlWorkloadViews:
@@ -73,6 +74,16 @@ class SqlWorkloadViews:
             if live_ids
             else {}
         )
+        serving_workloads = {r.id for r in rows if r.kind == "inference"}
+        inference = [run.id for run in runs if run.workload_id in serving_workloads]
+        serving = (
+            {
+                r.run_id: ServingView(r.requests_per_second, r.latency_ms, r.observed_at)
+                for r in self.s.scalars(select(ServingReadingRow).where(ServingReadingRow.run_id.in_(inference)))
+            }
+            if inference
+            else {}
+        )
         by_workload: dict[str, list[RunView]] = {}
         for run in runs:
             by_workload.setdefault(run.workload_id, []).append(
@@ -93,6 +104,7 @@ class SqlWorkloadViews:
                     ],
                     idle=findings.get(run.id),
                     end_cause=run.end_cause,
+                    serving=serving.get(run.id),
                 )
             )
         views = []
@@ -127,6 +139,7 @@ class SqlWorkloadViews:
                     nodes=sorted({a.node for a in current.assignments}) if current else [],
                     runs=run_views,
                     reason_detail=row.reason_detail if row.state == WorkloadState.QUEUED else None,
+                    serving=row.serving,
                 )
             )
         return views

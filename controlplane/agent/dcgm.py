@@ -24,6 +24,7 @@ import httpx
 
 from adapters.dcgm.exposition import RunResolver, SlotAssignments, parse_exposition, run_of_pod_name
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
+from controlplane.agent.serving import ServingRound
 from controlplane.service.ports import EventPublisher
 from controlplane.service.telemetry_wire import encode_batch, telemetry_subject
 
@@ -71,6 +72,7 @@ class ScrapeReport:
     attributed: int  # samples with a run id
     blanks: int
     unidentified: int
+    serving: int = 0  # serving readings published (runs with a rate or latency this round)
 
 
 async def scrape_once(
@@ -79,18 +81,23 @@ async def scrape_once(
     resolver: RunResolver,
     publisher: EventPublisher,
     now: float,
+    serving: ServingRound | None = None,
 ) -> ScrapeReport:
-    """Scrape, map and publish one round; raises on a failed scrape or publish."""
+    """Scrape, map and publish one round; raises on a failed scrape or publish. With `serving`, the
+    round's serving readings ride in the first message (alone, when there are no samples)."""
     response = await client.get(config.dcgm_url, timeout=config.scrape_timeout)
     response.raise_for_status()
     result = parse_exposition(response.text, config.cluster, config.node, resolver, now)
     samples = result.samples
+    readings = await serving.readings(client, now) if serving is not None else []
     # One id per scrape and chunk: a retry after an unknown publish outcome reuses it, so the
     # stream keeps one copy, and the consumer's inbox catches anything past the dedup window.
     scrape_id = f"dcgm:{config.cluster}:{config.node}:{math.floor(now * 1000)}"
     messages = 0
-    for chunk_no, start in enumerate(range(0, len(samples), SAMPLES_PER_MESSAGE)):
-        payload = encode_batch(config.cluster, samples[start : start + SAMPLES_PER_MESSAGE])
+    starts = range(0, max(len(samples), 1 if readings else 0), SAMPLES_PER_MESSAGE)
+    for chunk_no, start in enumerate(starts):
+        chunk = samples[start : start + SAMPLES_PER_MESSAGE]
+        payload = encode_batch(config.cluster, chunk, readings if chunk_no == 0 else ())
         await _publish(publisher, config.subject, payload, f"{scrape_id}:{chunk_no}")
         messages += 1
     return ScrapeReport(
@@ -99,6 +106,7 @@ async def scrape_once(
         attributed=sum(1 for s in samples if s.run_id is not None),
         blanks=result.blanks,
         unidentified=result.unidentified,
+        serving=len(readings),
     )
 
 
@@ -120,6 +128,7 @@ async def run_agent(
     stop: asyncio.Event,
     clock: Callable[[], float] = time.time,
     once: bool = False,
+    serving: ServingRound | None = None,
 ) -> ScrapeReport | None:
     """Scrape every `interval` seconds until `stop`; a failed round is logged and skipped."""
     last: ScrapeReport | None = None
@@ -127,7 +136,7 @@ async def run_agent(
         while not stop.is_set():
             started = time.monotonic()
             try:
-                last = await scrape_once(client, config, resolver, publisher, clock())
+                last = await scrape_once(client, config, resolver, publisher, clock(), serving)
                 log.debug("published %d samples in %d messages", last.samples, last.messages)
             except Exception as exc:
                 if once:
@@ -160,6 +169,7 @@ async def main(
     resolver: RunResolver,
     once: bool = False,
     credential: str | None = None,
+    serving: ServingRound | None = None,
 ) -> ScrapeReport | None:
     """The agent process: one NATS connection that reconnects forever, and the scrape loop. With
     `credential` (the cluster's NATS credential) it connects as that cluster and nothing else."""
@@ -171,6 +181,6 @@ async def main(
     )
     try:
         publisher = JetStreamPublisher(nc.jetstream(), id_header=INBOUND_ID_HEADER)
-        return await run_agent(config, publisher, resolver, stop, once=once)
+        return await run_agent(config, publisher, resolver, stop, once=once, serving=serving)
     finally:
         await nc.drain()

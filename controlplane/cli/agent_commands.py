@@ -12,7 +12,9 @@ from pathlib import Path
 
 import click
 
+from adapters.kubernetes.serving_pods import in_cluster_pod_lister
 from controlplane.agent import dcgm
+from controlplane.agent.serving import ServingRound, ServingScraper, lister_targets
 
 
 @click.command("agent")
@@ -51,6 +53,15 @@ from controlplane.agent import dcgm
     help="namespace gpufleet runs pods in on this cluster (repeatable; the env var takes a space-separated list); "
     "only pods there are attributed to runs",
 )
+@click.option(
+    "--serving-pods",
+    type=click.Choice(["off", "node", "cluster"]),
+    envvar="GPUFLEET_AGENT_SERVING_PODS",
+    default="off",
+    show_default=True,
+    help="scrape the serving metrics inference pods declare (their `serving` block): those on this node "
+    "or in the whole cluster, listed through the Kubernetes API (needs `list` on pods in the namespaces)",
+)
 @click.option("--once", is_flag=True, help="scrape and publish one round, print what was sent, and exit")
 @click.option("-v", "--verbose", is_flag=True)
 def agent(
@@ -63,6 +74,7 @@ def agent(
     node: str,
     assignments: Path | None,
     namespaces: tuple[str, ...],
+    serving_pods: str,
     once: bool,
     verbose: bool,
 ) -> None:
@@ -78,6 +90,10 @@ def agent(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     resolver = dcgm.default_resolver(assignments, frozenset(config.namespaces))
+    serving = None
+    if serving_pods != "off":
+        lister = in_cluster_pod_lister(config.node if serving_pods == "node" else None)
+        serving = ServingRound(lister_targets(lister, config.namespaces), ServingScraper(config.scrape_timeout))
 
     async def run() -> dcgm.ScrapeReport | None:
         stop = asyncio.Event()
@@ -85,7 +101,7 @@ def agent(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         credential = credential_file.read_text().strip() if credential_file else None
-        return await dcgm.main(config, nats_url, stop, resolver, once=once, credential=credential)
+        return await dcgm.main(config, nats_url, stop, resolver, once=once, credential=credential, serving=serving)
 
     try:
         report = asyncio.run(run())

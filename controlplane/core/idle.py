@@ -8,7 +8,8 @@ The rules are careful on purpose, because a wrong "idle" takes GPUs from someone
 - one busy GPU makes the window busy (a gang whose rank 0 computes is not hoarding);
 - only *consecutive*, contiguous idle windows count; a gap or an unknown window resets the count;
 - a grace period after start (images pull, data loads), and exemptions (allow-list, interactive
-  sessions in working hours, inference that serves traffic or whose traffic is unknown);
+  sessions in working hours, inference that serves traffic or whose traffic is unknown or stale:
+  only a fresh reading of zero requests/s lets an inference run be judged by its GPUs);
 - stages escalate with the count: notify -> deprioritize -> reclaim. Reclaim only marks the run;
   the scheduling core evicts it only for a gang that is waiting and fits once it is gone.
 """
@@ -128,6 +129,7 @@ class RunActivity:
     gpu_devices: int  # GPUs and MIG instances the run holds: what should report
     readings: Sequence[GpuReading]
     traffic_rps: float | None = None  # inference request rate, when something reports it
+    traffic_at: datetime | None = None  # when that rate was measured; a stale one counts as none
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,9 @@ def evaluate(run: RunActivity, rules: IdleRules, now: datetime) -> IdleVerdict:
     if run.kind == "inference":
         if run.traffic_rps is None:
             return verdict(Status.EXEMPT, "inference: no traffic data, so never judged idle")
+        if run.traffic_at is not None and (now - run.traffic_at).total_seconds() > policy.stale_seconds:
+            # Like stale GPU telemetry: a silent agent is unknown traffic, never zero traffic.
+            return verdict(Status.EXEMPT, f"inference: traffic data stale since {run.traffic_at.isoformat()}")
         if run.traffic_rps > 0:
             return verdict(Status.EXEMPT, f"inference serving {run.traffic_rps:g} requests/s")
     if run.started_at is None:

@@ -23,6 +23,7 @@ from controlplane.domain.limits import (
 )
 from controlplane.domain.model import NodePool, PodSet, Taint, WorkloadKind, reserved_label
 from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_compute_slices
+from controlplane.service.serving import ServingSpec
 
 NAME_PATTERN = k8s.DNS1123_LABEL_PATTERN
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
@@ -410,6 +411,13 @@ class SubmitWorkload(Strict):
         f"JSON and {MAX_ENV_VARS} env entries",
     )
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=100)
+    serving: ServingSpec | None = Field(
+        default=None, description="inference only: where the server's Prometheus metrics tell its traffic and latency"
+    )
+
+    def serving_declaration(self) -> dict[str, Any] | None:
+        """The `serving` block as stored with the workload (None without one)."""
+        return None if self.serving is None else self.serving.model_dump(mode="json")
 
     @field_validator("pod_sets")
     @classmethod
@@ -443,6 +451,8 @@ class SubmitWorkload(Strict):
         if self.min_available is not None and self.min_available > total:
             raise ValueError(f"min_available {self.min_available} is more than the {total} pods of the gang")
         check_minimums(self.pod_sets, self.min_available)
+        if self.serving is not None and self.kind is not WorkloadKind.INFERENCE:
+            raise ValueError(f"serving is for inference workloads only, not {self.kind.value}")
         if not any(p.gpus or p.mig_profile or p.gpu_fraction for p in self.pod_sets):
             raise ValueError("a workload must request at least one GPU (gpus, mig_profile or gpu_fraction)")
         return self

@@ -31,6 +31,7 @@ from controlplane.service.events import envelope
 # Also re-exported: these values were defined here before they moved to their leaf module.
 from controlplane.service.idle_records import IdleCandidate, IdleFinding, IdleRepository  # noqa: F401
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory
+from controlplane.service.serving import ServingReading
 from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 
 
@@ -119,7 +120,9 @@ def _lookback(rules: IdleRules) -> timedelta:
     return timedelta(seconds=longest)
 
 
-def _activity(candidate: IdleCandidate, windows: Sequence[TelemetryWindow]) -> RunActivity:
+def _activity(
+    candidate: IdleCandidate, windows: Sequence[TelemetryWindow], traffic: ServingReading | None = None
+) -> RunActivity:
     return RunActivity(
         run_id=candidate.run_id,
         workload_id=candidate.workload_id,
@@ -132,6 +135,8 @@ def _activity(candidate: IdleCandidate, windows: Sequence[TelemetryWindow]) -> R
         started_at=candidate.started_at,
         gpu_devices=candidate.gpu_devices,
         readings=tuple(GpuReading(w.gpu_key, w.window_start, w.activity_mean, w.activity_samples) for w in windows),
+        traffic_rps=None if traffic is None else traffic.requests_per_second,
+        traffic_at=None if traffic is None else traffic.observed_at,
     )
 
 
@@ -160,12 +165,16 @@ def idle_pass(
         candidates = repo.candidates()
         previous = repo.findings()
         windows = uow.telemetry.windows(WindowQuery(since=now - _lookback(rules), limit=5_000_000))
+        # The declared traffic signal of inference runs (see serving.py): without it they stay exempt.
+        traffic = uow.serving.latest([c.run_id for c in candidates if c.kind == "inference"])
     by_run: dict[str, list[TelemetryWindow]] = {}
     for window in windows:
         if window.run_id is not None:
             by_run.setdefault(window.run_id, []).append(window)
     stats.runs, stats.windows = len(candidates), len(windows)
-    verdicts = [(c, evaluate(_activity(c, by_run.get(c.run_id, ())), rules, now)) for c in candidates]
+    verdicts = [
+        (c, evaluate(_activity(c, by_run.get(c.run_id, ()), traffic.get(c.run_id)), rules, now)) for c in candidates
+    ]
 
     with uow_factory() as uow:
         repo = uow.idle

@@ -127,7 +127,14 @@ class _Batch:
             return
         if key:
             self.keys_taken.add((team_id, key))
-        new = NewWorkload(prepared.workload, request.container, request.labels, key, prepared.fingerprint)
+        new = NewWorkload(
+            prepared.workload,
+            request.container,
+            request.labels,
+            key,
+            prepared.fingerprint,
+            request.serving_declaration(),
+        )
         view = workloads.new_workload_view(prepared.workload, prepared.queue, request, self.now)
         self.taken.append(_Taken(index, submit, new, view))
 

@@ -6,8 +6,10 @@ call site, for tests, simulators and benchmarks). Every call reports a committed
 after their transaction commits, never for a decision that may still be rolled back.
 
 Label values are bounded by construction: queues, clusters and providers are names an administrator
-registered; kinds, phases and outcomes are small enums; no workload id, run id or free text is ever a
-label value (the adapter also caps the number of distinct values per label, as a backstop).
+registered; kinds, phases and outcomes are small enums; no free text is ever a label value (the
+adapter also caps the number of distinct values per label, as a backstop). Run ids and workload
+names appear only in the per-run SLO gauges (`RunUtilization`, `RunServing`), which a reader cuts to
+a configured number of runs (`DEFAULT_MAX_RUN_SERIES`).
 
 Gauges that come from SQL state (backlogs, quota, pending gangs, leases, idle findings) are not
 pushed by the hot path: a `FleetGaugeReader` reads them with a few bounded aggregate queries when
@@ -190,6 +192,60 @@ class LeaseState:
 
 
 @dataclass(frozen=True)
+class RunUtilization:
+    """A live run's effective utilization: the activity mean of its latest telemetry window."""
+
+    run: str
+    workload: str
+    team: str
+    queue: str
+    cluster: str
+    activity: float  # 0..1, the idle policy's signal (SM active, else graphics engine, else GPU_UTIL)
+
+
+@dataclass(frozen=True)
+class TeamUtilization:
+    """A team over the last hour, by the utilization report's accounting (`reports.aggregate`)."""
+
+    team: str
+    allocated_gpu_hours: float
+    measured_gpu_hours: float
+    used_gpu_hours: float
+    efficiency: float | None  # used / measured; None when nothing was measured
+    allocated_gpus: float  # gpu-eq its live runs hold now
+
+
+@dataclass(frozen=True)
+class QueueWaits:
+    """The queue's queued workloads now: how many, and how long since they were submitted."""
+
+    queue: str
+    team: str
+    pending: int
+    oldest_seconds: float
+    p50_seconds: float
+    p95_seconds: float
+
+
+@dataclass(frozen=True)
+class RunServing:
+    """A live inference run's latest serving reading and its declared latency objective."""
+
+    run: str
+    workload: str
+    team: str
+    cluster: str
+    requests_per_second: float | None
+    latency_ms: float | None
+    objective_ms: float | None
+
+
+# The per-run families (utilization, serving) carry a run label: a scrape holds at most this many
+# runs of each, the lowest-utilization (or slowest) first, so a large fleet cannot blow it up.
+DEFAULT_MAX_RUN_SERIES = 2_000
+
+
+@dataclass(frozen=True)
 class FleetGauges:
     """State the operators watch, read from SQL in one go (see `FleetGaugeReader`)."""
 
@@ -205,6 +261,14 @@ class FleetGauges:
     outbox_backlog: int
     outbox_oldest_seconds: float  # age of the oldest unpublished event (0 with none)
     leases: tuple[LeaseState, ...]
+    # The SLO link (issue 13): effective utilization per run and team, idle and unmeasured GPUs,
+    # waits, serving signals. Empty by default so a reader that knows none of them stays valid.
+    run_utilization: tuple[RunUtilization, ...] = ()
+    team_utilization: tuple[TeamUtilization, ...] = ()
+    idle_notified_gpus: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (cluster, team) -> gpu-eq
+    unmeasured_gpus: Mapping[str, float] = field(default_factory=dict)  # cluster -> gpu-eq of unmeasured runs
+    queue_waits: tuple[QueueWaits, ...] = ()
+    serving: tuple[RunServing, ...] = ()
 
 
 class FleetGaugeReader(Protocol):

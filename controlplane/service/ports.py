@@ -19,6 +19,7 @@ from controlplane.service.audit_records import AuditRepository
 from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.idle_records import IdleRepository
 from controlplane.service.report_records import ReportRepository
+from controlplane.service.serving import ServingRepository
 from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import (
     ClusterCredential,
@@ -96,6 +97,8 @@ class RunOrder:
     labels: Mapping[str, str] = field(default_factory=dict)
     # The value of `priority_class` when the workload was submitted (for cluster priority classes).
     priority: int = 0
+    # An inference workload's declared serving block: put on its pods for the agent to scrape.
+    serving: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ class NewWorkload:
     labels: Mapping[str, str]
     idempotency_key: str | None
     fingerprint: str
+    serving: Mapping[str, Any] | None = None  # an inference workload's `serving` block (ServingSpec)
 
 
 # A new workload's reason until the scheduler's first decision about it.
@@ -185,6 +189,7 @@ class WorkloadRepository(Protocol):
         idempotency_key: str | None,
         fingerprint: str,
         now: datetime,
+        serving: Mapping[str, Any] | None = None,
     ) -> None:
         """Store a new queued workload (reason `QUEUED_REASON`, version 1) and its pod sets. Raises
         `DuplicateKey` when the team used `idempotency_key` before; the transaction stays usable."""
@@ -457,6 +462,9 @@ class UnitOfWork(Protocol):
 
     @property
     def audit_facts(self) -> AuditRepository: ...
+
+    @property
+    def serving(self) -> ServingRepository: ...
 
     def __enter__(self) -> Self: ...
     def __exit__(

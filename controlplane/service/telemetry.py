@@ -23,10 +23,11 @@ from typing import Any
 
 from controlplane.service.ingest import inbox_key
 from controlplane.service.ports import UnitOfWork
+from controlplane.service.serving import ServingReading
 
 # Also re-exported: these values were defined here before they moved to their leaf module.
 from controlplane.service.telemetry_window import ActivitySource, TelemetryWindow, WindowQuery  # noqa: F401
-from controlplane.service.telemetry_wire import GpuSample, Item, MalformedBatch, decode_items, gpu_key, sample_item
+from controlplane.service.telemetry_wire import GpuSample, Item, MalformedBatch, decode_message, gpu_key, sample_item
 
 CONSUMER = "telemetry"
 # A batch message that fails on this many deliveries is dead-lettered (see `ingest.MAX_DELIVERIES`).
@@ -260,6 +261,7 @@ class BatchResult:
     outcomes: tuple[tuple[Outcome, str], ...]  # per message, in order: outcome and detail
     samples: int  # samples folded into windows (duplicates and malformed batches excluded)
     windows: int  # window rows upserted
+    serving: int = 0  # serving readings taken (of runs of the sending cluster, from new messages)
 
 
 def cluster_of(subject: str, prefix: str) -> str | None:
@@ -267,6 +269,10 @@ def cluster_of(subject: str, prefix: str) -> str | None:
     if len(parts) == 4 and parts[0] == prefix and parts[1] == "telemetry" and parts[3] == "dcgm" and parts[2]:
         return parts[2]
     return None
+
+
+# One decoded batch message: its cluster (from the subject), GPU samples and serving readings.
+Decoded = tuple[str, list[Item], list[ServingReading]]
 
 
 def handle_batch(
@@ -282,28 +288,29 @@ def handle_batch(
     an exception means nothing was written and every message should be redelivered.
     """
     outcomes: list[tuple[Outcome, str]] = [(Outcome.APPLIED, "")] * len(messages)
-    decoded: dict[int, tuple[str, list[Item]]] = {}
+    decoded: dict[int, Decoded] = {}
     for i, message in enumerate(messages):
         cluster = cluster_of(message.subject, prefix)
         if cluster is None:
             outcomes[i] = (Outcome.MALFORMED, f"no telemetry handler for subject {message.subject}")
             continue
         try:
-            decoded[i] = (cluster, decode_items(message.data, cluster, now))
+            decoded[i] = (cluster, *decode_message(message.data, cluster, now))
         except MalformedBatch as exc:
             outcomes[i] = (Outcome.MALFORMED, str(exc))
     if not decoded:
         return BatchResult(tuple(outcomes), 0, 0)
     folder = Folder(window_seconds)
+    serving: list[tuple[str, ServingReading]] = []
     # Inbox keys are per sending cluster: one cluster cannot claim another's message ids.
-    keys = {i: inbox_key(f"cluster:{cluster}", messages[i].msg_id) for i, (cluster, _) in decoded.items()}
+    keys = {i: inbox_key(f"cluster:{cluster}", messages[i].msg_id) for i, (cluster, _, _) in decoded.items()}
     with uow:
         _refuse_unknown(uow, decoded, outcomes)
         if not decoded:
             return BatchResult(tuple(outcomes), 0, 0)
         fresh = uow.telemetry.claim_batches(CONSUMER, [keys[i] for i in decoded], now)
         taken: set[str] = set()
-        for i, (cluster, items) in decoded.items():
+        for i, (cluster, items, readings) in decoded.items():
             msg_id = keys[i]
             # A message id seen before, or twice in this fetch, is a redelivery: fold it once.
             if msg_id not in fresh or msg_id in taken:
@@ -311,40 +318,49 @@ def handle_batch(
                 continue
             taken.add(msg_id)
             folder.add(cluster, items)
-            outcomes[i] = (Outcome.APPLIED, f"{len(items)} samples{outcomes[i][1]}")
+            serving.extend((cluster, r) for r in readings)
+            served = f", {len(readings)} serving readings" if readings else ""
+            outcomes[i] = (Outcome.APPLIED, f"{len(items)} samples{served}{outcomes[i][1]}")
         folded = folder.windows()
         if folded:
             uow.telemetry.merge_windows(folded, now)
+        if serving:
+            uow.serving.put_readings(serving, now)
         uow.commit()
-    return BatchResult(tuple(outcomes), folder.samples, len(folded))
+    return BatchResult(tuple(outcomes), folder.samples, len(folded), len(serving))
 
 
-def _refuse_unknown(
-    uow: UnitOfWork, decoded: dict[int, tuple[str, list[Item]]], outcomes: list[tuple[Outcome, str]]
-) -> None:
-    """Drop batches of unknown clusters and samples naming a run that is not one of the batch's
-    cluster's runs (unknown, or another cluster's): nothing of them reaches a window. A batch left
-    with no sample is UNKNOWN (dead-lettered); otherwise the refusals go into its outcome detail."""
-    known = uow.admin.known_clusters({cluster for cluster, _ in decoded.values()})
-    runs = {item[4] for _, items in decoded.values() for item in items if item[4] is not None}
+def _refuse_unknown(uow: UnitOfWork, decoded: dict[int, Decoded], outcomes: list[tuple[Outcome, str]]) -> None:
+    """Drop batches of unknown clusters, and samples and serving readings naming a run that is not
+    one of the batch's cluster's runs (unknown, or another cluster's): nothing of them is stored. A
+    batch left with nothing is UNKNOWN (dead-lettered); otherwise the refusals go into its outcome
+    detail."""
+    known = uow.admin.known_clusters({cluster for cluster, _, _ in decoded.values()})
+    runs = {item[4] for _, items, _ in decoded.values() for item in items if item[4] is not None}
+    runs |= {r.run_id for _, _, readings in decoded.values() for r in readings}
     owner = uow.runs.clusters_of(runs)
     for i in list(decoded):
-        cluster, items = decoded[i]
+        cluster, items, readings = decoded[i]
         if cluster not in known:
             outcomes[i] = (Outcome.UNKNOWN, f"telemetry for unknown cluster {cluster!r}")
             del decoded[i]
             continue
         kept = [item for item in items if item[4] is None or owner.get(item[4]) == cluster]
-        if len(kept) == len(items):
+        served = [r for r in readings if owner.get(r.run_id) == cluster]
+        if len(kept) == len(items) and len(served) == len(readings):
             continue
-        strangers = sorted({item[4] for item in items if item[4] is not None and owner.get(item[4]) != cluster})
+        strangers = sorted(
+            {item[4] for item in items if item[4] is not None and owner.get(item[4]) != cluster}
+            | {r.run_id for r in readings if owner.get(r.run_id) != cluster}
+        )
         shown = ", ".join(strangers[:5])
-        note = f"{len(items) - len(kept)} samples of runs that are not runs of {cluster} refused ({shown})"
-        if not kept:
+        refused = len(items) - len(kept) + len(readings) - len(served)
+        note = f"{refused} samples or serving readings of runs that are not runs of {cluster} refused ({shown})"
+        if not kept and not served:
             outcomes[i] = (Outcome.UNKNOWN, note)
             del decoded[i]
         else:
-            decoded[i] = (cluster, kept)
+            decoded[i] = (cluster, kept, served)
             outcomes[i] = (Outcome.APPLIED, f"; {note}")
 
 

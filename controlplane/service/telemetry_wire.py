@@ -12,16 +12,19 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 from controlplane.service.safejson import UnsafeJson, decode
+from controlplane.service.serving import MAX_LATENCY_MS, MAX_RPS, ServingReading
 
 SCHEMA = "gpufleet.dcgm/v1"
 # A batch from one exporter scrape holds a few dozen samples (8 GPUs x 7 MIG slices at most);
 # anything this large is not an agent talking.
 MAX_SAMPLES_PER_BATCH = 10_000
+# Serving readings: one per inference run the agent scrapes; a node or cluster runs far fewer.
+MAX_SERVING_PER_BATCH = 2_000
 # Samples from the future create windows nobody will ever complete; a few minutes covers clock skew.
 MAX_CLOCK_SKEW = timedelta(minutes=5)
 # GPU indexes and MIG instance ids are small; a bound keeps a hostile value out of integer columns.
@@ -101,11 +104,14 @@ def telemetry_subject(prefix: str, cluster: str) -> str:
 # --- wire format -------------------------------------------------------------------------------
 #
 # {"schema": "gpufleet.dcgm/v1", "cluster": "c1", "fields": ["sm_active", ...],
-#  "samples": [[node, uuid, gpu, t, run, mig_profile, mig_id, pod, namespace, container, [values]]]}
+#  "samples": [[node, uuid, gpu, t, run, mig_profile, mig_id, pod, namespace, container, [values]]],
+#  "serving": [[run, t, requests_per_second, latency_ms]]}
 #
 # Positional arrays rather than objects: the consumer's cost is dominated by decoding and checking
 # each sample, and arrays decode faster and carry no repeated key names. `fields` names the order
 # of `values` (null = no reading), so a newer agent may send fields this consumer ignores.
+# `serving` (optional, added without a schema change: older consumers ignore it) carries the
+# latest traffic and latency of inference runs that declared a serving signal (`serving.py`).
 
 
 class MalformedBatch(ValueError):
@@ -119,8 +125,9 @@ _SAMPLE_ARITY = 11
 Values = list[float | None]
 
 
-def encode_batch(cluster: str, samples: Sequence[GpuSample]) -> bytes:
-    """One JSON message for samples of one cluster (the agent publishes one per scrape)."""
+def encode_batch(cluster: str, samples: Sequence[GpuSample], serving: Sequence[ServingReading] = ()) -> bytes:
+    """One JSON message for samples of one cluster (the agent publishes one per scrape), and the
+    serving readings of its inference runs."""
     out: list[list[Any]] = []
     for s in samples:
         if s.cluster != cluster:
@@ -128,7 +135,9 @@ def encode_batch(cluster: str, samples: Sequence[GpuSample]) -> bytes:
         # Non-finite readings go as null ("no reading"): consumers refuse NaN and infinities.
         values = [s.metrics.get(name) for name in FIELD_ORDER]
         out.append([*_identity(s), [v if v is None or math.isfinite(v) else None for v in values]])
-    body = {"schema": SCHEMA, "cluster": cluster, "fields": FIELD_ORDER, "samples": out}
+    body: dict[str, Any] = {"schema": SCHEMA, "cluster": cluster, "fields": FIELD_ORDER, "samples": out}
+    if serving:
+        body["serving"] = encode_serving(serving)
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -184,6 +193,11 @@ def _explain(item: Any, width: int, earliest: float, latest: float) -> str | Non
 
 
 def decode_items(data: bytes, cluster: str, now: datetime) -> list[Item]:
+    return decode_message(data, cluster, now)[0]
+
+
+def decode_message(data: bytes, cluster: str, now: datetime) -> tuple[list[Item], list[ServingReading]]:
+    """The checked samples and serving readings of one batch message for `cluster`."""
     try:
         body = decode(data)
     except UnsafeJson as exc:
@@ -194,6 +208,10 @@ def decode_items(data: bytes, cluster: str, now: datetime) -> list[Item]:
         raise MalformedBatch(f"schema must be {SCHEMA!r}")
     if body.get("cluster") != cluster:
         raise MalformedBatch(f"batch names cluster {body.get('cluster')!r} but was sent for {cluster!r}")
+    return _decode_samples(body, now), _decode_serving(body.get("serving", []), now)
+
+
+def _decode_samples(body: dict[str, Any], now: datetime) -> list[Item]:
     names = body.get("fields")
     if type(names) is not list or not all(type(n) is str for n in names):
         raise MalformedBatch("fields: expected a list of metric names")
@@ -252,6 +270,37 @@ def decode_items(data: bytes, cluster: str, now: datetime) -> list[Item]:
                     values[slot] = raw[j]
             item[10] = values
     return items
+
+
+def _decode_serving(raw: Any, now: datetime) -> list[ServingReading]:
+    if type(raw) is not list or len(raw) > MAX_SERVING_PER_BATCH:
+        raise MalformedBatch(f"serving: expected a list of at most {MAX_SERVING_PER_BATCH}")
+    earliest = (now - MAX_SAMPLE_AGE).timestamp()
+    latest = (now + MAX_CLOCK_SKEW).timestamp()
+    out: list[ServingReading] = []
+    for i, item in enumerate(raw):
+        if type(item) is not list or len(item) != 4:
+            raise MalformedBatch(f"serving[{i}]: expected [run, t, requests_per_second, latency_ms]")
+        run, t, rps, latency = item
+        if _bad_text(run, 40):
+            raise MalformedBatch(f"serving[{i}].run: expected a non-empty string of at most 40 characters")
+        if (type(t) is not float and type(t) is not int) or not earliest <= t <= latest:
+            raise MalformedBatch(f"serving[{i}].t: expected unix seconds inside the accepted range")
+        for name, value, bound in (("requests_per_second", rps, MAX_RPS), ("latency_ms", latency, MAX_LATENCY_MS)):
+            if value is not None and ((type(value) is not float and type(value) is not int) or not 0 <= value <= bound):
+                raise MalformedBatch(f"serving[{i}].{name}: expected null or a number from 0 to {bound:g}")
+        stamp = datetime.fromtimestamp(t, UTC)
+        out.append(ServingReading(run, stamp, None if rps is None else float(rps), _opt(latency)))
+    return out
+
+
+def _opt(value: float | int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def encode_serving(readings: Sequence[ServingReading]) -> list[list[Any]]:
+    """The `serving` array of a batch message (see the wire format above)."""
+    return [[r.run_id, r.observed_at.timestamp(), r.requests_per_second, r.latency_ms] for r in readings]
 
 
 def decode_batch(data: bytes, cluster: str, now: datetime) -> list[GpuSample]:

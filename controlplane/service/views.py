@@ -150,6 +150,15 @@ class IdleView:
 
 
 @dataclass(frozen=True)
+class ServingView:
+    """The latest serving reading of an inference run (its declared traffic and latency metrics)."""
+
+    requests_per_second: float | None
+    latency_ms: float | None
+    observed_at: datetime
+
+
+@dataclass(frozen=True)
 class RunView:
     id: str
     attempt: int
@@ -164,6 +173,7 @@ class RunView:
     assignments: list[AssignmentView]
     idle: IdleView | None = None
     end_cause: str = ""  # why it ended (EndCause: preempted, reclaimed-idle, node-lost, ...); "" while live
+    serving: ServingView | None = None  # the latest traffic/latency reading of a serving run
 
 
 @dataclass(frozen=True)
@@ -196,3 +206,5 @@ class WorkloadView:
     # While queued: the kind of `reason` and its structured fields (queue, limit, amount, cluster,
     # reservation, ...) as the scheduler decided them; None before its first decision.
     reason_detail: dict[str, Any] | None = None
+    # An inference workload's declared `serving` block (metrics, latency objective), or None.
+    serving: dict[str, Any] | None = None

@@ -156,6 +156,7 @@ def _create(
                 workload,
                 container=request.container,
                 labels=request.labels,
+                serving=request.serving_declaration(),
                 idempotency_key=request.idempotency_key,
                 fingerprint=fingerprint,
                 now=now,
@@ -243,6 +244,7 @@ def new_workload_view(workload: Workload, queue: QueueRef, request: SubmitWorklo
         nodes=[],
         runs=[],
         reason_detail=None,
+        serving=request.serving_declaration(),
     )
 
 
@@ -251,7 +253,12 @@ def _float(value: float | None) -> float | None:
 
 
 def _fingerprint(request: SubmitWorkload) -> str:
-    canonical = json.dumps(request.model_dump(mode="json", exclude={"idempotency_key"}), sort_keys=True)
+    body = request.model_dump(mode="json", exclude={"idempotency_key"})
+    if body.get("serving") is None:
+        # A request without `serving` hashes as it did before the field existed: a retry that spans
+        # the upgrade still matches its first submission.
+        body.pop("serving", None)
+    canonical = json.dumps(body, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

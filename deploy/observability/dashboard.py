@@ -351,6 +351,7 @@ def build() -> dict[str, Any]:
         ],
         w=12,
     )
+    slo_row(d)
     return {
         "uid": "gpufleet-overview",
         "title": "gpufleet",
@@ -381,6 +382,83 @@ def build() -> dict[str, Any]:
         },
         "panels": d.panels,
     }
+
+
+def slo_row(d: Layout) -> None:
+    """Effective utilization per team and run, idle and unmeasured GPUs, waits, inference latency."""
+    d.row("SLO: effective utilization, waits, inference latency")
+    d.panel(
+        "timeseries",
+        "Team effective utilization (last hour)",
+        [("max by (team) (gpufleet_team_effective_utilization_ratio)", "{{team}}")],
+        "percentunit",
+        w=12,
+        description="Used / measured GPU-hours of the team's runs over the last hour, the utilization report's "
+        "efficiency. Far below 1 while the team holds many GPUs: allocation is not use.",
+    )
+    d.panel(
+        "timeseries",
+        "Team GPUs: allocated now vs. effectively used (last hour)",
+        [
+            ("max by (team) (gpufleet_team_allocated_gpus)", "{{team}} allocated"),
+            (
+                "max by (team) (gpufleet_team_used_gpu_hours)",
+                "{{team}} effectively used (GPU-hours in the last hour = mean GPUs)",
+            ),
+        ],
+        w=12,
+    )
+    d.panel(
+        "table",
+        "Lowest-utilization runs",
+        [
+            (
+                "bottomk(15, max by (run, workload, team, queue, cluster) "
+                '(gpufleet_run_effective_utilization_ratio{cluster=~"$cluster", queue=~"$queue"}))',
+                "{{workload}} ({{team}})",
+            )
+        ],
+        "percentunit",
+        w=12,
+        description="Activity mean of each live run's latest telemetry window; the exporter keeps the "
+        "lowest-utilization runs only (metrics_max_run_series).",
+    )
+    d.panel(
+        "timeseries",
+        "Idle GPUs (notify or beyond) and unmeasured GPUs",
+        [
+            (
+                'sum by (team) (max by (cluster, team) (gpufleet_idle_notified_gpus{cluster=~"$cluster"}))',
+                "{{team}} idle",
+            ),
+            ('max by (cluster) (gpufleet_unmeasured_gpus{cluster=~"$cluster"})', "{{cluster}} unmeasured"),
+        ],
+        w=12,
+    )
+    d.panel(
+        "timeseries",
+        "Pending wait now, by queue (p50, p95, oldest)",
+        [
+            (f'max by (queue) (gpufleet_queue_pending_wait_seconds{{{QUEUE}, quantile="0.5"}})', "{{queue}} p50"),
+            (f'max by (queue) (gpufleet_queue_pending_wait_seconds{{{QUEUE}, quantile="0.95"}})', "{{queue}} p95"),
+            (f"max by (queue) (gpufleet_queue_oldest_pending_seconds{{{QUEUE}}})", "{{queue}} oldest"),
+        ],
+        "s",
+        w=12,
+    )
+    d.panel(
+        "timeseries",
+        "Inference latency vs. objective",
+        [
+            ("max by (workload, team) (gpufleet_run_latency_seconds)", "{{workload}} latency"),
+            ("max by (workload, team) (gpufleet_run_latency_objective_seconds)", "{{workload}} objective"),
+            ("max by (workload, team) (gpufleet_run_requests_per_second)", "{{workload}} req/s"),
+        ],
+        "s",
+        w=12,
+        description="Latest reading of each inference run's declared serving signal (mean latency over the "
+        "agent's scrape interval) beside its declared objective.",
+    )
 
 
 def _variable(name: str, query: str) -> dict[str, Any]:

@@ -19,6 +19,10 @@ from controlplane.service.metrics import (
     LeaseState,
     Metrics,
     QueueQuota,
+    QueueWaits,
+    RunServing,
+    RunUtilization,
+    TeamUtilization,
 )
 
 SERIES_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}
@@ -46,6 +50,12 @@ class _Reader:
             outbox_backlog=1,
             outbox_oldest_seconds=1.0,
             leases=(LeaseState("scheduler", 1, 5.0),),
+            run_utilization=(RunUtilization("r", "w", "t", "q", "c", 0.5),),
+            team_utilization=(TeamUtilization("t", 2.0, 1.0, 0.5, 0.5, 2.0),),
+            idle_notified_gpus={("c", "t"): 1.0},
+            unmeasured_gpus={"c": 1.0},
+            queue_waits=(QueueWaits("q", "t", 1, 60.0, 60.0, 60.0),),
+            serving=(RunServing("r", "w", "t", "c", 1.0, 200.0, 500.0),),
         )
 
 

@@ -156,6 +156,7 @@ def test_agent_command_once_prints_what_it_sent(exporter: Exporter, running_nats
         "attributed": 0,
         "blanks": 2,
         "unidentified": 0,
+        "serving": 0,  # no --serving-pods: no serving readings
     }
 
 

@@ -81,7 +81,26 @@ def _exercised() -> tuple[Any, PrometheusMetrics]:
     return registry, m
 
 
-UNIT_SUFFIXES = ("_seconds", "_gpus", "_events", "_messages", "_gangs", "_ratio", "_epoch")
+UNIT_SUFFIXES = (
+    "_seconds",
+    "_gpus",
+    "_events",
+    "_messages",
+    "_gangs",
+    "_workloads",
+    "_ratio",
+    "_epoch",
+    "_gpu_hours",
+    "_per_second",
+)
+# The bounded per-run SLO gauges (at most `metrics_max_run_series` runs each): the only families
+# whose label values are run ids and workload names.
+PER_RUN = {
+    "gpufleet_run_effective_utilization_ratio",
+    "gpufleet_run_requests_per_second",
+    "gpufleet_run_latency_seconds",
+    "gpufleet_run_latency_objective_seconds",
+}
 # Gauges that count the things they name, or say 0/1: no unit to put in the name.
 UNITLESS = {
     "gpufleet_workloads",
@@ -129,7 +148,8 @@ def test_names_follow_prometheus_conventions() -> None:
                     "route",
                     "code",
                     "le",
-                }, (name, label)
+                    "quantile",
+                } or (name in PER_RUN and label in {"run", "workload"}), (name, label)
 
 
 def test_port_calls_move_the_named_series() -> None:
