@@ -138,7 +138,20 @@ def _random_workload(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
             },
         ),
         ("research", {"kind": "batch", "pod_sets": [{"name": "workers", "replicas": 2, "gpus": 4}]}),
-        ("serving", {"kind": "inference", "pod_sets": [{"name": "server", "replicas": 2, "mig_profile": "3g.40gb"}]}),
+        (
+            "serving",
+            {
+                "kind": "inference",
+                "pod_sets": [{"name": "server", "replicas": 2, "mig_profile": "3g.40gb"}],
+                # the signal the idle policy and the audit read (vLLM's metric names); simulated here
+                "serving": {
+                    "traffic_metric": "vllm:request_success_total",
+                    "latency_metric": "vllm:e2e_request_latency_seconds",
+                    "latency_objective_ms": 500,
+                },
+                "container": {"sim": {"traffic_rps": 12.0, "latency_ms": 180.0}},
+            },
+        ),
         (
             "research",
             {

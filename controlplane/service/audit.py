@@ -30,6 +30,7 @@ from controlplane.core.audit import (
     PoolFact,
     Rule,
     RunFact,
+    ServingFact,
     Severity,
     TeamUseFact,
     TreeFact,
@@ -54,6 +55,7 @@ MAX_RULE_FILTERS = len(Rule)
 # The daily event carries at most this many findings (the most severe), so it stays one NATS message
 # on any fleet; `findings_total` says how many there were.
 MAX_EVENT_FINDINGS = 500
+MAX_SERVING_RUNS = 10_000  # live inference runs whose serving signal the audit reads
 LIVE = ("admitted", "dispatching", "running")
 
 
@@ -219,6 +221,21 @@ def load_facts(uow: UnitOfWork, rules: IdleRules, thresholds: AuditThresholds, n
         for g in usage.groups
     )
     gangs = tuple(ClusterFact(c.name, c.provider, str(c.kubernetes.get("gang", "none"))) for c in clusters)
+    running_since = {r.run_id: r.started_at for r in runs if r.running}
+    serving = tuple(
+        ServingFact(
+            run_id=s.run_id,
+            workload=s.workload,
+            team=s.team,
+            running_since=running_since.get(s.run_id),
+            traffic_declared=s.traffic_declared,
+            latency_objective_ms=s.latency_objective_ms,
+            requests_per_second=s.requests_per_second,
+            latency_ms=s.latency_ms,
+            observed_at=s.observed_at,
+        )
+        for s in uow.serving.signals(MAX_SERVING_RUNS)
+    )
     return AuditFacts(
         pools=pools,
         node_pods=tuple(uow.audit_facts.node_pods()),
@@ -227,6 +244,7 @@ def load_facts(uow: UnitOfWork, rules: IdleRules, thresholds: AuditThresholds, n
         classes=classes,
         runs=tuple(runs),
         team_use=team_use,
+        serving=serving,
         stale_seconds=rules.default.stale_seconds,
     )
 

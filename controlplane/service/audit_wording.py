@@ -18,6 +18,7 @@ from controlplane.core.audit.findings import (
     GangMissing,
     IdleReclaimed,
     IdleRun,
+    LatencyMissed,
     NoGuarantee,
     NoLimit,
     NonGpuPods,
@@ -26,6 +27,7 @@ from controlplane.core.audit.findings import (
     SharedInference,
     SharedProduction,
     TimeslicePoolOpen,
+    TrafficUnknown,
     Unmeasured,
 )
 
@@ -45,6 +47,8 @@ TITLES: dict[Rule, str] = {
     Rule.ALLOCATION_UNUSED: "team uses far less than it is allocated",
     Rule.IDLE_RUN: "run holds idle GPUs",
     Rule.IDLE_RECLAIMED: "workload's idle GPUs were reclaimed",
+    Rule.INFERENCE_TRAFFIC_UNKNOWN: "inference whose traffic the idle policy cannot read",
+    Rule.LATENCY_OBJECTIVE_MISSED: "inference above its latency objective",
 }
 
 
@@ -130,6 +134,22 @@ def evidence_text(finding: Finding) -> str:
                 f"workload {workload} (team {_names(finding, 'team')}) held {eq:g} GPUs idle while another gang "
                 f"waited: reclaimed {n} time(s) in the last {hours:g} h, last at {last.isoformat()}"
             )
+        case TrafficUnknown(workload=workload, declared=False):
+            return (
+                f"run {_names(finding, 'run')} of {workload} (team {_names(finding, 'team')}) declares no traffic "
+                "metric, so the idle policy never judges it idle"
+            )
+        case TrafficUnknown(workload=workload, last_reading_at=last, stale_seconds=stale):
+            return (
+                f"run {_names(finding, 'run')} of {workload} (team {_names(finding, 'team')}) declares a traffic "
+                f"metric but its newest reading is from {_when(last)} (stale after {stale:g} s)"
+            )
+        case LatencyMissed(workload=workload, latency_ms=ms, objective_ms=objective, shared_pools=shared):
+            where = f", on shared GPUs of {', '.join(shared)}" if shared else ""
+            return (
+                f"run {_names(finding, 'run')} of {workload} (team {_names(finding, 'team')}) answers in "
+                f"{ms:.0f} ms against an objective of {objective:g} ms{where}"
+            )
     raise AssertionError(f"no wording for {finding.evidence!r}")  # pragma: no cover - every evidence type is matched
 
 
@@ -171,6 +191,13 @@ def fix_text(finding: Finding) -> str:
             return "stop or scale down the idle run; the idle policy reclaims it when another gang waits"
         case Rule.IDLE_RECLAIMED:
             return "release GPUs when the work pauses (end the run, checkpoint and resubmit), or size it to its use"
+        case Rule.INFERENCE_TRAFFIC_UNKNOWN:
+            return (
+                "declare serving.traffic_metric (e.g. vllm:request_success_total) and run `gpufleet agent "
+                "--serving-pods node` so the idle policy can see an unused server"
+            )
+        case Rule.LATENCY_OBJECTIVE_MISSED:
+            return "move it off shared GPUs (MIG or whole GPUs), or add replicas"
     raise AssertionError(f"no fix for {finding.rule}")  # pragma: no cover - every rule is matched
 
 

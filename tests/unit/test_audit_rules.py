@@ -18,6 +18,7 @@ from controlplane.core.audit import (
     PoolFact,
     Rule,
     RunFact,
+    ServingFact,
     Severity,
     TeamUseFact,
     TreeFact,
@@ -307,6 +308,65 @@ BAD = AuditFacts(
     ),
     team_use=(TeamUseFact("a", 10.0, 10.0, 0.1, 2.0),),
 )
+
+
+def serving(
+    run_id: str,
+    traffic: bool = True,
+    reading_age: timedelta | None = timedelta(seconds=30),
+    latency: float | None = 80.0,
+    objective: float | None = 500.0,
+    running: timedelta | None = timedelta(hours=1),
+) -> ServingFact:
+    return ServingFact(
+        run_id=run_id,
+        workload=f"w-{run_id}",
+        team="b",
+        running_since=None if running is None else NOW - running,
+        traffic_declared=traffic,
+        latency_objective_ms=objective,
+        requests_per_second=3.0,
+        latency_ms=latency,
+        observed_at=None if reading_age is None else NOW - reading_age,
+    )
+
+
+def test_inference_whose_traffic_the_idle_policy_cannot_read() -> None:
+    facts = dataclasses.replace(
+        GOOD,
+        serving=(
+            serving("r2"),  # declared and fresh: fine
+            serving("s-undeclared", traffic=False),
+            serving("s-stale", reading_age=timedelta(hours=2)),
+            serving("s-never", reading_age=None, latency=None),
+            serving("s-young", traffic=False, running=timedelta(minutes=5)),  # too new to expect a reading
+            serving("s-queued", traffic=False, running=None),
+        ),
+    )
+    found = [f for f in evaluate(facts, T, NOW) if f.rule is Rule.INFERENCE_TRAFFIC_UNKNOWN]
+    assert [f.objects[0].name for f in found] == ["s-never", "s-stale", "s-undeclared"]
+    assert {f.severity for f in found} == {Severity.WARNING}
+    assert [f.evidence.declared for f in found] == [True, True, False]  # type: ignore[union-attr]
+    assert all(f.visible_to("b") and not f.visible_to("a") for f in found)
+
+
+def test_latency_above_the_objective_is_high_on_shared_gpus() -> None:
+    facts = dataclasses.replace(
+        GOOD,
+        runs=(*GOOD.runs, run("r3", "b", pools=("c1/whole",), kind="inference")),
+        serving=(
+            serving("r2", latency=900.0),  # on the time-sliced pool
+            serving("r3", latency=600.0),  # on whole GPUs
+            serving("s-ok", latency=499.0),
+            serving("s-old", latency=900.0, reading_age=timedelta(hours=2)),
+            serving("s-none", latency=900.0, objective=None),
+        ),
+    )
+    found = {f.objects[0].name: f for f in evaluate(facts, T, NOW) if f.rule is Rule.LATENCY_OBJECTIVE_MISSED}
+    assert set(found) == {"r2", "r3"}
+    assert found["r2"].severity is Severity.HIGH
+    assert found["r2"].evidence.shared_pools == ("c1/ts",)  # type: ignore[union-attr]
+    assert found["r3"].severity is Severity.WARNING
 
 
 @settings(max_examples=50, deadline=None)

@@ -13,6 +13,7 @@ from controlplane.core.audit.facts import (
     NodePodsFact,
     PoolFact,
     RunFact,
+    ServingFact,
     TeamUseFact,
     TreeFact,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "PoolFact",
     "Rule",
     "RunFact",
+    "ServingFact",
     "Severity",
     "TeamUseFact",
     "TreeFact",

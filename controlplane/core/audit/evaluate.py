@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from controlplane.core.audit import rules_fleet as fleet
+from controlplane.core.audit import rules_serving as serving
 from controlplane.core.audit import rules_work as work
 from controlplane.core.audit.facts import AuditFacts, AuditThresholds
 from controlplane.core.audit.findings import Finding
@@ -28,5 +29,7 @@ def evaluate(facts: AuditFacts, thresholds: AuditThresholds, now: datetime) -> t
         *work.allocation_unused(facts, thresholds),
         *work.idle_runs(facts),
         *work.idle_reclaimed(facts, thresholds),
+        *serving.traffic_unknown(facts, now),
+        *serving.latency_missed(facts, now),
     ]
     return tuple(sorted(found, key=lambda f: f.sort_key))

@@ -108,6 +108,21 @@ class RunFact:
 
 
 @dataclass(frozen=True)
+class ServingFact:
+    """A live inference run's serving signal: what it declared and the latest reading of it."""
+
+    run_id: str
+    workload: str
+    team: str
+    running_since: datetime | None  # when it started running; None while it has not
+    traffic_declared: bool  # a traffic metric the idle policy can read
+    latency_objective_ms: float | None
+    requests_per_second: float | None
+    latency_ms: float | None
+    observed_at: datetime | None  # of the latest reading
+
+
+@dataclass(frozen=True)
 class TeamUseFact:
     """A team's GPU-hours over the lookback, from the utilization report's accounting."""
 
@@ -127,6 +142,7 @@ class AuditFacts:
     classes: tuple[ClassFact, ...] = ()
     runs: tuple[RunFact, ...] = ()
     team_use: tuple[TeamUseFact, ...] = ()
+    serving: tuple[ServingFact, ...] = ()
     # The default idle policy's stale_seconds: a cluster with running runs and no window this recent
     # sends no telemetry.
     stale_seconds: float = 900.0

@@ -46,6 +46,8 @@ class Rule(StrEnum):
     ALLOCATION_UNUSED = "allocation-unused"
     IDLE_RUN = "idle-run"
     IDLE_RECLAIMED = "idle-reclaimed"
+    INFERENCE_TRAFFIC_UNKNOWN = "inference-traffic-unknown"
+    LATENCY_OBJECTIVE_MISSED = "latency-objective-missed"
 
 
 class Fix(StrEnum):
@@ -63,6 +65,8 @@ class Fix(StrEnum):
     DEPLOY_TELEMETRY = "deploy-telemetry"
     RIGHT_SIZE = "right-size"
     RELEASE_IDLE_GPUS = "release-idle-gpus"
+    DECLARE_TRAFFIC = "declare-traffic"
+    ISOLATE_OR_SCALE = "isolate-or-scale"
 
 
 @dataclass(frozen=True, order=True)
@@ -184,6 +188,23 @@ class IdleReclaimed:
     lookback_hours: float
 
 
+@dataclass(frozen=True)
+class TrafficUnknown:
+    workload: str
+    declared: bool  # False: no traffic metric declared; True: declared, but no fresh reading
+    last_reading_at: datetime | None
+    stale_seconds: float
+
+
+@dataclass(frozen=True)
+class LatencyMissed:
+    workload: str
+    latency_ms: float
+    objective_ms: float
+    observed_at: datetime
+    shared_pools: tuple[str, ...]  # the time-sliced or MPS pools it runs on: a neighbour may cause it
+
+
 Evidence = (
     PoolUntainted
     | NonGpuPods
@@ -199,6 +220,8 @@ Evidence = (
     | AllocationUnused
     | IdleRun
     | IdleReclaimed
+    | TrafficUnknown
+    | LatencyMissed
 )
 
 
