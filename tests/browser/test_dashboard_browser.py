@@ -234,13 +234,22 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
                 await expect(plot).to_be_visible()
                 await _shot(page, "09-utilization", taken)
 
+                # Audit: the checklist's findings, the hoarder among them, each with its evidence and fix.
+                await page.get_by_role("link", name="Audit").click()
+                findings = page.locator("#audit-findings")
+                hoarding = findings.locator("tr", has_text="idle-reclaimed")
+                await expect(hoarding).to_contain_text("hoarder")
+                await expect(hoarding).to_contain_text("release GPUs when the work pauses")
+                await expect(findings.locator("tr", has_text="team-without-limit").first).to_contain_text("team llm")
+                await _shot(page, "10-audit", taken)
+
                 # Events: the feed shows what happened, and a new submit appears without a reload.
                 await page.get_by_role("link", name="Events").click()
                 await expect(page.locator("#feed")).to_contain_text("idle.reclaim")
                 await _post(api, "/v1/workloads", gang("late-arrival", "vision-train", replicas=1, gpus=1), vision)
                 await expect(page.locator("#feed tr.new", has_text="late-arrival").first).to_be_visible()
                 await expect(page.locator("#feed-status")).to_contain_text("Live")
-                await _shot(page, "10-events-live", taken)
+                await _shot(page, "11-events-live", taken)
 
                 # A team sees its own team only; logging out ends the session.
                 await page.get_by_role("button", name="Log out").click()
@@ -250,11 +259,14 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
                 await expect(page.get_by_role("link", name="finetune")).to_be_visible()
                 await expect(page.get_by_role("link", name="hoarder")).to_have_count(0)
                 await expect(page.locator("header .who")).to_have_text("team vision")
-                await _shot(page, "11-team-workloads", taken)
+                await _shot(page, "12-team-workloads", taken)
+                await page.get_by_role("link", name="Audit").click()
+                await expect(page.locator("#audit-counts")).to_be_visible()
+                await expect(page.locator("#audit-findings")).not_to_contain_text("hoarder")  # llm's, not vision's
                 assert not errors, errors  # no CSP violation, no script error
                 assert not failed, failed  # no missing file, no refused request
             finally:
                 await browser.close()
     for path in taken:
         print(f"screenshot: {path.resolve()}")
-    assert len(taken) == 11
+    assert len(taken) == 12

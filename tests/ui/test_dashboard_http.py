@@ -13,7 +13,7 @@ from controlplane.service.events import envelope
 from controlplane.service.idle_records import IdleFinding
 from tests.ui.conftest import ORIGIN, Seeded
 
-PAGES = ["/ui/fleet", "/ui/queues", "/ui/workloads", "/ui/idle", "/ui/utilization", "/ui/events"]
+PAGES = ["/ui/fleet", "/ui/queues", "/ui/workloads", "/ui/idle", "/ui/utilization", "/ui/audit", "/ui/events"]
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 
@@ -191,16 +191,16 @@ def test_parameters_are_bounded(seeded: Seeded, path: str) -> None:
         assert r.headers["content-type"].startswith("text/html")
 
 
-def test_idle_page_and_event_feed_show_only_the_callers_team(seeded: Seeded) -> None:
+def _mark_idle(seeded: Seeded, names: tuple[str, ...]) -> None:
+    """Start these workloads' runs and record the idle policy's notify finding for each."""
     now = utc_now()
-    findings = []
     with seeded.wiring.uow() as uow:
-        for name in ("a", "secret"):  # the idle policy judges running runs: these two now run
+        for name in names:  # the idle policy judges running runs: these now run
             view = uow.workloads.view(seeded.ids[name])
             assert view is not None
             assert uow.runs.set_state(view.runs[-1].id, ("admitted",), "running", "started", now)
         runs = {c.workload_id: c for c in uow.idle.candidates()}
-        for name in ("a", "secret"):
+        for name in names:
             run = runs[seeded.ids[name]]
             window = {"window_start": (now - timedelta(minutes=5)).isoformat(), "status": "idle"}
             finding = IdleFinding(
@@ -217,8 +217,11 @@ def test_idle_page_and_event_feed_show_only_the_callers_team(seeded: Seeded) -> 
                 now,
             )
             uow.idle.put_finding(finding)
-            findings.append(finding)
         uow.commit()
+
+
+def test_idle_page_and_event_feed_show_only_the_callers_team(seeded: Seeded) -> None:
+    _mark_idle(seeded, ("a", "secret"))
     vision = _text(seeded.login(seeded.vision.token).get("/ui/idle").text)
     assert "flagged: notify" in vision
     assert "GPU activity of a below 5% for 2 windows" in vision
@@ -267,3 +270,19 @@ def test_idle_decisions_stay_visible_behind_many_newer_workload_events(seeded: S
     assert "secret" not in decisions
     admin = _text(seeded.login(seeded.admin_token).get("/ui/idle").text.split('id="idle-decisions"', 1)[1])
     assert "idle.reclaim secret llm stage reclaim" in admin
+
+
+def test_audit_page_shows_the_callers_findings_with_evidence_and_fix(seeded: Seeded) -> None:
+    _mark_idle(seeded, ("a", "secret"))
+    vision = _text(seeded.login(seeded.vision.token).get("/ui/audit").text)
+    assert "run holds idle GPUs idle-run" in vision
+    assert "of a (team vision, 8 GPUs) has been idle for 2 window(s): stage notify" in vision
+    assert "stop or scale down the idle run" in vision
+    assert "secret" not in vision  # another team's run is not shown
+    assert "llm" not in vision
+    html = seeded.login(seeded.admin_token).get("/ui/audit").text
+    admin = _text(html)
+    assert "of secret (team llm" in admin
+    counts = re.search(r"(\d+) critical (\d+) high (\d+) warning (\d+) info", admin)
+    assert counts is not None
+    assert sum(int(n) for n in counts.groups()) == html.count('<tr class="severity-') >= 2

@@ -1,4 +1,5 @@
-"""The dashboard's pages under `/ui`: login, fleet, queues, workloads, idle GPUs, utilization, events.
+"""The dashboard's pages under `/ui`: login, fleet, queues, workloads, idle GPUs, utilization, audit,
+events.
 
 Every page reads through the service layer (no SQL here) with bounded queries, as the caller may
 see it: a team token sees its own team's queues, workloads, findings, events and utilization, and
@@ -29,6 +30,7 @@ from controlplane.api.ui.session import (
 from controlplane.domain.limits import MAX_OFFSET
 from controlplane.domain.model import WorkloadState
 from controlplane.service import admin, dashboard, dashboard_feed, workloads
+from controlplane.service import audit as audit_service
 from controlplane.service.auth import authenticate
 from controlplane.service.metrics import FleetGauges
 from controlplane.service.ports import WorkloadFilter
@@ -166,6 +168,15 @@ def utilization_page(
         range=range_,
         charts=plots.utilization_charts(series),
     )
+
+
+@router.get("/audit", response_class=HTMLResponse)
+def audit_page(request: Request, who: Viewer, ctx: Ctx) -> Response:
+    """The checklist's findings as the caller may see them (`GET /v1/audit`), most severe first."""
+    team = dashboard.team_name(ctx.uow_factory(), who)
+    now = ctx.clock()
+    report = audit_service.audit(ctx.uow_factory, who, ctx.idle_rules, ctx.audit_thresholds, now, None, [])
+    return page(request, "audit.html", who, team, report=report)
 
 
 @router.get("/events", response_class=HTMLResponse)

@@ -38,14 +38,15 @@ class Page:
     title: str
 
 
-# The dashboard's pages, in the order of the navigation bar. EXTENSION POINT: a new page (the audit
-# page, after the audit findings land) is one entry here plus its route in `pages.py`.
+# The dashboard's pages, in the order of the navigation bar: a new page is one entry here plus its
+# route in `pages.py`.
 PAGES: list[Page] = [
     Page("/ui/fleet", "Fleet"),
     Page("/ui/queues", "Queues"),
     Page("/ui/workloads", "Workloads"),
     Page("/ui/idle", "Idle GPUs"),
     Page("/ui/utilization", "Utilization"),
+    Page("/ui/audit", "Audit"),
     Page("/ui/events", "Events"),
 ]
 
