@@ -342,6 +342,7 @@ def up(
             extra.append(demo.generate(settings, team_token, stop, waiting_token))
         wiring.close()
         click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
+        click.echo(f"  dashboard   http://127.0.0.1:{port}/ui   (log in with the admin token below, or a team's token)")
         click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
         click.echo(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
         click.echo(f"  database    {settings.effective_database_url}")
