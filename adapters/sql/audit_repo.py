@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
-from adapters.sql.report_repo import _slice
+from adapters.sql.report_repo import _slice, nodes_and_pools
 from adapters.sql.tables import (
     ClusterRow,
     NodePodSummaryRow,
@@ -53,15 +53,7 @@ class SqlAuditRepository:
             .where(or_(RunRow.state.in_(LIVE), RunRow.created_at >= since, RunRow.finished_at >= since))
             .order_by(RunRow.id)
         ).all()
-        node_ids = {a.node_id for row in rows for a in row[0].assignments}
-        nodes: dict[str, tuple[str, NodePoolRow]] = {}
-        if node_ids:
-            for node, pool in self.s.execute(
-                select(NodeRow, NodePoolRow)
-                .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
-                .where(NodeRow.id.in_(node_ids))
-            ):
-                nodes[node.id] = (node.name, pool)
+        nodes = nodes_and_pools(self.s, {a.node_id for row in rows for a in row[0].assignments})
         newest = self._newest_windows([row[0].id for row in rows if row[0].state in LIVE])
         out = []
         for run, workload, kind, class_name, preemptible, team, queue, cluster in rows:

@@ -83,6 +83,18 @@ def _gpu_amount(quota: dict[str, Any]) -> float:
     return max(eq, models)
 
 
+def nodes_and_pools(s: Session, node_ids: set[str]) -> dict[str, tuple[str, NodePoolRow]]:
+    """Each of these nodes' name and pool, by node id (one query)."""
+    if not node_ids:
+        return {}
+    rows = s.execute(
+        select(NodeRow, NodePoolRow)
+        .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
+        .where(NodeRow.id.in_(node_ids))
+    )
+    return {node.id: (node.name, pool) for node, pool in rows}
+
+
 class SqlReportRepository:
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -101,15 +113,7 @@ class SqlReportRepository:
         if team_id is not None:
             query = query.where(WorkloadRow.team_id == team_id)
         rows = self.s.execute(query).all()
-        node_ids = {a.node_id for row in rows for a in row[0].assignments}
-        nodes: dict[str, tuple[str, NodePoolRow]] = {}
-        if node_ids:
-            for node, pool in self.s.execute(
-                select(NodeRow, NodePoolRow)
-                .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
-                .where(NodeRow.id.in_(node_ids))
-            ):
-                nodes[node.id] = (node.name, pool)
+        nodes = nodes_and_pools(self.s, {a.node_id for row in rows for a in row[0].assignments})
         out = []
         for run, workload, workload_team, team, queue, cluster in rows:
             slices = tuple(

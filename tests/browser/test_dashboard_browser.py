@@ -25,7 +25,7 @@ from controlplane.bootstrap import COMPONENTS, Wiring, run_components, utc_now
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
-from tests.integration.fleet import gang, h100_cluster, mixed_cluster
+from tests.integration.fleet import FAST_IDLE_POLICY, FAST_WINDOW, HOARDER_CONTAINER, gang, h100_cluster, mixed_cluster
 
 CHROMIUM = shutil.which("chromium")
 try:
@@ -38,19 +38,9 @@ pytestmark = [
     pytest.mark.skipif(async_playwright is None, reason="playwright is not installed (uv sync --frozen)"),
 ]
 
-WINDOW = 2
-IDLE_POLICY: dict[str, Any] = {
-    "default": {
-        "grace_seconds": 0,
-        "notify_after": 1,
-        "deprioritize_after": 2,
-        "reclaim_after": 3,
-        "min_samples_per_gpu": 3,
-        "stale_seconds": 4 * WINDOW,
-    },
-    "working_hours": None,
-}
-HOARDER = {"sim": {"utilization": "idle_after:1"}}
+WINDOW = FAST_WINDOW
+IDLE_POLICY = FAST_IDLE_POLICY
+HOARDER = HOARDER_CONTAINER
 TIMEOUT_MS = 60_000
 
 

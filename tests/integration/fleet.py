@@ -104,3 +104,20 @@ def add_tenant(
     r = client.post("/v1/tokens", json={"name": f"{team}-ci", "team": team}, headers=admin)
     assert r.status_code == 201, r.text
     return Tenant(team, queue, r.json()["token"])
+
+
+# A hoarding story in seconds: 2-second telemetry windows, idle from the first window, reclaimed
+# after three. The idle end-to-end tests and the dashboard's browser test play it.
+FAST_WINDOW = 2
+FAST_IDLE_POLICY: dict[str, Any] = {
+    "default": {
+        "grace_seconds": 0,
+        "notify_after": 1,
+        "deprioritize_after": 2,
+        "reclaim_after": 3,
+        "min_samples_per_gpu": 3,
+        "stale_seconds": 4 * FAST_WINDOW,
+    },
+    "working_hours": None,
+}
+HOARDER_CONTAINER = {"sim": {"utilization": "idle_after:1"}}

@@ -23,24 +23,14 @@ from controlplane.bootstrap import COMPONENTS, Wiring, run_components, utc_now
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
-from tests.integration.fleet import gang, h100_cluster
+from tests.integration.fleet import FAST_IDLE_POLICY, FAST_WINDOW, HOARDER_CONTAINER, gang, h100_cluster
 
-WINDOW = 2
+WINDOW = FAST_WINDOW
 IDLE_INTERVAL = 0.3
 # Generous on purpose: two shared cores run the whole control plane, nats-server and the test.
 MARGIN = 15.0
-IDLE_POLICY: dict[str, Any] = {
-    "default": {
-        "grace_seconds": 0,
-        "notify_after": 1,
-        "deprioritize_after": 2,
-        "reclaim_after": 3,
-        "min_samples_per_gpu": 3,
-        "stale_seconds": 4 * WINDOW,
-    },
-    "working_hours": None,
-}
-HOARDER = {"sim": {"utilization": "idle_after:1"}}
+IDLE_POLICY = FAST_IDLE_POLICY
+HOARDER = HOARDER_CONTAINER
 
 
 @dataclass
