@@ -20,7 +20,7 @@ from adapters.sql.tables import (
     LeaderLeaseRow,
     OutboxRow,
 )
-from controlplane.service.ports import OutboxEvent
+from controlplane.service.messaging_ports import OutboxEvent
 from controlplane.service.views import ClusterCredential, TokenView
 
 # A lease released or expired by hand: its epoch is kept, so the next term's still rises.

@@ -36,7 +36,7 @@ from sqlalchemy import ColumnElement, delete, func, or_, select, text
 from adapters.sql.snapshot_repo import SqlSnapshotReader
 from adapters.sql.tables import IdleFindingRow, RunRow, SnapshotChangeRow, WorkloadRow
 from controlplane.core.history import UsageInterval
-from controlplane.service.ports import ChangeCursor, SnapshotChanges
+from controlplane.service.snapshot_ports import ChangeCursor, SnapshotChanges
 
 _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
 # Up to this many changed keys are bound as a list (the indexes on ids are used); more (a burst of

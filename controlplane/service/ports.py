@@ -12,14 +12,14 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from controlplane.core.decision import Admission, EndCause
-from controlplane.core.history import UsageInterval
-from controlplane.core.snapshot import LiveRun, Snapshot
-from controlplane.domain.model import Cluster, Node, QueueNode, Workload
+from controlplane.domain.model import Cluster, Node, Workload
 from controlplane.service.audit_records import AuditRepository
 from controlplane.service.cloud_state import CloudRepository
 from controlplane.service.idle_records import IdleRepository
+from controlplane.service.messaging_ports import Inbox, Outbox
 from controlplane.service.report_records import ReportRepository
 from controlplane.service.serving import ServingRepository
+from controlplane.service.snapshot_ports import SnapshotReader
 from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import (
     ClusterCredential,
@@ -257,41 +257,6 @@ class RunRepository(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class OutboxEvent:
-    """An event as the outbox keeps it: `seq` orders the outbox (a live feed resumes after one)."""
-
-    seq: int
-    subject: str
-    payload: str
-    created_at: datetime
-
-
-class Outbox(Protocol):
-    def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None: ...
-    def add_many(self, events: Sequence[tuple[str, str, str]], now: datetime) -> None:
-        """`add` of each (subject, event id, payload), in this order, in one statement."""
-        ...
-
-    def unpublished(self, limit: int) -> list[tuple[str, str, str]]: ...
-    def mark_published(self, event_ids: Sequence[str], now: datetime) -> None: ...
-    def record_failure(self, event_id: str, error: str) -> None: ...
-    def prune(self, published_before: datetime) -> int: ...
-    def recent(self, subject_prefixes: Sequence[str], after_seq: int, limit: int) -> list[OutboxEvent]:
-        """The newest `limit` events (newest first) whose subject starts with one of the prefixes
-        and whose `seq` is above `after_seq`: the dashboard's live feed, published or not."""
-        ...
-
-
-class Inbox(Protocol):
-    def first_time(self, consumer: str, msg_id: str, now: datetime) -> bool: ...
-    def first_times(self, consumer: str, msg_ids: Sequence[str], now: datetime) -> set[str]:
-        """`first_time` for many distinct ids in one statement: those seen for the first time."""
-        ...
-
-    def prune(self, processed_before: datetime) -> int: ...
-
-
 class LeaseRepository(Protocol):
     def acquire(self, name: str, holder: str, now: datetime, ttl_seconds: float) -> int | None: ...
     def renew(self, name: str, holder: str, epoch: int, now: datetime, ttl_seconds: float) -> bool: ...
@@ -321,80 +286,6 @@ class AuditLog(Protocol):
     def record(
         self, actor: str, action: str, object_type: str, object_id: str, detail: Mapping[str, Any], now: datetime
     ) -> None: ...
-
-
-@dataclass(frozen=True)
-class ChangeCursor:
-    """Where a reader of the snapshot's change log stands (adapters/sql/snapshot_changes.py).
-    `seq`: the highest change read; `horizon`: on PostgreSQL, the oldest transaction that may still
-    have been writing when it was read (its changes and later ones are read again), else None."""
-
-    seq: int
-    horizon: int | None = None
-
-
-@dataclass(frozen=True)
-class SnapshotChanges:
-    """What changed since a cursor, as current values: the snapshot cache merges them.
-
-    `workload_ids`/`run_ids` were touched; of them, `pending` holds those queued now and `live_runs`
-    those live now (a touched id in neither is gone from that part). `clusters`/`nodes` and
-    `queue_tree` are the whole fleet or tree, given only when some of it changed. `usage` maps the
-    touched runs that held capacity in the history window to their interval (None: no longer
-    counts); with `usage_complete`, it is the whole window (the fleet changed, so every run's GPU
-    equivalents may have). `classes_changed`: a priority class changed (the cache rebuilds)."""
-
-    cursor: ChangeCursor
-    workload_ids: frozenset[str] = frozenset()
-    run_ids: frozenset[str] = frozenset()
-    pending: tuple[Workload, ...] = ()
-    live_runs: tuple[LiveRun, ...] = ()
-    clusters: tuple[Cluster, ...] | None = None
-    nodes: tuple[Node, ...] | None = None
-    queue_tree: Mapping[str, QueueNode] | None = None
-    classes_changed: bool = False
-    usage: Mapping[str, UsageInterval | None] = field(default_factory=dict)
-    usage_complete: bool = False
-    last_rebalance_at: datetime | None = None
-    last_rebalance_read: bool = False
-
-
-class SnapshotReader(Protocol):
-    def load(self, history_since: datetime | None = None, last_rebalance: bool = False) -> Snapshot:
-        """The scheduling snapshot; with `history_since`, also the consumption of runs that ran
-        since then (fair-share history); with `last_rebalance`, when a run last ended rebalanced
-        (the rebalancing rate limit)."""
-        ...
-
-    def change_cursor(self) -> ChangeCursor:
-        """The cursor of what this transaction sees: call it after `load` in the same unit of work,
-        and `changes_since` it later reads every change `load` did not see."""
-        ...
-
-    def changes_since(
-        self, cursor: ChangeCursor, history_since: datetime | None = None, last_rebalance: bool = False
-    ) -> SnapshotChanges:
-        """Everything `load` would read differently than at `cursor`, in one read transaction."""
-        ...
-
-    def latest_change(self) -> int:
-        """The `seq` of the latest change logged: a cheap poll for "something changed since the
-        cursor's seq". Only a hint (on PostgreSQL a change may commit after a later seq was seen);
-        what changed is always read through `changes_since`."""
-        ...
-
-    def stored_reasons(self) -> Mapping[str, tuple[str, str, int | None]]:
-        """(reason, kind, queue position) as stored, per queued workload: call beside `load` in the
-        same unit of work, so the scheduler's first decision of a term writes only what differs."""
-        ...
-
-    def usage_by_run(self, since: datetime) -> Mapping[str, UsageInterval | None]:
-        """`load`'s usage history per run id (the snapshot cache updates it run by run)."""
-        ...
-
-    def prune_changes(self, cursor: ChangeCursor, before: datetime) -> int:
-        """Forget changes logged before `before` that `cursor` has read; returns how many."""
-        ...
 
 
 class TelemetryRepository(Protocol):

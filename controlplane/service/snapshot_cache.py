@@ -25,7 +25,8 @@ from typing import TypeVar
 from controlplane.core.history import UsageInterval
 from controlplane.core.snapshot import LiveRun, Snapshot
 from controlplane.domain.model import Cluster, Node, Workload
-from controlplane.service.ports import ChangeCursor, PendingRecord, SnapshotChanges, UnitOfWorkFactory
+from controlplane.service.ports import PendingRecord, UnitOfWorkFactory
+from controlplane.service.snapshot_ports import ChangeCursor, SnapshotChanges
 
 # Change-log rows older than this are pruned once read; a cache that has not refreshed for half
 # of it rebuilds rather than trust a log that may have been pruned under it.
