@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     # A run applied this long ago whose objects its cluster no longer lists is requeued (gang_timeout.py).
     vanished_run_grace: float = Field(default=60.0, gt=0)
     relay_interval: float = Field(default=0.2, gt=0)
+    # `/readyz` fails while the oldest unpublished event is older than this (relay down or stuck).
+    relay_ready_lag: float = Field(default=60.0, gt=0)
     sim_start_delay: float = Field(default=1.0, ge=0)
     check_invariants: bool = False
     # Real clusters. Per-provider keyword overrides for `adapters.clouds.build_provider` (local or

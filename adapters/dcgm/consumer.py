@@ -13,8 +13,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from adapters.nats.connection import INBOUND_ID_HEADER
-from adapters.nats.inbound import publish_dead_letter
-from adapters.nats.topology import TELEMETRY_CONSUMER, TELEMETRY_STREAM
+from adapters.nats.dead_letters import publish_dead_letter
+from adapters.nats.topology import TELEMETRY_CONSUMER, TELEMETRY_STREAM, sent_subject
 from controlplane.service.telemetry import BatchMessage
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class JetStreamTelemetrySource:
             )
             stamp = meta.timestamp.timestamp() if meta.timestamp is not None else None
             attempt = int(meta.num_delivered or 1)
-            out.append(TelemetryDelivery(BatchMessage(msg.subject, msg.data, msg_id), stamp, msg, attempt))
+            subject = sent_subject(self.prefix, msg.subject)
+            out.append(TelemetryDelivery(BatchMessage(subject, msg.data, msg_id), stamp, msg, attempt))
         return out
 
     async def ack(self, deliveries: Sequence[TelemetryDelivery]) -> None:

@@ -10,26 +10,11 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from adapters.nats.connection import INBOUND_ID_HEADER
-from adapters.nats.topology import INBOUND_STREAM, INGEST_CONSUMER
+from adapters.nats.dead_letters import publish_dead_letter
+from adapters.nats.topology import INBOUND_STREAM, INGEST_CONSUMER, sent_subject
 from controlplane.service.ingest import InboundMessage
 
 log = logging.getLogger(__name__)
-
-
-async def publish_dead_letter(
-    js: JetStreamContext, prefix: str, subject: str, data: bytes, msg_id: str, reason: str
-) -> None:
-    """Republish a message nobody can apply to `<prefix>.dlq.<subject without prefix>`, with why."""
-    await js.publish(
-        f"{prefix}.dlq.{subject.removeprefix(prefix + '.')}",
-        data,
-        timeout=5.0,
-        headers={
-            "Nats-Msg-Id": f"dlq:{msg_id}",
-            "Gpufleet-Dlq-Reason": reason[:1000],
-            "Gpufleet-Original-Subject": subject,
-        },
-    )
 
 
 @dataclass
@@ -83,7 +68,8 @@ class JetStreamInbound:
                 or headers.get("Nats-Msg-Id")
                 or f"{INBOUND_STREAM}:{msg.metadata.sequence.stream}"
             )
-            deliveries.append(Delivery(InboundMessage(msg.subject, msg.data, headers, msg_id), msg))
+            subject = sent_subject(self.prefix, msg.subject)
+            deliveries.append(Delivery(InboundMessage(subject, msg.data, headers, msg_id), msg))
         return deliveries
 
     async def dead_letter(self, message: InboundMessage, reason: str) -> None:

@@ -35,6 +35,28 @@ INGEST_CONSUMER = "ingest"
 TELEMETRY_STREAM = "GPUFLEET_TELEMETRY"
 TELEMETRY_CONSUMER = "telemetry"
 MAX_REPLICAS = 5  # JetStream's own limit on stream replicas
+# Senders publish on `<p>.submit…`, `<p>.cancel…`, `<p>.cluster…` and `<p>.telemetry…`, which no
+# stream captures: the control plane's inbound gateway (`gateway.py`) takes them, checks them and
+# stores them under `<p>.in.…`, where nobody else may publish. A stream that captured the senders'
+# subjects would answer each publish on whatever reply subject the sender named, so a tenant could
+# have JetStream write its acknowledgements onto another tenant's subjects.
+STORED = "in"
+SENT_KINDS = ("submit", "cancel", "cluster", "telemetry")
+
+
+def stored_subject(prefix: str, subject: str) -> str:
+    """Where the gateway stores a message a sender published on `subject`."""
+    return f"{prefix}.{STORED}.{subject.removeprefix(prefix + '.')}"
+
+
+def sent_subject(prefix: str, subject: str) -> str:
+    """The subject a stored message was sent on (the sender's identity is in it). A message stored
+    before the gateway existed was captured on its sent subject and is returned as it is."""
+    return (
+        f"{prefix}.{subject.removeprefix(f'{prefix}.{STORED}.')}"
+        if subject.startswith(f"{prefix}.{STORED}.")
+        else subject
+    )
 
 
 @dataclass(frozen=True)
@@ -54,7 +76,7 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
         StreamConfig(
             name=INBOUND_STREAM,
             description="Commands and reports into gpufleet: submit, cancel, cluster pods and inventory",
-            subjects=[f"{prefix}.submit.>", f"{prefix}.cancel.>", f"{prefix}.cluster.>"],
+            subjects=[f"{prefix}.{STORED}.submit.>", f"{prefix}.{STORED}.cancel.>", f"{prefix}.{STORED}.cluster.>"],
             # Interest: a message is removed once the ingest consumer acked it (after its SQL
             # commit, or its dead-lettering), so applied commands never pile up towards max_bytes
             # and discard=new below only bites when ingest is down for long. Not WorkQueue:
@@ -68,9 +90,9 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
             # Publishers see back-pressure instead of silently losing unconsumed commands.
             discard=DiscardPolicy.NEW,
             max_bytes=4 << 30,
-            # The server's minimum (it cannot be off): a Nats-Msg-Id is de-duplicated across every
-            # sender of the stream, so one team could have another's message dropped. Senders put
-            # their id in Gpufleet-Msg-Id, which the ingest inbox de-duplicates per sender.
+            # Nats-Msg-Id is de-duplicated across the whole stream; the gateway writes it as
+            # `<sender>/<id>`, so no sender can squat another's id. The window stays the server's
+            # minimum: the ingest inbox de-duplicates retries per sender for days anyway.
             duplicate_window=0.1,
             num_replicas=replicas,
         ),
@@ -103,7 +125,7 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
             # Its own stream, not GPUFLEET_IN: telemetry is orders of magnitude more traffic, and
             # with the command stream's discard=new a telemetry backlog would start refusing submits.
             description="DCGM sample batches from the cluster agents, folded into SQL windows",
-            subjects=[f"{prefix}.telemetry.>"],
+            subjects=[f"{prefix}.{STORED}.telemetry.>"],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             # Stale telemetry is worth little; dropping the oldest leaves gaps, which the idle
@@ -112,7 +134,7 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
             max_msg_size=1 << 20,
             discard=DiscardPolicy.OLD,
             max_bytes=8 << 30,
-            duplicate_window=0.1,  # as GPUFLEET_IN: the server's minimum; the inbox de-duplicates per cluster
+            duplicate_window=0.1,  # as GPUFLEET_IN: ids scoped to the sender, the inbox de-duplicates
             num_replicas=replicas,
         ),
     )

@@ -147,6 +147,17 @@ class PrometheusMetrics:
         self.relay_failures = Counter(
             "gpufleet_outbox_publish_failures_total", "Relay passes that stopped on a failed publish", registry=r
         )
+        self.relay_dead_letters = Counter(
+            "gpufleet_outbox_dead_lettered_events_total",
+            "Outbox events the relay could never publish, moved to the dead-letter stream",
+            registry=r,
+        )
+        self.inbound_refusals = Counter(
+            "gpufleet_inbound_refused_messages_total",
+            "Messages the inbound gateway refused (reply outside the sender's inbox, size, id, subject)",
+            ["reason"],
+            registry=r,
+        )
         self.consumer_pending_gauge = Gauge(
             "gpufleet_consumer_pending_messages",
             "Messages the broker holds for a durable consumer that were not delivered yet",
@@ -235,6 +246,12 @@ class PrometheusMetrics:
         self.relayed_events.inc(published)
         if failed:
             self.relay_failures.inc()
+
+    def relay_dead_lettered(self) -> None:
+        self.relay_dead_letters.inc()
+
+    def inbound_refused(self, reason: str) -> None:
+        self.inbound_refusals.labels(reason).inc()
 
     def lease(self, lease: str, epoch: int | None) -> None:
         self.leases.set(lease, epoch)

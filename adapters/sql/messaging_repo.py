@@ -71,6 +71,11 @@ class SqlOutbox:
         )
         return list(rows)
 
+    def oldest_unpublished(self) -> datetime | None:
+        return self.s.scalar(
+            select(OutboxRow.created_at).where(OutboxRow.published_at.is_(None)).order_by(OutboxRow.seq).limit(1)
+        )
+
     def mark_published(self, event_ids: Sequence[str], now: datetime) -> None:
         self.s.execute(
             update(OutboxRow)
@@ -84,6 +89,14 @@ class SqlOutbox:
             update(OutboxRow)
             .where(OutboxRow.id == event_id)
             .values(attempts=OutboxRow.attempts + 1, last_error=error[:2000])
+            .execution_options(synchronize_session=False)
+        )
+
+    def mark_dead_lettered(self, event_id: str, reason: str, now: datetime) -> None:
+        self.s.execute(
+            update(OutboxRow)
+            .where(OutboxRow.id == event_id)
+            .values(published_at=now, attempts=OutboxRow.attempts + 1, last_error=f"dead-lettered: {reason}"[:2000])
             .execution_options(synchronize_session=False)
         )
 

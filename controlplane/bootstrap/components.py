@@ -17,8 +17,9 @@ from adapters.nats import secrets as nats_secrets
 from adapters.nats.callout import AuthCallout
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from adapters.nats.consumer_stats import consumer_backlogs
+from adapters.nats.gateway import InboundGateway
 from adapters.nats.inbound import JetStreamInbound
-from adapters.nats.topology import ensure_topology
+from adapters.nats.topology import ensure_topology, stored_subject
 from adapters.prometheus import FleetCollector, PrometheusMetrics, exposition, new_registry, serve_metrics
 from adapters.sql.gauges_repo import SqlFleetGauges
 from controlplane.api.app import create_app
@@ -33,6 +34,7 @@ from controlplane.service.cloud_ports import CloudProvider
 from controlplane.service.fleet_sync import sync_due
 from controlplane.service.gang_timeout import requeue_stalled_gangs, requeue_undispatched
 from controlplane.service.kubeconfigs import FileKubeconfigStore
+from controlplane.service.relay import relay_gap
 from controlplane.service.scheduling import lease_gap
 from controlplane.workers import loops
 from controlplane.workers.dispatch_loop import DISPATCHER_LEASE, dispatcher_loop
@@ -89,11 +91,16 @@ async def run_components(
         name,
         user=secrets.control_user if secrets else None,
         password=secrets.control_password if secrets else None,
+        resilient=True,
     )
     js = nc.jetstream()
     await ensure_topology(js, prefix, settings.nats_replicas)
     publisher = JetStreamPublisher(js)
-    inbound_publisher = JetStreamPublisher(js, id_header=INBOUND_ID_HEADER)  # reports as a cluster would send them
+    # Reports the control plane makes for a cluster (its watchers of real clusters, simulated
+    # clusters without NATS authentication) are stored as the gateway stores the cluster's own.
+    inbound_publisher = JetStreamPublisher(
+        js, id_header=INBOUND_ID_HEADER, subject_map=lambda subject: stored_subject(prefix, subject)
+    )
     tasks: list[asyncio.Task[None]] = []
     policy = settings.scheduling_policy()
     clock = utc_now
@@ -120,6 +127,7 @@ async def run_components(
                 # or dispatched: not ready until some process holds each lease again.
                 "scheduler": lambda: lease_gap(wiring.uow, "scheduler", utc_now()),
                 "dispatcher": lambda: lease_gap(wiring.uow, DISPATCHER_LEASE, utc_now()),
+                "events": lambda: relay_gap(wiring.uow, utc_now(), settings.relay_ready_lag),
             },
         )
         app = create_app(ctx)
@@ -212,12 +220,21 @@ async def run_components(
         tasks.append(
             asyncio.create_task(
                 relay_loop(
-                    wiring.uow, publisher, clock, stop, settings.relay_interval, settings.lease_ttl, metrics=metrics
+                    wiring.uow,
+                    publisher,
+                    clock,
+                    stop,
+                    settings.relay_interval,
+                    settings.lease_ttl,
+                    metrics=metrics,
+                    dead_letters=publisher,
                 ),
                 name="relay",
             )
         )
     if "ingest" in components:
+        gateway = InboundGateway(nc, prefix, confine_replies=secrets is not None, on_refused=metrics.inbound_refused)
+        await gateway.start()
         source = JetStreamInbound(js, prefix)
         tasks.append(asyncio.create_task(ingest_loop(source, wiring.uow, prefix, clock, stop, metrics), name="ingest"))
         telemetry_source = JetStreamTelemetrySource(nc, prefix)
@@ -284,8 +301,12 @@ async def _serve_auth_callout(
         still_valid=lambda ids: nats_identity.still_valid(wiring.uow(), ids),
         ttl=settings.nats_user_ttl,
     )
-    auth_nc = await connect(settings.nats_url, "gpufleet-auth-callout", secrets.callout_user, secrets.callout_password)
-    system_nc = await connect(settings.nats_url, "gpufleet-revocation", secrets.system_user, secrets.system_password)
+    auth_nc = await connect(
+        settings.nats_url, "gpufleet-auth-callout", secrets.callout_user, secrets.callout_password, resilient=True
+    )
+    system_nc = await connect(
+        settings.nats_url, "gpufleet-revocation", secrets.system_user, secrets.system_password, resilient=True
+    )
     await callout.serve(auth_nc)
 
     async def sweep() -> None:

@@ -25,6 +25,7 @@ from sqlalchemy import func, insert, select
 
 from adapters.dcgm.consumer import JetStreamTelemetrySource, TelemetryDelivery
 from adapters.nats.connection import connect
+from adapters.nats.gateway import InboundGateway
 from adapters.nats.server import NatsServerProcess, free_port
 from adapters.nats.topology import ensure_topology
 from adapters.sql.migrate import upgrade_to_head
@@ -100,6 +101,10 @@ async def _consume(
 ) -> dict[str, Any]:
     nc = await connect(url, "bench-consumer")
     await ensure_topology(nc.jetstream(), PREFIX)
+    # The agents' batches reach the stream through the inbound gateway, which the ingest process
+    # runs in production too: its cost is part of the figure.
+    gateway = InboundGateway(nc, PREFIX, confine_replies=False)
+    await gateway.start()
     stop = asyncio.Event()
     recorder = _Recorder(spec.messages, stop)
     context = multiprocessing.get_context("spawn")

@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # ports imports nothing from here; only the type is needed
     from controlplane.service.views import WorkloadView
 
 ENVELOPE_VERSION = 1
+# Every event fits in a NATS message with room to spare, whatever a sender put in the request it
+# describes: an event above this is cut down (`_bounded`) before it reaches the outbox.
+MAX_EVENT_BYTES = 64 * 1024
+_MAX_TEXT = 1000  # characters a string value keeps in a cut-down event
+_MAX_ITEMS = 100  # items a list keeps in a cut-down event
 
 
 @dataclass(frozen=True)
@@ -35,11 +40,46 @@ def envelope(event_type: str, data: dict[str, Any], now: datetime, event_id: str
         "data": data,
     }
     try:
-        return event_id, json.dumps(body, separators=(",", ":"), sort_keys=True, allow_nan=False)
+        payload = _dumps(body)
     except ValueError:
         # A NaN or infinity is never written into an event (consumers' JSON parsers refuse
         # them): such a figure means "no value" and is sent as null.
-        return event_id, json.dumps(_finite(body), separators=(",", ":"), sort_keys=True, allow_nan=False)
+        payload = _dumps(_finite(body))
+    if len(payload) <= MAX_EVENT_BYTES // 4 or len(payload.encode()) <= MAX_EVENT_BYTES:
+        return event_id, payload
+    return event_id, _bounded(body, len(payload.encode()))
+
+
+def _dumps(body: dict[str, Any]) -> str:
+    return json.dumps(body, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def _bounded(body: dict[str, Any], size: int) -> str:
+    """An event above `MAX_EVENT_BYTES`, cut down and marked (`data.truncated`,
+    `data.original_bytes`): long strings and lists shortened; if that is still too large, only its
+    short scalar fields; failing that, only the marks."""
+    data = _shortened(_finite(body["data"]))
+    marks = {"truncated": True, "original_bytes": size}
+    scalars = {
+        key: value
+        for key, value in data.items()
+        if not isinstance(value, (dict, list)) and len(str(value)) <= 200 and len(key) <= 100
+    }
+    for kept in (data, dict(list(scalars.items())[:50]), {}):
+        payload = _dumps({**body, "data": {**kept, **marks}})
+        if len(payload.encode()) <= MAX_EVENT_BYTES:
+            break
+    return payload
+
+
+def _shortened(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_TEXT else value[:_MAX_TEXT] + "…"
+    if isinstance(value, dict):
+        return {str(key)[:_MAX_TEXT]: _shortened(item) for key, item in list(value.items())[:_MAX_ITEMS]}
+    if isinstance(value, (list, tuple)):
+        return [_shortened(item) for item in value[:_MAX_ITEMS]]
+    return value
 
 
 def _finite(value: Any) -> Any:

@@ -44,8 +44,20 @@ class Handled:
     detail: str
 
 
+# A rejection names a few errors, never all of them: a body with thousands of bad entries would
+# otherwise give an event larger than the body itself.
+MAX_ERRORS_NAMED = 10
+MAX_ERROR_CHARS = 300
+
+
 def errors_text(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors())
+    errors = exc.errors()
+    named = [
+        f"{'.'.join(str(p) for p in err['loc'])[:100] or 'body'}: {err['msg'][:MAX_ERROR_CHARS]}"
+        for err in errors[:MAX_ERRORS_NAMED]
+    ]
+    more = len(errors) - len(named)
+    return "; ".join(named) + (f"; and {more:,} more errors" if more > 0 else "")
 
 
 def sender_of(parts: list[str]) -> str | None:

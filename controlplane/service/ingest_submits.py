@@ -49,7 +49,9 @@ def team_principal(uow: UnitOfWork, team: str) -> Principal | None:
 
 def rejection(team: str, queue: str, message: InboundMessage, reason: str, prefix: str, now: datetime) -> Event:
     event_id, payload = envelope(
-        "workload.rejected", {"request_id": message.msg_id, "subject": message.subject, "reason": reason}, now
+        "workload.rejected",
+        {"request_id": message.msg_id[:200], "subject": message.subject[:300], "reason": reason},
+        now,
     )
     return workload_subject(prefix, team, queue, "rejected"), event_id, payload
 

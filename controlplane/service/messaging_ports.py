@@ -21,6 +21,18 @@ class OutboxEvent:
     created_at: datetime
 
 
+class Undeliverable(Exception):
+    """The broker will never take this message as it is (larger than it accepts, refused as
+    malformed): retrying cannot help. An `EventPublisher` raises it; anything else it raises may be
+    transient and is retried."""
+
+
+class DeadLetters(Protocol):
+    async def dead_letter(self, subject: str, payload: bytes, msg_id: str, reason: str) -> None:
+        """Keep an undeliverable message where operators look (bounded: an excerpt when large)."""
+        ...
+
+
 class Outbox(Protocol):
     def add(self, subject: str, event_id: str, payload: str, now: datetime) -> None: ...
     def add_many(self, events: Sequence[tuple[str, str, str]], now: datetime) -> None:
@@ -29,7 +41,15 @@ class Outbox(Protocol):
 
     def unpublished(self, limit: int) -> list[tuple[str, str, str]]: ...
     def mark_published(self, event_ids: Sequence[str], now: datetime) -> None: ...
+    def oldest_unpublished(self) -> datetime | None:
+        """When the oldest event still waiting for the relay was written, or None."""
+        ...
+
     def record_failure(self, event_id: str, error: str) -> None: ...
+    def mark_dead_lettered(self, event_id: str, reason: str, now: datetime) -> None:
+        """The event will never be published: it leaves the queue (as if published) with the reason."""
+        ...
+
     def prune(self, published_before: datetime) -> int: ...
     def recent(self, subject_prefixes: Sequence[str], after_seq: int, limit: int) -> list[OutboxEvent]:
         """The newest `limit` events (newest first) whose subject starts with one of the prefixes

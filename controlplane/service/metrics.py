@@ -90,6 +90,14 @@ class Metrics(Protocol):
 
     def telemetry_batch(self, messages: int, samples: int, windows: int) -> None: ...
     def relayed(self, published: int, failed: bool) -> None: ...
+    def relay_dead_lettered(self) -> None:
+        """An event the server can never take was moved to the dead-letter stream (and skipped)."""
+        ...
+
+    def inbound_refused(self, reason: str) -> None:
+        """The inbound gateway refused a sender's message; `reason` is one of a few fixed codes."""
+        ...
+
     def lease(self, lease: str, epoch: int | None) -> None:
         """This process holds `lease` at `epoch` (just acquired or renewed), or no longer holds it."""
         ...
@@ -138,6 +146,12 @@ class NoMetrics:
         pass
 
     def relayed(self, published: int, failed: bool) -> None:
+        pass
+
+    def relay_dead_lettered(self) -> None:
+        pass
+
+    def inbound_refused(self, reason: str) -> None:
         pass
 
     def lease(self, lease: str, epoch: int | None) -> None:

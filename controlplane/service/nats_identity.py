@@ -11,7 +11,9 @@ allowed that connection to publish there and nowhere else.
   and subscribes only to `<prefix>.events.workload.<team>.>`;
 - an admin API token subscribes to `<prefix>.events.>` and publishes nothing;
 - every identity may also subscribe to its own reply inboxes `_INBOX.<kind>-<name>.>` (clients set
-  that inbox prefix), so a JetStream publish gets its acknowledgement and nobody reads another's;
+  that inbox prefix), so a publish gets its acknowledgement and nobody reads another's; the
+  control plane's inbound gateway answers a sender only there (`sender_of_subject`), so nobody can
+  have an acknowledgement written onto another's subjects;
 - nobody but the control plane's own user (configured in the server, not issued here) may touch
   `$JS.API.>`, the DLQ, the event subjects' publish side, or any other subject.
 """
@@ -78,6 +80,20 @@ def admin_grant(prefix: str, token_id: str) -> NatsGrant:
     return NatsGrant(
         "admin", token_id, token_id, publish=(), subscribe=(f"{prefix}.events.>", f"_INBOX.admin-{token_id}.>")
     )
+
+
+def sender_of_subject(prefix: str, subject: str) -> NatsGrant | None:
+    """The identity the server let publish on `subject` (one of the inbound subjects above), as a
+    grant without a credential id: its kind, name and inbox prefix. None for any other subject.
+    The inbound gateway answers a sender only inside that inbox prefix."""
+    parts = subject.removeprefix(prefix + ".").split(".") if subject.startswith(prefix + ".") else []
+    if parts[:1] == ["submit"] and len(parts) == 3 and parts[1]:
+        return team_grant(prefix, parts[1], "")
+    if parts[:1] == ["cancel"] and len(parts) == 2 and parts[1]:
+        return team_grant(prefix, parts[1], "")
+    if parts[:1] in (["cluster"], ["telemetry"]) and len(parts) >= 3 and parts[1]:
+        return cluster_grant(prefix, parts[1], "")
+    return None
 
 
 def grant_for(uow: UnitOfWork, secret: str, prefix: str) -> NatsGrant | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from controlplane.service.messaging_ports import DeadLetters
 from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import EventPublisher, UnitOfWorkFactory
 from controlplane.service.relay import housekeeping, relay_once
@@ -27,6 +28,7 @@ async def relay_loop(
     interval: float,
     lease_ttl: float = 15.0,
     metrics: Metrics = NO_METRICS,
+    dead_letters: DeadLetters | None = None,
 ) -> None:
     """One relay publishes at a time (a lease, renewed while it works, keeps events in commit
     order even when publishing stalls on a NATS outage); others stand by."""
@@ -37,7 +39,7 @@ async def relay_loop(
         sent = 0
         try:
             if await term.ensure() is not None:
-                sent = await relay_once(uow_factory, publisher, clock, metrics=metrics)
+                sent = await relay_once(uow_factory, publisher, clock, metrics=metrics, dead_letters=dead_letters)
                 if loop.time() >= next_housekeeping:
                     pruned = await asyncio.to_thread(housekeeping, uow_factory, clock())
                     log.info("housekeeping: pruned %d outbox and %d inbox rows", *pruned)

@@ -27,7 +27,7 @@ def test_nats_topology_command_prints_the_declarations() -> None:
     result = CliRunner().invoke(main, ["nats-topology", "--prefix", "acme"])
     assert result.exit_code == 0
     streams = json.loads(result.output)["streams"]
-    assert streams[0]["subjects"] == ["acme.submit.>", "acme.cancel.>", "acme.cluster.>"]
+    assert streams[0]["subjects"] == ["acme.in.submit.>", "acme.in.cancel.>", "acme.in.cluster.>"]
 
 
 def test_compose_runs_every_component_with_health_checks() -> None:

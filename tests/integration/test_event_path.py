@@ -26,6 +26,7 @@ from controlplane.service.ports import UnitOfWork
 from controlplane.service.relay import housekeeping, relay_once
 from controlplane.workers.ingest_loop import handle_delivery
 from controlplane.workers.relay_loop import relay_loop
+from tests.gateway import inbound_gateway
 from tests.integration.fleet import Tenant, gang
 
 
@@ -40,7 +41,8 @@ async def js(secure_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[Je
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await context.delete_stream(name)
     await ensure_topology(context, wiring.settings.subject_prefix)
-    yield context
+    async with inbound_gateway(nc, wiring.settings.subject_prefix):  # senders' messages reach the stream through it
+        yield context
     await nc.close()
 
 

@@ -28,6 +28,7 @@ from controlplane.service.inventory import INVENTORY_MARK, inventory_msg_id
 from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from controlplane.workers.ingest_loop import handle_delivery
+from tests.gateway import inbound_gateway
 from tests.integration.fleet import Tenant, gang
 from tests.kubernetes.nodes import presets as real
 
@@ -157,7 +158,8 @@ async def js(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[J
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await context.delete_stream(name)
     await ensure_topology(context, wiring.settings.subject_prefix)
-    yield context
+    async with inbound_gateway(nc, wiring.settings.subject_prefix):  # senders' messages reach the stream through it
+        yield context
     await nc.close()
 
 

@@ -30,6 +30,7 @@ from controlplane.service import ingest
 from controlplane.service.errors import StoreUnavailable
 from controlplane.service.ports import UnitOfWork
 from controlplane.workers.ingest_loop import ingest_loop
+from tests.gateway import inbound_gateway
 from tests.integration.fleet import Tenant, gang
 
 
@@ -41,7 +42,8 @@ async def js(running_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[J
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await context.delete_stream(name)
     await ensure_topology(context, wiring.settings.subject_prefix)
-    yield context
+    async with inbound_gateway(nc, wiring.settings.subject_prefix):  # senders' messages reach the stream through it
+        yield context
     await nc.close()
 
 

@@ -24,6 +24,7 @@ from adapters.nats.topology import TELEMETRY_STREAM, ensure_topology
 from controlplane.agent.dcgm import AgentConfig, default_resolver, run_agent, scrape_once
 from controlplane.cli.main import main
 from controlplane.service.telemetry_wire import decode_batch
+from tests.gateway import inbound_gateway, inbound_gateway_thread
 from tests.telemetry import samples
 
 EXPOSITION = samples.A100_MIG + samples.L40S_FULL
@@ -75,12 +76,13 @@ async def nc(running_nats: NatsServerProcess) -> AsyncIterator[Client]:
     with contextlib.suppress(nats.js.errors.NotFoundError):
         await js.delete_stream(TELEMETRY_STREAM)
     await ensure_topology(js, "agenttest")
-    yield client
+    async with inbound_gateway(client, "agenttest"):  # the agent's batches reach the stream through it
+        yield client
     await client.close()
 
 
 async def _published(nc: Client, n: int) -> list[nats.aio.msg.Msg]:
-    sub = await nc.jetstream().pull_subscribe("agenttest.telemetry.>", stream=TELEMETRY_STREAM)
+    sub = await nc.jetstream().pull_subscribe("agenttest.in.telemetry.>", stream=TELEMETRY_STREAM)
     return await sub.fetch(n, timeout=5)
 
 
@@ -95,9 +97,10 @@ async def test_agent_publishes_what_it_scraped(exporter: Exporter, nc: Client, t
         report = await scrape_once(client, config, resolver, publisher, 1_767_600_000.0)
     assert (report.samples, report.messages, report.attributed, report.blanks) == (3, 1, 2, 2)
     [msg] = await _published(nc, 1)
-    assert msg.subject == "agenttest.telemetry.east.dcgm"
+    assert msg.subject == "agenttest.in.telemetry.east.dcgm"  # stored by the gateway
     assert msg.headers is not None
-    assert msg.headers["Nats-Msg-Id"] == "dcgm:east:n-default:1767600000000:0"
+    assert msg.headers["Gpufleet-Msg-Id"] == "dcgm:east:n-default:1767600000000:0"
+    assert msg.headers["Nats-Msg-Id"] == "cluster:east/dcgm:east:n-default:1767600000000:0"  # scoped to the sender
     now = datetime.fromtimestamp(1_767_600_000.0, UTC)
     sent = {(s.gpu_uuid, s.mig_instance): s for s in decode_batch(msg.data, "east", now)}
     assert set(sent) == {
@@ -133,7 +136,7 @@ async def test_agent_survives_a_failing_exporter_and_publishes_when_it_recovers(
     report = await asyncio.wait_for(task, 5)
     assert report is not None
     assert report.samples == 3
-    assert msgs[0].subject == "agenttest.telemetry.east.dcgm"
+    assert msgs[0].subject == "agenttest.in.telemetry.east.dcgm"
 
 
 def test_agent_command_once_prints_what_it_sent(exporter: Exporter, running_nats: NatsServerProcess) -> None:
@@ -146,7 +149,8 @@ def test_agent_command_once_prints_what_it_sent(exporter: Exporter, running_nats
 
     asyncio.run(streams())
     args = ["agent", "--cluster", "west", "--dcgm-url", exporter.url, "--nats-url", running_nats.url]
-    result = CliRunner().invoke(main, [*args, "--prefix", "clitest", "--once"])
+    with inbound_gateway_thread(running_nats.url, "clitest"):
+        result = CliRunner().invoke(main, [*args, "--prefix", "clitest", "--once"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output.strip().splitlines()[-1])
     assert report == {

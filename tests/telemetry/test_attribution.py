@@ -33,6 +33,7 @@ from controlplane.agent.dcgm import AgentConfig, default_resolver
 from controlplane.cli.main import main
 from controlplane.domain.model import CPU, GPU, MEM
 from controlplane.service.ports import PodOrder
+from tests.gateway import inbound_gateway_thread
 from tests.kubernetes.conftest import pools, training_order
 from tests.telemetry.test_agent import Exporter
 
@@ -190,20 +191,21 @@ def test_agent_command_takes_its_namespaces_from_flags_or_the_environment(runnin
 
     try:
         asyncio.run(streams())
-        args = ["agent", "--cluster", "west", "--dcgm-url", exporter.url, "--nats-url", running_nats.url]
-        args += ["--prefix", "nstest", "--once"]
+        with inbound_gateway_thread(running_nats.url, "nstest"):
+            args = ["agent", "--cluster", "west", "--dcgm-url", exporter.url, "--nats-url", running_nats.url]
+            args += ["--prefix", "nstest", "--once"]
 
-        def attributed(extra: list[str], env: dict[str, str]) -> int:
-            result = CliRunner().invoke(main, args + extra, env=env)
-            assert result.exit_code == 0, result.output
-            count: int = json.loads(result.output.strip().splitlines()[-1])["attributed"]
-            return count
+            def attributed(extra: list[str], env: dict[str, str]) -> int:
+                result = CliRunner().invoke(main, args + extra, env=env)
+                assert result.exit_code == 0, result.output
+                count: int = json.loads(result.output.strip().splitlines()[-1])["attributed"]
+                return count
 
-        assert attributed([], {}) == 0  # default namespace gpufleet: pods in `ml` are not gpufleet's
-        assert attributed(["--namespace", "ml"], {}) == 2
-        assert attributed([], {"GPUFLEET_AGENT_NAMESPACES": "other ml"}) == 2
-        refused = CliRunner().invoke(main, [*args, "--namespace", "Not_Valid"])
-        assert refused.exit_code != 0
-        assert "not a Kubernetes namespace name" in refused.output
+            assert attributed([], {}) == 0  # default namespace gpufleet: pods in `ml` are not gpufleet's
+            assert attributed(["--namespace", "ml"], {}) == 2
+            assert attributed([], {"GPUFLEET_AGENT_NAMESPACES": "other ml"}) == 2
+            refused = CliRunner().invoke(main, [*args, "--namespace", "Not_Valid"])
+            assert refused.exit_code != 0
+            assert "not a Kubernetes namespace name" in refused.output
     finally:
         exporter.close()

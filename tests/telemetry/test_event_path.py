@@ -24,6 +24,7 @@ from controlplane.service.ports import UnitOfWork
 from controlplane.service.telemetry import BatchResult, WindowQuery
 from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemetry_subject
 from controlplane.workers.telemetry_loop import TelemetryDelivery, handle_telemetry, telemetry_loop
+from tests.gateway import inbound_gateway
 from tests.telemetry.known import register
 
 
@@ -43,7 +44,8 @@ async def nc(secure_nats: NatsServerProcess, wiring: Wiring) -> AsyncIterator[Cl
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(name)
     await ensure_topology(js, wiring.settings.subject_prefix)
-    yield client
+    async with inbound_gateway(client, wiring.settings.subject_prefix):  # agents' batches reach the stream through it
+        yield client
     await client.close()
 
 

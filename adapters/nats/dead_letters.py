@@ -1,0 +1,28 @@
+"""The dead-letter stream: where a message nobody can apply, or an event NATS can never take, is kept
+with the reason, always within the server's size limit."""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+
+from adapters.nats.sizes import dead_letter_body
+
+
+def max_payload_of(js: JetStreamContext) -> int:
+    """The server's limit on one message (headers and body), as the connection was told."""
+    return int(js._nc.max_payload)  # nats-py keeps a context's connection there
+
+
+async def publish_dead_letter(
+    js: JetStreamContext, prefix: str, subject: str, data: bytes, msg_id: str, reason: str
+) -> None:
+    """Republish a message to `<prefix>.dlq.<subject without prefix>`, with why. Every header is
+    bounded, and the body is carried whole only when it fits (else an excerpt and its digest): a
+    dead letter is never larger than the server takes."""
+    headers = {
+        "Nats-Msg-Id": f"dlq:{msg_id[:200]}",
+        "Gpufleet-Dlq-Reason": reason[:1000],
+        "Gpufleet-Original-Subject": subject[:1000],
+    }
+    body = dead_letter_body(data, headers, max_payload_of(js))
+    await js.publish(f"{prefix}.dlq.{subject.removeprefix(prefix + '.')}", body, timeout=5.0, headers=headers)
