@@ -41,10 +41,22 @@ class Settings(BaseSettings):
     nats_secrets_file: Path | None = None
     # Lifetime of the user JWTs auth callout issues (0: no expiry). At expiry the server disconnects
     # the client; nats-py does not reconnect after that, so it is off by default: revocation closes
-    # connections by itself (`nats_revocation_sweep`).
+    # connections by itself (`nats_revocation_poll`).
     nats_user_ttl: float = Field(default=0.0, ge=0)
-    # How often revoked credentials' connections are looked for and disconnected.
+    # How often SQL is asked whether the credentials of open NATS connections are still valid; the
+    # connections of revoked or deleted ones are disconnected (whichever API process revoked them).
+    nats_revocation_poll: float = Field(default=0.25, gt=0)
+    # The backstop: how often the servers' connection listings are re-read (connect and disconnect
+    # events keep the control plane's view current in between) and checked the same way.
     nats_revocation_sweep: float = Field(default=5.0, gt=0)
+    # Open NATS connections one credential may hold (0: no cap): a team or admin API token, and a
+    # cluster credential (the telemetry agent connects from every GPU node of its cluster).
+    nats_max_connections_per_identity: int = Field(default=16, ge=0)
+    nats_max_connections_per_cluster: int = Field(default=1024, ge=0)
+    # A source host with this many failed NATS authentications within the window is refused (0: no
+    # limit) until they age out, except with a secret that authenticated before (docs/nats-security.md).
+    nats_auth_failures_per_host: int = Field(default=20, ge=0)
+    nats_auth_failure_window: float = Field(default=60.0, gt=0)
     subject_prefix: str = Field(default="gpufleet", pattern=r"^[A-Za-z0-9_-]+$")
     state_dir: Path = Field(default_factory=default_state_dir)
     api_host: str = "127.0.0.1"

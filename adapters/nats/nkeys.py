@@ -1,9 +1,11 @@
-"""NATS nkeys (ed25519 keys in NATS' base32 text form) and the `ed25519-nkey` JWTs signed with them.
+"""NATS nkeys and the `ed25519-nkey` JWTs of auth callout, on nats-io's own `nkeys` library.
 
-Written from the formats nats-io documents (nkeys: a prefix byte naming the key's role, the raw key,
-a CRC-16/XMODEM checksum, base32 without padding; JWT: a JOSE header `{"typ": "JWT", "alg":
-"ed25519-nkey"}`, base64url parts, an ed25519 signature over `header.payload`). Only what auth callout
-needs: account keys that sign, and reading the server's signed requests.
+Keys, seeds and signatures are nats-io's `nkeys` (ed25519 through PyNaCl/libsodium); verifying a
+signature made by a public key uses PyNaCl's `VerifyKey`, because `nkeys` 0.2 can only verify with a
+key pair it holds the seed of. What stays here is the JWT envelope, which no maintained Python
+library writes for auth callout (see docs/nats-security.md, "Keys and JWTs"): a JOSE header
+`{"typ": "JWT", "alg": "ed25519-nkey"}`, base64url parts, and the ed25519 signature of
+`header.payload`, as nats-io's jwt library (Go) writes it.
 """
 
 from __future__ import annotations
@@ -14,50 +16,38 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+import nkeys
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
 
-PREFIX_SEED = 18 << 3  # "S"
-PREFIX_ACCOUNT = 0  # "A"
-PREFIX_USER = 20 << 3  # "U"
-PREFIX_SERVER = 13 << 3  # "N"
-_PUBLIC_PREFIXES = {PREFIX_ACCOUNT, PREFIX_USER, PREFIX_SERVER, 14 << 3, 2 << 3}  # and operator, cluster
+_HEADER_FIELDS = {"typ": "JWT", "alg": "ed25519-nkey"}
 
 
 class NkeyError(ValueError):
     pass
 
 
-def _crc16(data: bytes) -> int:
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
+def _checked(text: str) -> bytes:
+    """The bytes of an nkey's text form whose CRC-16 checksum (nkeys' own) is right, checksum removed.
 
-
-def _encode(raw: bytes) -> str:
-    checked = raw + _crc16(raw).to_bytes(2, "little")
-    return base64.b32encode(checked).decode().rstrip("=")
-
-
-def _decode(text: str) -> bytes:
+    `nkeys.from_seed` does not check a seed's checksum, so a seed mistyped into a secrets file would
+    silently become another key: checked here first."""
     try:
         data = base64.b32decode(text + "=" * (-len(text) % 8))
     except (binascii.Error, ValueError) as exc:
-        raise NkeyError("not base32") from exc
-    if len(data) < 3 or _crc16(data[:-2]) != int.from_bytes(data[-2:], "little"):
-        raise NkeyError("bad checksum")
+        raise NkeyError("not an nkey: not base32") from exc
+    if len(data) < 3 or nkeys.crc16_checksum(data[:-2]) != data[-2:]:
+        raise NkeyError("not an nkey: bad checksum")
     return data[:-2]
 
 
 def public_key_bytes(public: str) -> bytes:
-    raw = _decode(public)
-    if len(raw) != 33 or raw[0] not in _PUBLIC_PREFIXES:
+    """The raw ed25519 key of a public nkey (account, user, server, operator or cluster)."""
+    raw = _checked(public)
+    if len(raw) != 33 or not nkeys.valid_public_prefix_byte(raw[0]):
         raise NkeyError("not a public nkey")
     return raw[1:]
 
@@ -67,28 +57,25 @@ class KeyPair:
     seed: str  # "SA...": the secret; keep it out of logs
 
     @staticmethod
-    def create(prefix: int = PREFIX_ACCOUNT) -> KeyPair:
-        raw = secrets.token_bytes(32)
-        head = bytes([PREFIX_SEED | (prefix >> 5), (prefix & 31) << 3])
-        return KeyPair(_encode(head + raw))
+    def create(prefix: int = nkeys.PREFIX_BYTE_ACCOUNT) -> KeyPair:
+        return KeyPair(nkeys.encode_seed(secrets.token_bytes(32), prefix).decode())
 
-    def _raw(self) -> tuple[int, bytes]:
-        data = _decode(self.seed)
-        if len(data) != 34 or data[0] & 0xF8 != PREFIX_SEED:
+    @cached_property  # derived once per key: every answer of the callout signs with it
+    def _pair(self) -> nkeys.KeyPair:
+        raw = _checked(self.seed)
+        if len(raw) != 34:
             raise NkeyError("not an nkey seed")
-        prefix = ((data[0] & 7) << 5) | ((data[1] & 0xF8) >> 3)
-        return prefix, data[2:]
-
-    def _private(self) -> Ed25519PrivateKey:
-        return Ed25519PrivateKey.from_private_bytes(self._raw()[1])
+        try:
+            return nkeys.from_seed(self.seed.encode())
+        except nkeys.NkeysError as exc:
+            raise NkeyError(str(exc)) from exc
 
     @property
     def public_key(self) -> str:
-        prefix, _ = self._raw()
-        return _encode(bytes([prefix]) + self._private().public_key().public_bytes_raw())
+        return str(self._pair.public_key.decode())
 
     def sign(self, data: bytes) -> bytes:
-        return self._private().sign(data)
+        return bytes(self._pair.sign(data))
 
 
 def _b64(data: bytes) -> str:
@@ -99,7 +86,7 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-_HEADER = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}, separators=(",", ":")).encode())
+_HEADER = _b64(json.dumps(_HEADER_FIELDS, separators=(",", ":")).encode())
 
 
 def encode_jwt(claims: dict[str, Any], issuer: KeyPair) -> str:
@@ -121,9 +108,9 @@ def decode_jwt(token: str) -> dict[str, Any]:
         raise NkeyError("malformed JWT") from exc
     if not isinstance(header, dict) or header.get("alg") != "ed25519-nkey" or not isinstance(claims, dict):
         raise NkeyError("not an ed25519-nkey JWT")
+    key = VerifyKey(public_key_bytes(str(claims.get("iss", ""))))
     try:
-        key = Ed25519PublicKey.from_public_bytes(public_key_bytes(str(claims.get("iss", ""))))
-        key.verify(signature, f"{header_text}.{payload_text}".encode())
-    except (InvalidSignature, ValueError) as exc:
+        key.verify(f"{header_text}.{payload_text}".encode(), signature)
+    except (BadSignatureError, ValueError) as exc:  # ValueError: a signature of the wrong length
         raise NkeyError("JWT signature does not verify") from exc
     return claims

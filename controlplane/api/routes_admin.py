@@ -92,7 +92,7 @@ def list_cluster_credentials(ref: str, who: Admin, ctx: Ctx) -> list[ClusterCred
 @router.delete("/clusters/{ref}/credentials", status_code=204, tags=["fleet"], responses=declare(403, 404, 422))
 def revoke_cluster_credentials(ref: str, who: Admin, ctx: Ctx) -> Response:
     """Revoke every NATS credential of the cluster: new connections are refused at once, open ones
-    are disconnected by the control plane within `nats_revocation_sweep` seconds."""
+    are disconnected by the control plane's ingest within about `nats_revocation_poll` seconds (0.25)."""
     nats_identity.revoke_cluster_credentials(ctx.uow_factory(), ref, who.token_id, ctx.clock())
     return Response(status_code=204)
 

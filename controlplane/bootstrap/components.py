@@ -1,5 +1,5 @@
 """Which tasks each component (api, scheduler, dispatcher, ingest, relay) runs in a process, and
-the embedded API server, NATS auth callout and per-cluster periodic steps they need."""
+the embedded API server and per-cluster periodic steps they need (NATS auth callout: nats_auth.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import uvicorn
 
 from adapters.dcgm.consumer import JetStreamTelemetrySource
 from adapters.nats import secrets as nats_secrets
-from adapters.nats.callout import AuthCallout
 from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, connect
 from adapters.nats.consumer_stats import consumer_backlogs
 from adapters.nats.gateway import InboundGateway
@@ -24,11 +23,11 @@ from adapters.prometheus import FleetCollector, PrometheusMetrics, exposition, n
 from adapters.sql.gauges_repo import SqlFleetGauges
 from controlplane.api.app import create_app
 from controlplane.api.context import ApiContext
+from controlplane.bootstrap.nats_auth import serve_auth_callout
 from controlplane.bootstrap.real_fleet import RealFleet
 from controlplane.bootstrap.sim_fleet import SimFleet
 from controlplane.bootstrap.wiring import Wiring, utc_now
 from controlplane.config import Settings
-from controlplane.service import nats_identity
 from controlplane.service.autoscale import autoscale_once
 from controlplane.service.cloud_ports import CloudProvider
 from controlplane.service.fleet_sync import sync_due
@@ -85,7 +84,7 @@ async def run_components(
     name = f"gpufleet-{'+'.join(components)}"
     if secrets is not None and "ingest" in components:
         # Before anything else connects: without the callout answering, no agent or client can.
-        extra = [*(extra or []), *(await _serve_auth_callout(settings, secrets, wiring, stop))]
+        extra = [*(extra or []), *(await serve_auth_callout(settings, secrets, wiring, stop))]
     nc = await connect(
         settings.nats_url,
         name,
@@ -288,40 +287,6 @@ async def run_components(
         if stop_metrics is not None:
             stop_metrics()
         wiring.close()
-
-
-async def _serve_auth_callout(
-    settings: Settings, secrets: nats_secrets.NatsSecrets, wiring: Wiring, stop: asyncio.Event
-) -> list[Awaitable[None]]:
-    """Answer the server's authorization requests, and kick connections of revoked credentials."""
-    prefix = settings.subject_prefix
-    callout = AuthCallout(
-        secrets.issuer,
-        authorize=lambda secret: nats_identity.grant_for(wiring.uow(), secret, prefix),
-        still_valid=lambda ids: nats_identity.still_valid(wiring.uow(), ids),
-        ttl=settings.nats_user_ttl,
-    )
-    auth_nc = await connect(
-        settings.nats_url, "gpufleet-auth-callout", secrets.callout_user, secrets.callout_password, resilient=True
-    )
-    system_nc = await connect(
-        settings.nats_url, "gpufleet-revocation", secrets.system_user, secrets.system_password, resilient=True
-    )
-    await callout.serve(auth_nc)
-
-    async def sweep() -> None:
-        kicked = await callout.sweep(system_nc)
-        if kicked:
-            log.info("disconnected %d connections of revoked NATS credentials", kicked)
-
-    async def run() -> None:
-        try:
-            await loops.periodic_loop("nats revocation", sweep, stop, settings.nats_revocation_sweep)
-        finally:
-            await auth_nc.close()
-            await system_nc.close()
-
-    return [run()]
 
 
 def _real_cluster_tasks(
