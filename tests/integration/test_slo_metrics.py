@@ -23,6 +23,7 @@ from controlplane.core.snapshot import Policy
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
 from controlplane.service.idle import idle_pass
+from controlplane.service.nats_identity import grant_for
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from controlplane.service.serving import ServingReading
 from controlplane.service.telemetry import fold
@@ -218,8 +219,9 @@ def test_only_a_metrics_or_admin_token_reads_the_per_run_labels(
             shown = c.get("/metrics", headers=_bearer(wiring, role))
             assert shown.status_code == 200
             assert all(label in shown.text for label in vision_only)  # they are there to be hidden
-        # A metrics token reads /metrics and nothing else: the REST API and the dashboard refuse it.
+        # A metrics token reads /metrics and nothing else: the REST API, the dashboard and NATS refuse it.
         metrics_token = _bearer(wiring, "metrics")
+        assert grant_for(wiring.uow(), metrics_token["Authorization"][7:], wiring.settings.subject_prefix) is None
         assert c.get("/v1/teams", headers=metrics_token).status_code == 401
         assert c.get("/v1/workloads", headers=metrics_token).status_code == 401
         assert c.get("/ui/fleet", headers=metrics_token, follow_redirects=False).status_code == 303
