@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import Field, TypeAdapter, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from controlplane.core.audit import AuditThresholds
 from controlplane.core.idle import IdlePolicy, IdleRules
@@ -17,6 +18,17 @@ from controlplane.service.audit import parse_audit_settings
 from controlplane.service.idle import parse_idle_rules
 
 POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
+# The names `gpufleet up` and a local `gpufleet serve` are reached by (DNS-rebinding defence).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# A list setting: a YAML list, or one string of comma-separated items (how an environment variable
+# or a ConfigMap value carries it).
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
 
 
 def default_state_dir() -> Path:
@@ -64,8 +76,26 @@ class Settings(BaseSettings):
     # Bind the API port with SO_REUSEPORT, so several API processes on one host share it (the kernel
     # spreads connections among them), as several replicas behind a Service would.
     api_reuse_port: bool = False
+    # Host names (the `Host` header, without port) the API answers: exact names, `*.example.com`
+    # suffixes, or `*` for any. Everything else gets a 400, so a web page that rebinds its own DNS
+    # name to 127.0.0.1 cannot read the API of `gpufleet up` through the user's browser. /healthz,
+    # /readyz and /metrics answer any Host: probes and Prometheus address pods by IP.
+    api_trusted_hosts: CommaList = Field(default_factory=lambda: list(LOOPBACK_HOSTS))
+    # Peers (addresses or networks: `10.0.0.0/8`) whose `X-Forwarded-Proto` and `X-Forwarded-For`
+    # are believed: the TLS-terminating proxy or ingress in front of the API. Empty: none, so the
+    # dashboard cookie is `Secure` only on real TLS and failed logins are counted per real peer.
+    api_trusted_proxies: CommaList = Field(default_factory=list)
+    # Failed authentications (a wrong bearer token, session cookie or login) a client address may
+    # make per window before every authenticated request from it gets a 429 with Retry-After.
+    # Counted in each API process's memory (IPv6 by /64), so N replicas allow up to N times this.
+    auth_failure_limit: int = Field(default=100, ge=1, le=1_000_000)
+    auth_failure_window: float = Field(default=60.0, gt=0, le=86_400)
+    # How long a dashboard login lasts (seconds); logging out, revoking the token or deleting its
+    # team ends it at once.
+    ui_session_ttl: float = Field(default=8 * 3600, ge=60, le=30 * 86_400)
     # Prometheus metrics of this process on http://metrics_host:metrics_port/metrics (0: no metrics
-    # port; a process that runs the API also serves them on the API's own /metrics).
+    # port; a process that runs the API also serves them on the API's own /metrics). Both answer
+    # only a bearer token of role `metrics` or `admin`.
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
     # The SQL gauges (queues, quota, backlog, leases, idle GPUs) are read at most this often, however
@@ -106,6 +136,21 @@ class Settings(BaseSettings):
     # Scheduling policy knobs (fields of `controlplane.core.snapshot.Policy`), e.g. fair-share
     # history or opt-in rebalancing; unset fields keep their defaults.
     policy: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("api_trusted_hosts", "api_trusted_proxies", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("api_trusted_proxies")
+    @classmethod
+    def _valid_networks(cls, proxies: list[str]) -> list[str]:
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"{proxy!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
+        return proxies
 
     @field_validator("policy")
     @classmethod

@@ -306,6 +306,17 @@ class ApiTokenRow(Base):
     last_used_at: Mapped[datetime | None]
 
 
+class UiSessionRow(Base):
+    """A dashboard login (migration 0012): the SHA-256 of the cookie's secret, never the secret.
+    Deleting its token (or the token's team) deletes it."""
+
+    __tablename__ = "ui_sessions"
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
 class ClusterCredentialRow(Base):
     """A cluster agent's NATS credential (migration 0006): only its SHA-256 hash is kept."""
 

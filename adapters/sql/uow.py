@@ -17,6 +17,7 @@ from adapters.sql.messaging_repo import SqlAudit, SqlClusterCredentials, SqlInbo
 from adapters.sql.report_repo import SqlReportRepository
 from adapters.sql.run_repo import SqlRunRepository
 from adapters.sql.serving_repo import SqlServingRepository
+from adapters.sql.session_repo import SqlUiSessions
 from adapters.sql.snapshot_changes import SqlSnapshotChanges
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from adapters.sql.workload_repo import SqlWorkloadRepository
@@ -59,6 +60,7 @@ class SqlUnitOfWork:
             self.reports = SqlReportRepository(s)
             self.audit_facts = SqlAuditRepository(s)
             self.serving = SqlServingRepository(s)
+            self.ui_sessions = SqlUiSessions(s)
         else:
             self._levels.append((self._session.begin_nested(), False))
         return self

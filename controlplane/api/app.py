@@ -12,9 +12,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api import responses, routes_admin, routes_audit, routes_reports, routes_workloads, ui
 from controlplane.api.context import ApiContext
+from controlplane.api.edge import Edge
 from controlplane.api.request_ids import RequestIds
+from controlplane.api.security import scraper
 from controlplane.api.text import refuse_nul
 from controlplane.domain.limits import MAX_MESSAGE_BYTES
+from controlplane.service.auth_limits import TooManyFailures
 from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable, Unauthenticated
 from controlplane.service.safejson import UnsafeJson, decode
 
@@ -143,7 +146,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     app.state.ctx = ctx
     app.add_middleware(BodyGuard)
-    app.add_middleware(SecurityHeaders)  # outside BodyGuard: also on its answers
+    # Host names and trusted proxies (edge.py), before a body is read or a route sees the request.
+    app.add_middleware(Edge, trusted_hosts=ctx.trusted_hosts, trusted_proxies=ctx.trusted_proxies)
+    app.add_middleware(SecurityHeaders)  # outside BodyGuard and Edge: also on their answers
     app.add_middleware(
         RequestIds, metrics=ctx.metrics
     )  # added last, so outermost: every answer and log line has the id
@@ -160,6 +165,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.exception_handler(Unauthenticated)
     async def _unauthenticated(_: Request, exc: Unauthenticated) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(TooManyFailures)
+    async def _too_many_failures(_: Request, exc: TooManyFailures) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers={"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -205,7 +214,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     exposition = ctx.exposition
     if exposition is not None:
         # Sync: it may read SQL (the fleet gauges), so it runs in the thread pool, not on the loop.
-        @app.get("/metrics", tags=["health"], include_in_schema=False)
+        # Only a metrics or admin token reads it: it names every team's queues, workloads and runs.
+        @app.get("/metrics", tags=["health"], include_in_schema=False, dependencies=[Depends(scraper)])
         def metrics() -> Response:
             body, content_type = exposition()
             return Response(body, media_type=content_type)

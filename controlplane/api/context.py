@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from controlplane.core.audit import AuditThresholds
 from controlplane.core.idle import IdleRules
 from controlplane.service.auth import PrincipalCache
+from controlplane.service.auth_limits import FailedAuthLimiter
 from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.metrics import NO_METRICS, FleetGaugeReader, Metrics
 from controlplane.service.ports import UnitOfWorkFactory
@@ -30,8 +31,17 @@ class ApiContext:
     principals: PrincipalCache = field(default_factory=PrincipalCache)
     # The process's memo of the submit-time fleet check ("could this gang ever run here").
     fleet_fit: FleetFit = field(default_factory=FleetFit)
-    # The process's Prometheus exposition (body, content type) for GET /metrics; None: no such route.
+    # The process's Prometheus exposition (body, content type) for GET /metrics (which answers only
+    # a metrics or admin token); None: no such route.
     exposition: Callable[[], tuple[bytes, str]] | None = None
+    # Failed authentications per client address (a bounded rate, then 429).
+    auth_failures: FailedAuthLimiter = field(default_factory=FailedAuthLimiter)
+    # The Host names answered (`*`: any; the composition root passes `api_trusted_hosts`, loopback
+    # names by default) and the proxies whose X-Forwarded-* headers are believed (edge.py).
+    trusted_hosts: tuple[str, ...] = ("*",)
+    trusted_proxies: tuple[str, ...] = ()
+    # How long a dashboard login lasts.
+    session_ttl: timedelta = timedelta(hours=8)
     # Where answered requests are counted and timed.
     metrics: Metrics = NO_METRICS
     # What the audit judges by: the idle policy (when telemetry is stale) and its own thresholds.

@@ -56,6 +56,7 @@ _ERRORS: dict[int, tuple[str, dict[str, Any] | None]] = {
     409: ("the request conflicts with the current state (it exists already, is in use, or changed)", None),
     413: ("the request body is larger than 1 MiB", None),
     422: ("the request is malformed or cannot be accepted; `errors` names each offending field", None),
+    429: ("too many failed authentications from this address; retry after `Retry-After` seconds", _RETRY_AFTER),
     503: ("a dependency (the database) is unavailable; retry later", _RETRY_AFTER),
 }
 
@@ -71,7 +72,7 @@ def declare(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return declared
 
 
-AUTHENTICATED = declare(401, 503)
+AUTHENTICATED = declare(401, 429, 503)
 """What any route behind a bearer token can answer, whatever it does."""
 
 

@@ -1,4 +1,8 @@
-"""Bearer-token authentication and the admin role check."""
+"""Bearer-token authentication and the admin role check.
+
+A presented credential that fails counts against its client address (`ctx.auth_failures`); past
+the limit, the address gets a 429 with Retry-After before its credential is even looked up.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from controlplane.api.context import ApiContext
-from controlplane.service.auth import authenticate
+from controlplane.service.auth import authenticate, authorize_scrape
+from controlplane.service.auth_limits import TooManyFailures
 from controlplane.service.views import Principal
 
 bearer = HTTPBearer(auto_error=False, description="a gpufleet API token (gpf_...)")
@@ -21,32 +26,63 @@ async def context(request: Request) -> ApiContext:
     return ctx
 
 
+def client_address(request: Request) -> str:
+    """The client's address: the peer, or what a trusted proxy said it forwarded for (edge.py)."""
+    return request.client.host if request.client is not None else ""
+
+
 def principal(
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ctx: Annotated[ApiContext, Depends(context)],
 ) -> Principal:
-    found = authenticate(ctx.uow_factory(), credentials.credentials) if credentials else None
+    if not credentials:
+        raise _unauthenticated()
+    source = client_address(request)
+    ctx.auth_failures.check(source)
+    found = authenticate(ctx.uow_factory(), credentials.credentials)
     if found is None:
+        ctx.auth_failures.failed(source)
         raise _unauthenticated()
     return found
 
 
 async def submitter(
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ctx: Annotated[ApiContext, Depends(context)],
 ) -> Principal:
     """`principal` from the memo of recent authentications: only for a route that checks the token
     again in its own transaction (the submit route: `workloads.submit(recheck_token=True)`). On the
     event loop when the token is remembered; its lookup otherwise goes to a worker thread."""
-    found = None
-    if credentials:
-        raw = credentials.credentials
-        found = ctx.principals.remembered(raw)
-        if found is None:
-            found = await run_in_threadpool(ctx.principals.authenticate, ctx.uow_factory, raw)
+    if not credentials:
+        raise _unauthenticated()
+    source = client_address(request)
+    ctx.auth_failures.check(source)
+    raw = credentials.credentials
+    found = ctx.principals.remembered(raw)
     if found is None:
+        found = await run_in_threadpool(ctx.principals.authenticate, ctx.uow_factory, raw)
+    if found is None:
+        ctx.auth_failures.failed(source)
         raise _unauthenticated()
     return found
+
+
+def scraper(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ctx: Annotated[ApiContext, Depends(context)],
+) -> None:
+    """The reader of /metrics: a token of role metrics or admin (`authorize_scrape`)."""
+    raw = credentials.credentials if credentials else None
+    verdict = authorize_scrape(ctx.uow_factory, ctx.auth_failures, client_address(request), raw)
+    if verdict.status == status.HTTP_429_TOO_MANY_REQUESTS:
+        raise TooManyFailures(verdict.retry_after or 1)
+    if verdict.status == status.HTTP_401_UNAUTHORIZED:
+        raise _unauthenticated()
+    if verdict.status != status.HTTP_200_OK:
+        raise HTTPException(verdict.status, verdict.detail)
 
 
 def _unauthenticated() -> HTTPException:

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
 from typing import Any
 
 import uvicorn
@@ -28,6 +29,8 @@ from controlplane.bootstrap.real_fleet import RealFleet
 from controlplane.bootstrap.sim_fleet import SimFleet
 from controlplane.bootstrap.wiring import Wiring, utc_now
 from controlplane.config import Settings
+from controlplane.service.auth import authorize_scrape
+from controlplane.service.auth_limits import FailedAuthLimiter
 from controlplane.service.autoscale import autoscale_once
 from controlplane.service.cloud_ports import CloudProvider
 from controlplane.service.fleet_sync import sync_due
@@ -110,9 +113,15 @@ async def run_components(
     if "api" in components:  # the API processes export the fleet's SQL gauges (read when scraped)
         registry.register(FleetCollector(gauges, utc_now, settings.metrics_fleet_interval))
     stop_metrics: Callable[[], None] | None = None
+    # Failed authentications per client address, one count for the API and the metrics port.
+    auth_failures = FailedAuthLimiter(settings.auth_failure_limit, settings.auth_failure_window)
     if "api" in components:
         ctx = ApiContext(
             exposition=lambda: exposition(registry),
+            auth_failures=auth_failures,
+            trusted_hosts=tuple(settings.api_trusted_hosts),
+            trusted_proxies=tuple(settings.api_trusted_proxies),
+            session_ttl=timedelta(seconds=settings.ui_session_ttl),
             metrics=metrics,
             gauges=gauges,  # the dashboard's fleet and queue pages
             uow_factory=wiring.uow,
@@ -139,6 +148,9 @@ async def run_components(
             log_level="warning",
             lifespan="off",
             log_config=None,
+            # X-Forwarded-* are read by the app itself, from `api_trusted_proxies` only (api/edge.py);
+            # uvicorn's own reading would trust 127.0.0.1 (or $FORWARDED_ALLOW_IPS) behind its back.
+            proxy_headers=False,
         )
         server = _EmbeddedServer(config)
         sockets = [_reuse_port_socket(settings.api_host, settings.api_port)] if settings.api_reuse_port else None
@@ -267,7 +279,12 @@ async def run_components(
     try:
         if settings.metrics_port:
             try:
-                stop_metrics = serve_metrics(registry, settings.metrics_host, settings.metrics_port)
+                stop_metrics = serve_metrics(
+                    registry,
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    lambda source, raw: authorize_scrape(wiring.uow, auth_failures, source, raw),
+                )
             except OSError:
                 stop.set()  # the port is taken: stop what started, then say why
                 raise

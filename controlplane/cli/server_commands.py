@@ -11,7 +11,7 @@ import signal
 import socket
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -47,7 +47,8 @@ metrics_port_option = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="serve Prometheus metrics on this port at /metrics (default GPUFLEET_METRICS_PORT, 0: off)",
+    help="serve Prometheus metrics on this port at /metrics, to a metrics or admin token "
+    "(default GPUFLEET_METRICS_PORT, 0: off)",
 )
 
 
@@ -183,10 +184,17 @@ def init(config: Path | None, admin_token_file: Path | None, sim_fleet: bool) ->
 @click.command(name="create-admin-token")
 @config_option
 @click.option("--name", default="admin", show_default=True)
-def create_admin_token(config: Path | None, name: str) -> None:
-    """Issue an admin API token directly in the database and print it once."""
+@click.option(
+    "--role",
+    type=click.Choice(["admin", "metrics"]),
+    default="admin",
+    show_default=True,
+    help="metrics: a token that reads /metrics and nothing else, for a Prometheus scrape config",
+)
+def create_admin_token(config: Path | None, name: str, role: Literal["admin", "metrics"]) -> None:
+    """Issue an admin (or metrics) API token directly in the database and print it once."""
     wiring = bootstrap.Wiring(_settings(config))
-    _, raw = issue_token(wiring.uow(), TokenSpec(name=name, role="admin"), "cli", bootstrap.utc_now())
+    _, raw = issue_token(wiring.uow(), TokenSpec(name=name, role=role), "cli", bootstrap.utc_now())
     click.echo(raw)
 
 
@@ -285,7 +293,7 @@ def up(
     metrics_port: int | None,
 ) -> None:
     """Run all of gpufleet on this machine: SQLite, nats-server, API, workers and a simulated fleet.
-    Prometheus metrics of all of it are at http://127.0.0.1:<port>/metrics."""
+    Prometheus metrics of all of it are at http://127.0.0.1:<port>/metrics (send the admin token)."""
     _logging(verbose, log_format)
     settings = Settings.load(
         None,
@@ -343,6 +351,7 @@ def up(
         wiring.close()
         click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
         click.echo(f"  dashboard   http://127.0.0.1:{port}/ui   (log in with the admin token below, or a team's token)")
+        click.echo(f"  metrics     http://127.0.0.1:{port}/metrics   (Authorization: Bearer <the admin token>)")
         click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
         click.echo(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
         click.echo(f"  database    {settings.effective_database_url}")

@@ -1,4 +1,10 @@
-"""API tokens: random, shown once, stored only as a SHA-256 hash."""
+"""API tokens: random, shown once, stored only as a SHA-256 hash.
+
+Three roles: `admin` (everything), `team` (its own team's queues and workloads) and `metrics`
+(reads `/metrics` and nothing else: the token a Prometheus holds, so a scrape config never carries
+a credential that can change the fleet). `authenticate` knows only the first two, so a metrics
+token is refused by the REST API, the dashboard and NATS alike; `scrape_access` admits it.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
+from controlplane.service.auth_limits import FailedAuthLimiter, TooManyFailures
 from controlplane.service.commands import TokenSpec
 from controlplane.service.errors import Invalid, NotFound
 from controlplane.service.ids import new_id
@@ -15,13 +23,16 @@ from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import Principal, TokenView
 
 TOKEN_PREFIX = "gpf_"
+API_ROLES = frozenset({"admin", "team"})
+SCRAPE_ROLES = frozenset({"admin", "metrics"})
 
 
 def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def authenticate(uow: UnitOfWork, raw: str) -> Principal | None:
+def lookup_token(uow: UnitOfWork, raw: str) -> Principal | None:
+    """The live (not revoked) token `raw` of any role, or None."""
     if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
         return None
     with uow:
@@ -29,6 +40,40 @@ def authenticate(uow: UnitOfWork, raw: str) -> Principal | None:
     if token is None or token.revoked_at is not None:
         return None
     return Principal(token.id, token.role, token.team_id)
+
+
+def authenticate(uow: UnitOfWork, raw: str) -> Principal | None:
+    """The caller of the REST API, the dashboard or NATS: an admin or team token, else None."""
+    found = lookup_token(uow, raw)
+    return found if found is not None and found.role in API_ROLES else None
+
+
+@dataclass(frozen=True)
+class ScrapeVerdict:
+    status: int  # 200, 401, 403 or 429
+    detail: str = ""
+    retry_after: int | None = None  # with 429
+
+
+def authorize_scrape(
+    uow_factory: Callable[[], UnitOfWork], failures: FailedAuthLimiter, source: str, raw: str | None
+) -> ScrapeVerdict:
+    """May the bearer token `raw`, sent from `source`, read a metrics exposition? Only a token of
+    role metrics or admin may: the exposition is fleet-wide (every team's queues, and the per-run
+    gauges' workload names and run ids), so a team token gets 403, not a filtered copy."""
+    if not raw:
+        return ScrapeVerdict(401, "missing, unknown or revoked API token")
+    try:
+        failures.check(source)
+    except TooManyFailures as exc:
+        return ScrapeVerdict(429, str(exc), exc.retry_after)
+    found = lookup_token(uow_factory(), raw)
+    if found is None:
+        failures.failed(source)
+        return ScrapeVerdict(401, "missing, unknown or revoked API token")
+    if found.role not in SCRAPE_ROLES:
+        return ScrapeVerdict(403, "reading /metrics needs a token of role metrics or admin")
+    return ScrapeVerdict(200)
 
 
 class PrincipalCache:
@@ -107,5 +152,6 @@ def revoke_token(uow: UnitOfWork, token_id: str, actor: str, now: datetime) -> N
         if uow.tokens.get(token_id) is None:
             raise NotFound(f"no token {token_id}")
         uow.tokens.revoke(token_id, now)
+        uow.ui_sessions.end_for_token(token_id)  # its dashboard logins end with it
         uow.audit.record(actor, "token.revoke", "token", token_id, {}, now)
         uow.commit()

@@ -318,15 +318,17 @@ class PriorityClassSpec(Strict):
 
 class TokenSpec(Strict):
     name: Name
-    team: Name | None = Field(default=None, description="team the token acts for; omit with role admin")
-    role: Literal["team", "admin"] = "team"
+    team: Name | None = Field(default=None, description="team the token acts for; omit with role admin or metrics")
+    role: Literal["team", "admin", "metrics"] = Field(
+        default="team", description="metrics: may read /metrics and nothing else (for a Prometheus scrape config)"
+    )
 
     @model_validator(mode="after")
     def _team_matches_role(self) -> TokenSpec:
         if self.role == "team" and not self.team:
             raise ValueError("a team token needs 'team'")
-        if self.role == "admin" and self.team:
-            raise ValueError("an admin token belongs to no team")
+        if self.role != "team" and self.team:
+            raise ValueError(f"a token of role {self.role} belongs to no team")
         return self
 
 

@@ -19,6 +19,7 @@ from controlplane.service.idle_records import IdleRepository
 from controlplane.service.messaging_ports import Inbox, Outbox
 from controlplane.service.report_records import ReportRepository
 from controlplane.service.serving import ServingRepository
+from controlplane.service.session_ports import UiSessionRepository
 from controlplane.service.snapshot_ports import SnapshotReader
 from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import (
@@ -356,6 +357,9 @@ class UnitOfWork(Protocol):
 
     @property
     def serving(self) -> ServingRepository: ...
+
+    @property
+    def ui_sessions(self) -> UiSessionRepository: ...
 
     def __enter__(self) -> Self: ...
     def __exit__(

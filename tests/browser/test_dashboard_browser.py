@@ -172,6 +172,12 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
 
                 # Fleet: clusters, pools, GPUs by model and sharing mode.
                 await expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+                # The browser holds an opaque session id, never the token (issue 21, finding 9).
+                session = {c["name"]: c for c in await page.context.cookies()}["gpufleet_ui"]
+                assert session["value"].startswith("gps_")
+                assert admin_token not in session["value"]
+                assert session["httpOnly"]
+                assert session["sameSite"] == "Strict"
                 await expect(page.locator("p.lead")).to_contain_text("2 clusters;")
                 await expect(page.locator("p.lead")).to_contain_text("of 28 GPUs in use")
                 await expect(page.get_by_role("heading", name="Cluster sim-h100")).to_be_visible()

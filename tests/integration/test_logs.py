@@ -163,7 +163,11 @@ def test_a_server_process_logs_json_lines_and_serves_metrics(
         assert answer.headers[HEADER] == "from-the-test-1"
         scraped = None
         while time.monotonic() < deadline:
-            body = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+            body = httpx.get(
+                f"http://127.0.0.1:{metrics_port}/metrics",
+                headers={"Authorization": f"Bearer {admin_token}"},  # the metrics port wants a token too
+                timeout=5,
+            ).text
             scraped = {f.name: f for f in text_string_to_metric_families(body)}
             cycles = [s.value for s in scraped["gpufleet_scheduler_cycle_seconds"].samples if s.name.endswith("_count")]
             if cycles and cycles[0] > 0:

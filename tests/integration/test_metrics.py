@@ -31,10 +31,10 @@ async def _until(predicate: Callable[[], Awaitable[bool]], timeout: float = 60.0
     raise AssertionError("condition not reached in time")
 
 
-async def scrape(url: str) -> tuple[set[str], Samples]:
-    """(family names, value of every sample by (name, labels)) of one exposition."""
+async def scrape(url: str, token: str) -> tuple[set[str], Samples]:
+    """(family names, value of every sample by (name, labels)) of one exposition, read with `token`."""
     async with httpx.AsyncClient(timeout=10) as client:
-        response = await client.get(url)
+        response = await client.get(url, headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain")
     names: set[str] = set()
@@ -109,11 +109,11 @@ async def test_api_and_worker_metrics_move_with_the_work(settings: Settings) -> 
             async def big_running_and_measured() -> bool:
                 if await state(big) != "running":
                     return False
-                _, samples = await scrape(f"{base}/metrics")
+                _, samples = await scrape(f"{base}/metrics", admin_token)
                 return value(samples, "gpufleet_measured_gpus", cluster="sim-h100") > 0
 
             await _until(big_running_and_measured, 90)
-            names, fleet = await scrape(f"{base}/metrics")
+            names, fleet = await scrape(f"{base}/metrics", admin_token)
             assert await state(waiting) == "queued"
             pending = {k: v for k, v in fleet.items() if k[0] == "gpufleet_pending_gangs"}
             assert value(fleet, "gpufleet_pending_gangs", queue="llm-train", reason="no-fit") == 1, pending
@@ -143,11 +143,11 @@ async def test_api_and_worker_metrics_move_with_the_work(settings: Settings) -> 
                 return await state(urgent) in ("admitted", "dispatching", "running")
 
             await _until(urgent_admitted, 60)
-            _, work = await scrape(worker_url)
+            _, work = await scrape(worker_url, admin_token)
 
             async def relayed_and_measured() -> bool:
                 nonlocal work
-                _, work = await scrape(worker_url)
+                _, work = await scrape(worker_url, admin_token)
                 return (
                     value(work, "gpufleet_telemetry_samples_total") > 0
                     and value(work, "gpufleet_consumer_pending_messages", consumer="ingest") >= 0

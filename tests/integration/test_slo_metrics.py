@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
@@ -19,7 +20,10 @@ from controlplane.api.context import ApiContext
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.idle import IdlePolicy, IdleRules
 from controlplane.core.snapshot import Policy
+from controlplane.service.auth import issue_token
+from controlplane.service.commands import TokenSpec
 from controlplane.service.idle import idle_pass
+from controlplane.service.nats_identity import grant_for
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from controlplane.service.serving import ServingReading
 from controlplane.service.telemetry import fold
@@ -42,20 +46,30 @@ def _samples(run_id: str, node: str, activity: float, start: datetime, end: date
     return out
 
 
-def _scrape(wiring: Wiring, now: datetime, max_runs: int = 2_000) -> Series:
-    """GET /metrics of an API whose registry holds the fleet collector, parsed."""
+def _metrics_app(wiring: Wiring, now: datetime, max_runs: int = 2_000) -> FastAPI:
+    """The REST app whose registry holds the fleet collector, as an API process has it."""
     registry = new_registry()
     reader = SqlFleetGauges(wiring.engine, max_run_series=max_runs)
     registry.register(FleetCollector(reader, lambda: now, min_interval=0.0))
-    app = create_app(
+    return create_app(
         ApiContext(
             uow_factory=wiring.uow,
             subject_prefix=wiring.settings.subject_prefix,
             exposition=lambda: exposition(registry),
         )
     )
-    with TestClient(app) as c:
-        r = c.get("/metrics")
+
+
+def _bearer(wiring: Wiring, role: str, team: str | None = None) -> dict[str, str]:
+    spec = TokenSpec.model_validate({"name": f"t-{role}", "role": role, "team": team})
+    _, raw = issue_token(wiring.uow(), spec, "test", utc_now())
+    return {"Authorization": f"Bearer {raw}"}
+
+
+def _scrape(wiring: Wiring, now: datetime, max_runs: int = 2_000) -> Series:
+    """GET /metrics, parsed, read with a token of role metrics (it may read /metrics and nothing else)."""
+    with TestClient(_metrics_app(wiring, now, max_runs)) as c:
+        r = c.get("/metrics", headers=_bearer(wiring, "metrics"))
     assert r.status_code == 200
     series: Series = {}
     for family in text_string_to_metric_families(r.text):
@@ -180,3 +194,39 @@ def test_per_run_families_are_bounded_lowest_utilization_first(
     series = _scrape(wiring, now, max_runs=1)
     assert [labels["run"] for labels in _names(series, "gpufleet_run_effective_utilization_ratio")] == [runs["hoarder"]]
     assert not _names(_scrape(wiring, now, max_runs=0), "gpufleet_run_latency_seconds")
+
+
+def test_only_a_metrics_or_admin_token_reads_the_per_run_labels(
+    wiring: Wiring, seeded: tuple[datetime, dict[str, str]]
+) -> None:
+    """Finding 4 of issue 21: /metrics showed every team's workload names, run ids and team labels to
+    anyone. Now a team token is refused outright (the exposition is fleet-wide: a filtered copy per
+    team is not what a scrape config reads), and so is no token or an unknown one."""
+    now, runs = seeded
+    vision_only = {runs["busy"], runs["hoarder"], "busy", "hoarder", 'team="vision"', "vision-train"}
+    with TestClient(_metrics_app(wiring, now)) as c:
+        for headers, status in (
+            ({}, 401),
+            ({"Authorization": "Bearer gpf_not-a-token"}, 401),
+            (_bearer(wiring, "team", "serve"), 403),  # another team's runs are on this page: refused
+        ):
+            r = c.get("/metrics", headers=headers)
+            assert r.status_code == status, r.text
+            assert not [label for label in vision_only if label in r.text], r.text
+            assert "gpufleet_" not in r.text
+        assert c.get("/metrics", headers={}).headers["www-authenticate"] == "Bearer"
+        for role in ("metrics", "admin"):
+            shown = c.get("/metrics", headers=_bearer(wiring, role))
+            assert shown.status_code == 200
+            assert all(label in shown.text for label in vision_only)  # they are there to be hidden
+        # A metrics token reads /metrics and nothing else: the REST API, the dashboard and NATS refuse it.
+        metrics_token = _bearer(wiring, "metrics")
+        assert grant_for(wiring.uow(), metrics_token["Authorization"][7:], wiring.settings.subject_prefix) is None
+        assert c.get("/v1/teams", headers=metrics_token).status_code == 401
+        assert c.get("/v1/workloads", headers=metrics_token).status_code == 401
+        assert c.get("/ui/fleet", headers=metrics_token, follow_redirects=False).status_code == 303
+        issued = c.post(
+            "/v1/tokens", json={"name": "scrape", "role": "metrics", "team": "serve"}, headers=_bearer(wiring, "admin")
+        )
+        assert issued.status_code == 422
+        assert "belongs to no team" in issued.text

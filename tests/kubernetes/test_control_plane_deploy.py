@@ -126,6 +126,9 @@ def test_every_container_runs_a_real_gpufleet_command_with_valid_settings(target
     settings = Settings(**values, **secrets)
     assert int(values["metrics_port"]) == METRICS_PORT
     assert settings.metrics_host == "0.0.0.0"
+    # the API answers the names its Service is reached by (any other Host gets a 400)
+    assert {"gpufleet-api", "gpufleet-api.gpufleet-system.svc", "localhost"} <= set(settings.api_trusted_hosts)
+    assert settings.api_trusted_proxies == []
 
     commands: dict[str, str] = {}
     for name, template in pod_templates(objects).items():
@@ -245,6 +248,12 @@ def test_probes_budgets_and_services_find_their_pods(target: str) -> None:
         assert not [s for s in others if selects(spec["selector"], s["metadata"]["labels"])], monitor
         assert [e["port"] for e in spec["endpoints"]] == [port]
         assert {p["name"] for p in service["spec"]["ports"]} >= {port}
+        # every /metrics wants a bearer token of role metrics: the monitors send one from a Secret
+        [endpoint] = spec["endpoints"]
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": "gpufleet-metrics-token", "key": "token"},
+        }, monitor
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

@@ -1,17 +1,26 @@
-"""The dashboard over HTTP, on SQLite and PostgreSQL: the login cookie and its checks, what each
-page shows, team isolation, escaping of hostile text, the CSP header and bounded parameters."""
+"""The dashboard over HTTP, on SQLite and PostgreSQL: the login, its server-side session and the
+cookie that names it, what each page shows, team isolation, escaping of hostile text, the CSP
+header and bounded parameters."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import timedelta
 
 import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
 
+from adapters.sql.gauges_repo import SqlFleetGauges
+from controlplane.api.app import create_app
+from controlplane.api.context import ApiContext
+from controlplane.api.ui.session import COOKIE
 from controlplane.bootstrap import utc_now
 from controlplane.service.events import envelope
 from controlplane.service.idle_records import IdleFinding
-from tests.ui.conftest import ORIGIN, Seeded
+from controlplane.service.ui_sessions import MAX_SESSIONS_PER_TOKEN
+from tests.ui.conftest import BASE, ORIGIN, Seeded
 
 PAGES = ["/ui/fleet", "/ui/queues", "/ui/workloads", "/ui/idle", "/ui/utilization", "/ui/audit", "/ui/events"]
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -84,6 +93,93 @@ def test_a_revoked_token_goes_back_to_the_login_page_and_logout_forgets_the_cook
     assert out.status_code == 303
     assert 'gpufleet_ui=""' in out.headers["set-cookie"]
     assert admin.get("/ui/fleet", follow_redirects=False).status_code == 303
+
+
+def _session_cookie(browser: TestClient) -> str:
+    value = browser.cookies.get(COOKIE)
+    assert value
+    return str(value)
+
+
+def test_the_cookie_is_a_random_session_id_kept_hashed_never_the_token(seeded: Seeded) -> None:
+    """Finding 9 of issue 21: the cookie was the raw API token. Now it names a server-side session."""
+    r = seeded.client.post("/ui/login", data={"token": seeded.vision.token}, headers=ORIGIN, follow_redirects=False)
+    assert r.status_code == 303
+    assert seeded.vision.token not in r.headers["set-cookie"]
+    assert seeded.vision.token.removeprefix("gpf_") not in r.headers["set-cookie"]
+    assert "Max-Age=28800" in r.headers["set-cookie"]  # 8 hours, as the session in SQL
+    first, second = (
+        _session_cookie(seeded.login(seeded.vision.token)),
+        _session_cookie(seeded.login(seeded.vision.token)),
+    )
+    assert first != second
+    assert first.startswith("gps_")
+    assert len(first) >= 40
+    with seeded.wiring.engine.connect() as conn:
+        stored = {row[0] for row in conn.execute(text("SELECT id_hash FROM ui_sessions"))}
+    assert hashlib.sha256(first.encode()).hexdigest() in stored  # only the hash is kept
+    assert not [s for s in stored if first in s or seeded.vision.token in s]
+    # the session id is no API token: the REST API refuses it
+    bearer = {"Authorization": f"Bearer {first}"}
+    assert seeded.client.get("/v1/workloads", headers=bearer).status_code == 401
+
+
+def test_logout_ends_the_session_on_the_server_not_just_in_the_browser(seeded: Seeded) -> None:
+    browser = seeded.login(seeded.vision.token)
+    stolen = _session_cookie(browser)
+    assert browser.post("/ui/logout", headers=ORIGIN, follow_redirects=False).status_code == 303
+    replay = TestClient(seeded.client.app, base_url=BASE, cookies={COOKIE: stolen})
+    r = replay.get("/ui/fleet", follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/ui/login"
+    assert seeded.login(seeded.vision.token).get("/ui/fleet").status_code == 200  # the token itself still works
+
+
+def test_a_session_expires(seeded: Seeded) -> None:
+    now = [utc_now()]
+    app = create_app(
+        ApiContext(
+            uow_factory=seeded.wiring.uow,
+            subject_prefix=seeded.wiring.settings.subject_prefix,
+            gauges=SqlFleetGauges(seeded.wiring.engine),
+            clock=lambda: now[0],
+            session_ttl=timedelta(hours=1),
+        )
+    )
+    browser = TestClient(app, base_url=BASE)
+    login = browser.post("/ui/login", data={"token": seeded.vision.token}, headers=ORIGIN, follow_redirects=False)
+    assert login.status_code == 303
+    assert "Max-Age=3600" in login.headers["set-cookie"]
+    kept = _session_cookie(browser)
+    now[0] += timedelta(minutes=59)
+    assert browser.get("/ui/queues").status_code == 200
+    now[0] += timedelta(minutes=2)
+    late = TestClient(app, base_url=BASE, cookies={COOKIE: kept})  # a browser that kept it past Max-Age
+    r = late.get("/ui/queues", follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/ui/login"
+
+
+def test_deleting_the_tokens_team_ends_its_sessions(seeded: Seeded) -> None:
+    c, admin = seeded.client, seeded.admin
+    assert c.post("/v1/teams", json={"name": "ops"}, headers=admin).status_code == 201
+    token = c.post("/v1/tokens", json={"name": "ops-ci", "team": "ops"}, headers=admin).json()["token"]
+    browser = seeded.login(token)
+    assert browser.get("/ui/workloads").status_code == 200
+    assert c.delete("/v1/teams/ops", headers=admin).status_code == 204
+    r = browser.get("/ui/workloads", follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/ui/login"
+    with seeded.wiring.engine.connect() as conn:  # the token went with its team, and its sessions with it
+        assert conn.execute(text("SELECT count(*) FROM ui_sessions")).scalar() == 0
+
+
+def test_a_token_holds_a_bounded_number_of_sessions(seeded: Seeded) -> None:
+    browsers = [seeded.login(seeded.llm.token) for _ in range(MAX_SESSIONS_PER_TOKEN + 2)]
+    with seeded.wiring.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM ui_sessions")).scalar() == MAX_SESSIONS_PER_TOKEN
+    assert browsers[-1].get("/ui/fleet").status_code == 200
+    assert browsers[0].get("/ui/fleet", follow_redirects=False).status_code == 303  # the oldest one ended
 
 
 def test_a_bearer_header_works_like_the_cookie(seeded: Seeded) -> None:

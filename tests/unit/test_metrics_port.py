@@ -116,7 +116,14 @@ def test_names_follow_prometheus_conventions() -> None:
     registry.register(FleetCollector(_Reader(), lambda: datetime.now(UTC)))
     families = _families(registry)
     assert families
+    # prometheus_client's own process and interpreter collectors keep their standard names
+    standard = {name for name in families if name.startswith(("process_", "python_"))}
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info", "python_gc_objects_collected"} <= (
+        standard
+    )
     for name, family in families.items():
+        if name in standard:
+            continue
         assert re.fullmatch(r"gpufleet_[a-z][a-z0-9_]*", name), name
         if family.type == "counter":
             assert any(s.name == f"{name}_total" for s in family.samples) or not family.samples, name

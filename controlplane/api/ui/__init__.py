@@ -13,10 +13,11 @@ from fastapi.staticfiles import StaticFiles
 from controlplane.api.ui import pages
 from controlplane.api.ui.render import STATIC_DIR, STATIC_PATH, page, ui_headers
 from controlplane.api.ui.session import COOKIE, COOKIE_PATH, CrossSiteRequest, LoginRequired
+from controlplane.service.auth_limits import TooManyFailures
 from controlplane.service.errors import Invalid, NotFound, StoreUnavailable
 
 Handler = Callable[[Request, Exception], Awaitable[Response] | Response]
-_TITLES = {404: "Not found", 422: "Not understood", 503: "Try again shortly"}
+_TITLES = {404: "Not found", 422: "Not understood", 429: "Too many failed attempts", 503: "Try again shortly"}
 
 
 def _is_ui(request: Request) -> bool:
@@ -51,7 +52,10 @@ def _html_for_ui(app: FastAPI, exc_type: type[Exception], status: int) -> None:
                 message = "the database is unavailable; retry shortly"
             else:
                 message = str(exc)
-            return page(request, "error.html", None, None, status=status, heading=_TITLES[status], message=message)
+            shown = page(request, "error.html", None, None, status=status, heading=_TITLES[status], message=message)
+            if isinstance(exc, TooManyFailures):
+                shown.headers["Retry-After"] = str(exc.retry_after)
+            return shown
         if api_handler is None:
             raise exc
         answer = api_handler(request, exc)
@@ -70,3 +74,4 @@ def install(app: FastAPI) -> None:
     _html_for_ui(app, Invalid, 422)
     _html_for_ui(app, RequestValidationError, 422)
     _html_for_ui(app, StoreUnavailable, 503)
+    _html_for_ui(app, TooManyFailures, 429)

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from controlplane.api.security import Ctx
+from controlplane.api.security import Ctx, client_address
 from controlplane.api.ui import plots
 from controlplane.api.ui.render import page, ui_headers
 from controlplane.api.ui.session import (
@@ -31,9 +31,9 @@ from controlplane.domain.limits import MAX_OFFSET
 from controlplane.domain.model import WorkloadState
 from controlplane.service import admin, dashboard, dashboard_feed, workloads
 from controlplane.service import audit as audit_service
-from controlplane.service.auth import authenticate
 from controlplane.service.metrics import FleetGauges
 from controlplane.service.ports import WorkloadFilter
+from controlplane.service.ui_sessions import close_session, open_session
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -67,19 +67,28 @@ async def login(request: Request, ctx: Ctx) -> Response:
     if len(body) > MAX_LOGIN_BODY:
         return page(request, "login.html", None, None, status=413, error="the form is too large")
     token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
-    found = None
-    if token and len(token) <= MAX_TOKEN_CHARS:
-        found = await run_in_threadpool(authenticate, ctx.uow_factory(), token)
-    if found is None:
+    if not token:
+        return page(request, "login.html", None, None, status=401, error="unknown or revoked token")
+    source = client_address(request)
+    ctx.auth_failures.check(source)
+    opened = None
+    if len(token) <= MAX_TOKEN_CHARS:
+        opened = await run_in_threadpool(open_session, ctx.uow_factory(), token, ctx.clock(), ctx.session_ttl)
+    if opened is None:
+        ctx.auth_failures.failed(source)
         return page(request, "login.html", None, None, status=401, error="unknown or revoked token")
     response = RedirectResponse("/ui/fleet", status_code=303, headers=ui_headers())
-    response.set_cookie(**session_cookie(request, token))  # type: ignore[arg-type]
+    max_age = int(ctx.session_ttl.total_seconds())
+    response.set_cookie(**session_cookie(request, opened[0], max_age))  # type: ignore[arg-type]
     return response
 
 
 @router.post("/logout", response_class=HTMLResponse)
-def logout(request: Request) -> Response:
+def logout(request: Request, ctx: Ctx) -> Response:
     check_same_origin(request)
+    session = request.cookies.get(COOKIE)
+    if session:  # ended on the server: the cookie is worthless even if a copy of it survives
+        close_session(ctx.uow_factory(), session)
     response = RedirectResponse("/ui/login", status_code=303, headers=ui_headers())
     response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
     return response

@@ -1,11 +1,15 @@
-"""Who is looking at a dashboard page: the API token, carried by a cookie a login form sets.
+"""Who is looking at a dashboard page: a server-side session, named by a cookie the login sets.
 
 A browser cannot send an `Authorization` header when it navigates, so the login form posts the
-token once and gets it back as an HttpOnly, SameSite=Strict cookie (Secure over https): scripts
-cannot read it and other sites cannot make the browser send it. Every page authenticates that
-cookie (or a Bearer header, for scripts) exactly as the API does, on every request, so a revoked
-token is sent back to the login page at once. Posts also check that Origin (or Referer) is this
-very host: SameSite alone does not cover older browsers or a sibling subdomain.
+token once; the server opens a session (`service/ui_sessions.py`: a random secret, only its hash
+in SQL, expiring after `ui_session_ttl`) and hands back the secret, never the token, as an
+HttpOnly, SameSite=Strict cookie: scripts cannot read it, other sites cannot make the browser send
+it, and it is `Secure` whenever the request came over TLS (directly, or says a trusted proxy:
+`api/edge.py`). Every page checks the session on every request, joined to its token, so logging
+out, revoking the token or deleting its team sends the browser back to the login page at once.
+Scripts may send a Bearer header instead. Posts also check that Origin (or Referer) is this very
+host: SameSite alone does not cover older browsers or a sibling subdomain. A wrong token, cookie
+or login counts against the client's address (`ctx.auth_failures`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Request
 
 from controlplane.api.context import ApiContext
-from controlplane.api.security import context
+from controlplane.api.security import client_address, context
 from controlplane.service.auth import authenticate
+from controlplane.service.ui_sessions import session_principal
 from controlplane.service.views import Principal
 
 COOKIE = "gpufleet_ui"
@@ -33,19 +38,26 @@ class CrossSiteRequest(Exception):
     """A post whose Origin (or Referer) is not this host."""
 
 
-def presented_token(request: Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    return request.cookies.get(COOKIE) or None
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
 def viewer(request: Request, ctx: Annotated[ApiContext, Depends(context)]) -> Principal:
-    """The caller of a page. Sync on purpose: the token lookup reads SQL (it runs in the thread pool)."""
-    raw = presented_token(request)
-    found = authenticate(ctx.uow_factory(), raw) if raw and len(raw) <= MAX_TOKEN_CHARS else None
+    """The caller of a page: a Bearer token, else the session cookie. Sync on purpose: the lookup
+    reads SQL (it runs in the thread pool)."""
+    token, session = bearer_token(request), request.cookies.get(COOKIE)
+    if not token and not session:
+        raise LoginRequired
+    source = client_address(request)
+    ctx.auth_failures.check(source)
+    if token:
+        found = authenticate(ctx.uow_factory(), token) if len(token) <= MAX_TOKEN_CHARS else None
+    else:
+        found = session_principal(ctx.uow_factory(), session or "", ctx.clock())
     if found is None:
+        ctx.auth_failures.failed(source)
         raise LoginRequired
     return found
 
@@ -70,11 +82,13 @@ def check_same_origin(request: Request) -> None:
         raise CrossSiteRequest
 
 
-def session_cookie(request: Request, token: str) -> dict[str, object]:
-    """The keyword arguments of `Response.set_cookie` for the session."""
+def session_cookie(request: Request, secret: str, max_age: int) -> dict[str, object]:
+    """The keyword arguments of `Response.set_cookie` for the session `secret`. The scheme is
+    https only over TLS or when a trusted proxy says so (edge.py rewrites it, nobody else)."""
     return {
         "key": COOKIE,
-        "value": token,
+        "value": secret,
+        "max_age": max_age,
         "path": COOKIE_PATH,
         "httponly": True,
         "samesite": "strict",
