@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -40,6 +40,7 @@ from controlplane.config import Settings
 from controlplane.service.events import MAX_EVENT_BYTES
 from controlplane.service.relay import relay_gap, relay_once
 from tests.integration.fleet import Tenant, add_tenant, gang, h100_cluster
+from tests.integration.nats_clients import until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -109,15 +110,6 @@ async def plane(
         stop.set()
         await asyncio.wait_for(task, 30)
         await control.close()
-
-
-async def _until(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 async def _dead_letters(plane: Plane, subject: str) -> list[Msg]:
@@ -200,7 +192,7 @@ async def test_no_message_of_any_size_on_any_senders_subject_stops_the_control_p
             names = [w["name"] for w in client.get("/v1/workloads", headers=plane.llm.headers).json()]
             return "after-the-storm" in names and any(b"after-the-storm" in m.data for m in events)
 
-        await _until(created, timeout=90)
+        await until(created, timeout=90)
         # every refused or unusable message is a dead letter no larger than the server takes
         dead = await _dead_letters(plane, f"{p}.dlq.>")
         assert len(dead) >= sent - 10  # JSON objects on the team's subjects are rejections, not dead letters
@@ -279,7 +271,7 @@ async def test_a_server_error_reopens_the_control_planes_connection(running_nats
             await nc.publish("hostile.oversize", b"x" * (nc.max_payload - 100), headers=headers)
             with contextlib.suppress(Exception):
                 await nc.flush(timeout=2)
-        await _until(lambda: asyncio.sleep(0, plain.is_closed), timeout=10)
+        await until(lambda: asyncio.sleep(0, plain.is_closed), timeout=10)
 
         async def reopened() -> bool:
             if not resilient.is_connected:
@@ -289,7 +281,7 @@ async def test_a_server_error_reopens_the_control_planes_connection(running_nats
                 return True
             return False
 
-        await _until(reopened, timeout=20)
+        await until(reopened, timeout=20)
         assert resilient.stats["reconnects"] >= 1
     finally:
         await resilient.close()
@@ -394,4 +386,4 @@ async def test_a_message_id_is_scoped_to_its_sender(plane: Plane, client: TestCl
         theirs = [w["name"] for w in client.get("/v1/workloads", headers=plane.ads.headers).json()]
         return mine == ["nightly"] and theirs == ["squatter"]
 
-    await _until(both_exist)
+    await until(both_exist)
