@@ -4,9 +4,10 @@ A real `gpufleet serve` process on a real database (a new SQLite file, or `--dat
 synthetic fleet of `--clusters` clusters, and `--gangs` gangs of `--pods` pods each submitted by
 REST. Scheduling cycles (run here, in this process, before any read is timed) admit every gang that
 fits; the rest stay queued with a reason. Then each read is timed from the client `--repeat` times:
-the REST list (`?limit=50` and `?limit=5`), one admitted and one queued workload, and the
-dashboard's workload list and page. The client and the server share this machine's cores: the
-figures are what this machine does, reported, never asserted.
+the REST list (`?limit=50` and `?limit=5`), one admitted and one queued workload, the dashboard's
+workload list and page, and `gpufleet list` and `gpufleet show` (run in this process). The client
+and the server share this machine's cores: the figures are what this machine does, reported, never
+asserted.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 
 import click
 import httpx
+from click.testing import CliRunner
 
 from adapters.nats.server import NatsServerProcess, free_port
 from adapters.sql.migrate import upgrade_to_head
 from controlplane.bootstrap import Wiring, utc_now
+from controlplane.cli import client_commands
 from controlplane.cli.bench_submit import QUEUE, _env, _spawn, _stop, _wait_ready
 from controlplane.config import Settings
 from controlplane.core.snapshot import Policy
@@ -90,6 +93,20 @@ def _timed(http: httpx.Client, path: str, repeat: int) -> dict[str, Any]:
     }
 
 
+def _cli_timed(command: click.Command, args: list[str], repeat: int) -> dict[str, Any]:
+    """A client command run in this process (no interpreter start), as a user's `gpufleet ...` would."""
+    seconds: list[float] = []
+    lines = 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = CliRunner().invoke(command, args, catch_exceptions=False)
+        seconds.append(time.perf_counter() - started)
+        if result.exit_code != 0:
+            raise click.ClickException(f"{command.name} {' '.join(args[:1])} failed: {result.output[-300:]}")
+        lines = len(result.output.splitlines())
+    return {"lines": lines, "median_s": round(statistics.median(seconds), 4), "max_s": round(max(seconds), 4)}
+
+
 def _items(body: Any) -> list[dict[str, Any]]:
     return list(body["items"])
 
@@ -123,7 +140,11 @@ def _measure(base: str, token: str, repeat: int) -> dict[str, Any]:
         figures["ui_list"] = _timed(http, "/ui/workloads", repeat)
         if admitted:
             figures["ui_view_admitted"] = _timed(http, f"/ui/workloads/{admitted}", repeat)
-        return figures
+    options = ["--api", base, "--token", token]
+    figures["cli_list"] = _cli_timed(client_commands.list_workloads, [*options, "--limit", "50"], repeat)
+    if admitted:
+        figures["cli_show_admitted"] = _cli_timed(client_commands.show, [*options, admitted], repeat)
+    return figures
 
 
 @click.command("reads")

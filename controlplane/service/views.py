@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from controlplane.domain.limits import MAX_NODES_SHOWN, MAX_PAGE_BYTES, MAX_RUNS_SHOWN
+
+# Descriptions in the OpenAPI document of the fields that are bounded (`controlplane.domain.limits`).
+_NODES = f"the current run's nodes by name, in order: the first {MAX_NODES_SHOWN} (`node_count` counts all)"
+_RUNS = f"the latest {MAX_RUNS_SHOWN} runs, oldest first (`attempts` counts all)"
+_NEXT = (
+    "null on the last page; else pass it as `cursor` (with the same filters) for the items after this page. "
+    f"A page ends early when one more item would take it past {MAX_PAGE_BYTES:,} bytes"
+)
 
 
 @dataclass(frozen=True)
@@ -205,9 +217,9 @@ class WorkloadView:
     finished_at: datetime | None
     cluster: str | None
     # The current run's nodes, by name: the first `MAX_NODES_SHOWN` in order; `node_count` counts all.
-    nodes: list[str]
+    nodes: Annotated[list[str], Field(description=_NODES)]
     # The latest `MAX_RUNS_SHOWN` runs, oldest first; `attempts` counts all.
-    runs: list[RunView]
+    runs: Annotated[list[RunView], Field(description=_RUNS)]
     # While queued: the kind of `reason` and its structured fields (queue, limit, amount, cluster,
     # reservation, ...) as the scheduler decided them; None before its first decision.
     reason_detail: dict[str, Any] | None = None
@@ -265,4 +277,4 @@ class WorkloadPage:
     items: list[WorkloadSummary]
     # Pass as `cursor` (with the same filters) for the items after this page; null: there are none.
     # A page ends early, with `next` set, when one more item would take it past `MAX_PAGE_BYTES`.
-    next: str | None
+    next: Annotated[str | None, Field(description=_NEXT)]
