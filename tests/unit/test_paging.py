@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.api.paging import CURSOR_PATTERN, cursor_of, encode_page, parse_cursor
+from controlplane.api.paging import cursor_of, encode_page, parse_cursor
 from controlplane.service.views import Listed, WorkloadSummary
 
 NOW = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -78,7 +78,6 @@ def test_a_page_fits_its_cap_and_next_continues_after_its_last_item(sizes: list[
 
 def test_cursors_round_trip_and_only_their_shape_is_accepted() -> None:
     assert parse_cursor(cursor_of((1714557600000000, "wl-0a1b"))) == (1714557600000000, "wl-0a1b")
-    assert CURSOR_PATTERN.startswith("^") and CURSOR_PATTERN.endswith("$")
     for bad in ("", "1", "1.", ".wl", "-1.wl", "1.wl 0", "1.wl/0", "9" * 19 + ".wl"):
         with pytest.raises(ValueError, match="not a cursor"):
             parse_cursor(bad)
