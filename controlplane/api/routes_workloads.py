@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
+from controlplane.api.paging import CURSOR_PATTERN, encode_page, parse_cursor
 from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Caller, Ctx, Submitter
-from controlplane.domain.limits import MAX_OFFSET, MAX_PAGE
+from controlplane.domain.limits import MAX_OFFSET, MAX_PAGE, MAX_PAGE_BYTES
 from controlplane.domain.model import WorkloadState
 from controlplane.service import workloads as svc
 from controlplane.service.commands import Strict, SubmitWorkload
 from controlplane.service.ports import WorkloadFilter
-from controlplane.service.views import WorkloadView
+from controlplane.service.views import WorkloadPage, WorkloadSummary, WorkloadView
 
 router = APIRouter(prefix="/v1", tags=["workloads"], responses=AUTHENTICATED)
 
@@ -49,7 +50,17 @@ def submit(
     return view
 
 
-@router.get("/workloads", response_model=list[WorkloadView], responses=declare(422))
+_SUMMARY = TypeAdapter(WorkloadSummary)
+
+
+@router.get(
+    "/workloads",
+    response_model=WorkloadPage,
+    responses=declare(422),
+    description="Workloads, newest first, as summaries (pod sets and counts; `GET /v1/workloads/{id}` shows "
+    "the runs). A page holds at most `limit` items and at most 1 MiB: when it ends early or more items "
+    "follow, `next` is the `cursor` that continues it under the same filters.",
+)
 def list_workloads(
     who: Caller,
     ctx: Ctx,
@@ -58,9 +69,17 @@ def list_workloads(
     name: Annotated[str | None, Query(max_length=63)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-) -> list[WorkloadView]:
-    flt = WorkloadFilter(None, queue, tuple(str(s) for s in state or ()), name, limit, offset)
-    return svc.list_workloads(ctx.uow_factory(), who, flt)
+    cursor: Annotated[
+        str | None,
+        Query(max_length=60, pattern=CURSOR_PATTERN, description="a page's `next`: go on after its last item"),
+    ] = None,
+) -> Response:
+    after = parse_cursor(cursor) if cursor else None
+    # One more than the page: whether a next page exists, without counting.
+    flt = WorkloadFilter(None, queue, tuple(str(s) for s in state or ()), name, limit + 1, offset, after)
+    rows = svc.list_workloads(ctx.uow_factory(), who, flt)
+    body, _ = encode_page(rows, limit, MAX_PAGE_BYTES, lambda row: _SUMMARY.dump_json(row.workload))
+    return Response(body, media_type="application/json")
 
 
 @router.get("/workloads/{workload_id}", response_model=WorkloadView, responses=declare(404))

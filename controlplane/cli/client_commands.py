@@ -14,9 +14,9 @@ import click
 import yaml
 
 from controlplane.cli.client_output import (
-    assignments_table,
     clusters_table,
     console,
+    placement_table,
     print_json,
     queues_table,
     runs_table,
@@ -76,11 +76,19 @@ def submit(
     help="Only workloads in this state (repeatable).",
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=None, help="At most this many (server default 100).")
+@click.option("--cursor", default=None, help="Go on after an earlier page (the `--cursor` it printed).")
 @connection_options
 def list_workloads(
-    *, queue: str | None, states: tuple[str, ...], limit: int | None, api: str, token: str | None, as_json: bool
+    *,
+    queue: str | None,
+    states: tuple[str, ...],
+    limit: int | None,
+    cursor: str | None,
+    api: str,
+    token: str | None,
+    as_json: bool,
 ) -> None:
-    """List workloads, newest first as the API orders them."""
+    """List workloads, newest first as the API orders them (one page: at most --limit and 1 MiB)."""
     params: dict[str, str | int | list[str]] = {}
     # Only filters the user gave are sent, so the server's defaults stay the single source of truth.
     if queue is not None:
@@ -89,14 +97,20 @@ def list_workloads(
         params["state"] = list(states)
     if limit is not None:
         params["limit"] = limit
-    workloads = decoded(Api.from_options(api, token).request("GET", "/v1/workloads", params=params))
+    if cursor is not None:
+        params["cursor"] = cursor
+    page = decoded(Api.from_options(api, token).request("GET", "/v1/workloads", params=params))
     if as_json:
-        print_json(workloads)
+        print_json(page)
         return
+    workloads = page["items"]
     if not workloads:
         click.echo("no workloads match")
-        return
-    console().print(workloads_table(workloads))
+    else:
+        console().print(workloads_table(workloads))
+    if page.get("next"):
+        # The same filters again, and the cursor: the command that shows the next page.
+        click.echo(f"more: add --cursor {page['next']} for the next page")
 
 
 def workload_path(workload_id: str, suffix: str = "") -> str:
@@ -119,10 +133,11 @@ def show(workload_id: str, api: str, token: str | None, as_json: bool) -> None:
     if not runs:
         out.print("no runs yet")
         return
-    out.print(runs_table(runs))
+    attempts = workload.get("attempts", len(runs))
+    out.print(runs_table(runs, attempts))
     for run in runs:
-        if run.get("assignments"):
-            out.print(assignments_table(run))
+        if run.get("placement"):
+            out.print(placement_table(run))
 
 
 @click.command()

@@ -66,8 +66,10 @@ def workloads_table(workloads: list[Json]) -> Table:
     # The id stays on one line so it can be copied; other cells fold rather than end in "…",
     # so no value is ever hidden in a narrow terminal.
     table.add_column("id", no_wrap=True)
-    for column in ("name", "queue", "state", "cluster"):
+    for column in ("name", "queue", "state"):
         table.add_column(column, overflow="fold")
+    table.add_column("pods", justify="right")
+    table.add_column("cluster", overflow="fold")
     table.add_column("position", justify="right")
     table.add_column("reason", overflow="fold")
     for w in workloads:
@@ -76,6 +78,7 @@ def workloads_table(workloads: list[Json]) -> Table:
             w["name"],
             w["queue"],
             w["state"],
+            text(w.get("pods")),
             text(w.get("cluster")),
             text(w.get("queue_position")),
             text(w.get("reason")),
@@ -114,7 +117,7 @@ def workload_panel(w: Mapping[str, Any]) -> Panel:
         ("gang", f"min {w.get('min_available')} available"),
         ("pod sets", [pod_set_summary(p) for p in w.get("pod_sets", [])]),
         ("cluster", w.get("cluster")),
-        ("nodes", w.get("nodes")),
+        ("nodes", nodes_line(w)),
         ("created", w.get("created_at")),
         ("updated", w.get("updated_at")),
         ("finished", w.get("finished_at")),
@@ -124,8 +127,19 @@ def workload_panel(w: Mapping[str, Any]) -> Panel:
     return Panel(grid, title=f"{w['name']}  {w['id']}", title_align="left", expand=False)
 
 
-def runs_table(runs: list[Json]) -> Table:
-    table = new_table("runs")
+def nodes_line(w: Mapping[str, Any]) -> str:
+    """The current run's nodes: all of them, or the first ones the API shows and how many in all."""
+    nodes = list(w.get("nodes") or [])
+    count = int(w.get("node_count") or len(nodes))
+    if count > len(nodes):
+        return f"{count} nodes: {', '.join(nodes)}, ..."
+    return text(nodes)
+
+
+def runs_table(runs: list[Json], attempts: int | None = None) -> Table:
+    # The API shows the latest runs of a workload requeued many times; say when some are left out.
+    shown = "runs" if attempts is None or attempts <= len(runs) else f"latest {len(runs)} of {attempts} runs"
+    table = new_table(shown)
     for column in ("attempt", "run", "cluster", "epoch", "state", "started", "finished", "message"):
         table.add_column(column, overflow="fold")
     for run in runs:
@@ -142,12 +156,15 @@ def runs_table(runs: list[Json]) -> Table:
     return table
 
 
-def assignments_table(run: Mapping[str, Any]) -> Table:
-    table = new_table(f"assignments of run {run['attempt']} ({run['id']})")
-    for column in ("pod set", "index", "node", "pool"):
-        table.add_column(column, no_wrap=True)
-    for a in run.get("assignments", []):
-        table.add_row(a["pod_set"], str(a["index"]), a["node"], a["pool"])
+def placement_table(run: Mapping[str, Any]) -> Table:
+    """Where a run's pods are, counted per pod set and pool (what the API shows, whatever the gang's size)."""
+    table = new_table(f"placement of run {run['attempt']} ({run['id']})")
+    table.add_column("pod set", no_wrap=True)
+    table.add_column("pool", no_wrap=True)
+    table.add_column("pods", justify="right")
+    table.add_column("nodes", justify="right")
+    for p in run.get("placement", []):
+        table.add_row(p["pod_set"], p["pool"], str(p["pods"]), str(p["nodes"]))
     return table
 
 

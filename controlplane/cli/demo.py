@@ -251,10 +251,11 @@ async def report_progress(wiring: bootstrap.Wiring, stop: asyncio.Event, every: 
     while not stop.is_set():
         await bootstrap.loops.sleep_or_stop(stop, every)
         try:
-            views = await asyncio.to_thread(workloads.list_workloads, wiring.uow(), system, WorkloadFilter(limit=1000))
+            listed = await asyncio.to_thread(workloads.list_workloads, wiring.uow(), system, WorkloadFilter(limit=1000))
         except Exception as exc:
             log.warning("progress report failed: %s", exc)
             continue
+        views = [item.workload for item in listed]
         states = Counter(v.state for v in views)
         running = Counter(v.cluster for v in views if v.state in ("admitted", "dispatching", "running"))
         line = "workloads: " + ", ".join(f"{s} {c}" for s, c in sorted(states.items()))

@@ -23,6 +23,13 @@ MAX_ENV_VARS = 256
 # Pages of lists: `limit` and `offset` (an offset beyond any real table still fits in 63 bits).
 MAX_PAGE = 1_000
 MAX_OFFSET = 10_000_000
+# Bytes of one page of `GET /v1/workloads`: a page stops before it would pass this, and says where
+# to go on. Its items are summaries (pod sets, counts) of at most ~30 KB each (64 labels at most).
+MAX_PAGE_BYTES = 1 << 20
+# One workload's view: its latest runs, and the first nodes (by name) of its current run. A run's
+# placement is counted per pod set and pool, so the view of the largest gang stays a few KB.
+MAX_RUNS_SHOWN = 20
+MAX_NODES_SHOWN = 64
 
 # Quota amounts (GPUs or gpu-eq per key) and prices (per GPU-hour): far above any real fleet,
 # small enough that exact fraction arithmetic and float sums stay cheap and finite.

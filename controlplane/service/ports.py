@@ -25,6 +25,7 @@ from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
 from controlplane.service.views import (
     ClusterCredential,
     ClusterView,
+    Listed,
     PriorityClassView,
     QueueRef,
     TokenView,
@@ -41,6 +42,8 @@ class WorkloadFilter:
     name: str | None = None
     limit: int = 100
     offset: int = 0
+    # Only workloads after this place in the list's order (`Listed.position`): a page's cursor.
+    after: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class WorkloadRepository(Protocol):
 
     def head(self, workload_id: str) -> WorkloadHead | None: ...
     def view(self, workload_id: str) -> WorkloadView | None: ...
-    def list(self, flt: WorkloadFilter) -> list[WorkloadView]: ...
+    def list(self, flt: WorkloadFilter) -> list[Listed]: ...
     def set_state(
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool: ...

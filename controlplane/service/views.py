@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from controlplane.domain.limits import MAX_NODES_SHOWN, MAX_PAGE_BYTES, MAX_RUNS_SHOWN
+
+# Descriptions in the OpenAPI document of the fields that are bounded (`controlplane.domain.limits`).
+_NODES = f"the current run's nodes by name, in order: the first {MAX_NODES_SHOWN} (`node_count` counts all)"
+_RUNS = f"the latest {MAX_RUNS_SHOWN} runs, oldest first (`attempts` counts all)"
+_NEXT = (
+    "null on the last page; else pass it as `cursor` (with the same filters) for the items after this page. "
+    f"A page ends early when one more item would take it past {MAX_PAGE_BYTES:,} bytes"
+)
 
 
 @dataclass(frozen=True)
@@ -130,11 +142,14 @@ class Principal:
 
 
 @dataclass(frozen=True)
-class AssignmentView:
+class PlacementView:
+    """Where a run's pods are, counted: `pods` of pod set `pod_set` on `nodes` nodes of pool `pool`.
+    A run has one per pod set and pool it uses, so its size does not grow with the pod count."""
+
     pod_set: str
-    index: int
-    node: str
     pool: str
+    pods: int
+    nodes: int
 
 
 @dataclass(frozen=True)
@@ -170,7 +185,7 @@ class RunView:
     dispatched_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
-    assignments: list[AssignmentView]
+    placement: list[PlacementView]
     idle: IdleView | None = None
     end_cause: str = ""  # why it ended (EndCause: preempted, reclaimed-idle, node-lost, ...); "" while live
     serving: ServingView | None = None  # the latest traffic/latency reading of a serving run
@@ -201,10 +216,65 @@ class WorkloadView:
     updated_at: datetime
     finished_at: datetime | None
     cluster: str | None
-    nodes: list[str]
-    runs: list[RunView]
+    # The current run's nodes, by name: the first `MAX_NODES_SHOWN` in order; `node_count` counts all.
+    nodes: Annotated[list[str], Field(description=_NODES)]
+    # The latest `MAX_RUNS_SHOWN` runs, oldest first; `attempts` counts all.
+    runs: Annotated[list[RunView], Field(description=_RUNS)]
     # While queued: the kind of `reason` and its structured fields (queue, limit, amount, cluster,
     # reservation, ...) as the scheduler decided them; None before its first decision.
     reason_detail: dict[str, Any] | None = None
     # An inference workload's declared `serving` block (metrics, latency objective), or None.
     serving: dict[str, Any] | None = None
+    node_count: int = 0
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """A workload as lists show it: its pod sets (at most 16) and counts, never a pod or a run, so
+    an item's size does not grow with the gang (`GET /v1/workloads/{id}` shows the runs)."""
+
+    id: str
+    name: str
+    team: str
+    queue: str
+    priority_class: str
+    priority: int
+    kind: str
+    state: str
+    reason: str
+    queue_position: int | None
+    min_available: int
+    pods: int  # all pod sets' replicas together
+    pod_sets: list[dict[str, Any]]
+    requires_isolation: bool
+    duration_seconds: float | None
+    max_runtime_seconds: float | None
+    spot: str
+    same_pool: str
+    idempotency_key: str | None
+    labels: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    cluster: str | None  # the current (or last, once finished) run's cluster; None while queued
+    node_count: int  # nodes of that run
+    attempts: int  # runs so far
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A list item and its place in the list's order (what a continuation cursor names)."""
+
+    position: tuple[int, str]  # (created_seq, id): newest first, the id breaking ties
+    workload: WorkloadSummary
+
+
+@dataclass(frozen=True)
+class WorkloadPage:
+    """One page of `GET /v1/workloads`."""
+
+    items: list[WorkloadSummary]
+    # Pass as `cursor` (with the same filters) for the items after this page; null: there are none.
+    # A page ends early, with `next` set, when one more item would take it past `MAX_PAGE_BYTES`.
+    next: Annotated[str | None, Field(description=_NEXT)]

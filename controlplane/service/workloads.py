@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from controlplane.domain.model import (
@@ -19,7 +19,7 @@ from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFoun
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
 from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
-from controlplane.service.views import Principal, PriorityClassView, QueueRef, WorkloadView
+from controlplane.service.views import Listed, Principal, PriorityClassView, QueueRef, WorkloadView
 
 CANCELLABLE = (WorkloadState.QUEUED, WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
 
@@ -317,9 +317,10 @@ def get(uow: UnitOfWork, principal: Principal, workload_id: str) -> WorkloadView
         return _owned(uow, principal, workload_id)
 
 
-def list_workloads(uow: UnitOfWork, principal: Principal, flt: WorkloadFilter) -> list[WorkloadView]:
+def list_workloads(uow: UnitOfWork, principal: Principal, flt: WorkloadFilter) -> list[Listed]:
+    """Summaries, newest first (pod sets and counts: `GET /v1/workloads/{id}` has the runs)."""
     if not principal.is_admin:
-        flt = WorkloadFilter(principal.team_id, flt.queue, flt.states, flt.name, flt.limit, flt.offset)
+        flt = replace(flt, team_id=principal.team_id)
     with uow:
         return uow.workloads.list(flt)
 

@@ -167,17 +167,26 @@ WORKLOAD: dict[str, Any] = {
             "dispatched_at": "2024-05-01T10:00:02Z",
             "started_at": "2024-05-01T10:00:04Z",
             "finished_at": None,
-            "assignments": [
-                {"pod_set": "workers", "index": 0, "node": "eks-us-east-h100-0", "pool": "h100"},
-                {"pod_set": "workers", "index": 1, "node": "eks-us-east-h100-1", "pool": "h100"},
-            ],
+            "placement": [{"pod_set": "workers", "pool": "h100", "pods": 2, "nodes": 2}],
         }
     ],
+    "node_count": 2,
+    "attempts": 1,
 }
 
 
 def workload(**changes: Any) -> dict[str, Any]:
     return {**copy.deepcopy(WORKLOAD), **changes}
+
+
+def summary(view: dict[str, Any]) -> dict[str, Any]:
+    """A workload as `GET /v1/workloads` lists it: pod sets and counts, no runs or nodes."""
+    listed = {k: v for k, v in view.items() if k not in ("runs", "nodes", "reason_detail", "serving")}
+    return {**listed, "pods": sum(p["replicas"] for p in view["pod_sets"]), "attempts": len(view["runs"])}
+
+
+def page(*views: dict[str, Any], following: str | None = None) -> dict[str, Any]:
+    return {"items": [summary(v) for v in views], "next": following}
 
 
 QUEUED = workload(
@@ -383,7 +392,7 @@ def test_submit_formats_fastapis_default_validation_list(api: FakeApi, workload_
 
 
 def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> None:
-    api.reply("GET", "/v1/workloads", [WORKLOAD, QUEUED])
+    api.reply("GET", "/v1/workloads", page(WORKLOAD, QUEUED))
 
     result = run(api, "list", "--queue", "research", "--state", "queued", "--state", "running", "--limit", "5")
 
@@ -393,16 +402,17 @@ def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> 
     assert sent.query == {"queue": ["research"], "state": ["queued", "running"], "limit": ["5"]}
     assert sent.headers["authorization"] == "Bearer tok-123"
     header = next(line for line in result.stdout.splitlines() if "position" in line)
-    for column in ("id", "name", "queue", "state", "cluster", "position", "reason"):
+    for column in ("id", "name", "queue", "state", "pods", "cluster", "position", "reason"):
         assert column in header
     running = next(line for line in result.stdout.splitlines() if "wl_01hzabc" in line)
     assert all(v in running for v in ("train-llama", "research", "running", "eks-us-east"))
+    assert "--cursor" not in result.stdout  # the last page
     queued = next(line for line in result.stdout.splitlines() if "wl_01hzqueued" in line)
     assert all(v in queued for v in ("eval-sweep", "evals", "queued", " 3 ", "waiting for quota"))
 
 
 def test_list_without_filters_leaves_defaults_to_the_server(api: FakeApi) -> None:
-    api.reply("GET", "/v1/workloads", [])
+    api.reply("GET", "/v1/workloads", page())
 
     result = run(api, "list")
 
@@ -422,7 +432,7 @@ def test_list_rejects_an_unknown_state_before_calling_the_api(api: FakeApi) -> N
 def test_list_piped_keeps_each_workload_on_one_line(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("COLUMNS")  # as in `gpufleet list | grep ...`: not a terminal, no width given
     reason = "waiting for quota: " + ", ".join(f"pool-{i} has 0 of 8 H100-80GB free" for i in range(5))
-    api.reply("GET", "/v1/workloads", [workload(reason=reason)])
+    api.reply("GET", "/v1/workloads", page(workload(reason=reason)))
 
     result = run(api, "list")
 
@@ -431,6 +441,18 @@ def test_list_piped_keeps_each_workload_on_one_line(api: FakeApi, monkeypatch: p
 
 
 # --- show ----------------------------------------------------------------------------------------------
+
+
+def test_list_says_how_to_go_on_when_the_page_ends_early(api: FakeApi) -> None:
+    # A page of the API ends at its byte cap (or at --limit) with a cursor to the rest.
+    api.reply("GET", "/v1/workloads", page(WORKLOAD, following="1714557600000000.wl_01hzabc"))
+
+    result = run(api, "list", "--state", "running", "--cursor", "1714557700000000.wl_01hzzz")
+
+    assert result.exit_code == 0, result.output
+    assert api.only.query == {"state": ["running"], "cursor": ["1714557700000000.wl_01hzzz"]}
+    assert "wl_01hzabc" in result.stdout
+    assert result.stdout.splitlines()[-1] == "more: add --cursor 1714557600000000.wl_01hzabc for the next page"
 
 
 def test_show_prints_state_placement_runs_and_assignments(api: FakeApi) -> None:
@@ -452,8 +474,31 @@ def test_show_prints_state_placement_runs_and_assignments(api: FakeApi) -> None:
         "h100",
     ):
         assert expected in out
-    assignment_rows = [line for line in out.splitlines() if "workers" in line and "h100" in line]
-    assert len(assignment_rows) == 2
+    [placement] = [line for line in out.splitlines() if "workers" in line and "h100" in line]
+    assert placement.split()[-2:] == ["2", "2"]
+
+
+def test_show_of_a_big_gang_prints_counts_not_pods(api: FakeApi) -> None:
+    # As the API shows a 5,000-pod gang requeued 30 times: its latest runs, the first nodes, counts.
+    nodes = [f"n-{i:04d}" for i in range(64)]
+    runs = [{**WORKLOAD["runs"][0], "id": f"run_{i}", "attempt": i} for i in range(11, 31)]
+    runs[-1]["placement"] = [
+        {"pod_set": "launcher", "pool": "cpu", "pods": 1, "nodes": 1},
+        {"pod_set": "workers", "pool": "h100", "pods": 4999, "nodes": 625},
+    ]
+    big = workload(nodes=nodes, node_count=626, runs=runs, attempts=30)
+    api.reply("GET", "/v1/workloads/wl_01hzabc", big)
+
+    result = run(api, "show", "wl_01hzabc")
+
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "626 nodes: n-0000, n-0001" in out
+    assert "n-0063, ..." in out
+    assert "latest 20 of 30 runs" in out
+    assert "placement of run 30 (run_30)" in out
+    workers = next(line for line in out.splitlines() if "workers" in line and "4999" in line)
+    assert workers.split()[-3:] == ["h100", "4999", "625"]
 
 
 def test_show_prints_reason_and_queue_position_of_a_queued_workload(api: FakeApi) -> None:
@@ -559,7 +604,7 @@ def test_clusters_prints_one_row_per_pool(api: FakeApi) -> None:
     ("args", "method", "path", "payload"),
     [
         (["submit", "-"], "POST", "/v1/workloads", QUEUED),
-        (["list"], "GET", "/v1/workloads", [WORKLOAD, QUEUED]),
+        (["list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED, following="1714557600000000.wl-0")),
         (["show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
         (["cancel", "wl_01hzabc"], "POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled")),
         (["queues"], "GET", "/v1/queues", QUEUES),

@@ -113,8 +113,8 @@ def test_submit_show_list_and_cancel(client: TestClient, admin: dict[str, str]) 
     shown = client.get(f"/v1/workloads/{workload['id']}", headers=tenant.headers).json()
     assert shown["id"] == workload["id"]
     listed = client.get("/v1/workloads", params={"state": "queued", "queue": tenant.queue}, headers=tenant.headers)
-    assert [w["id"] for w in listed.json()] == [workload["id"]]
-    assert client.get("/v1/workloads", params={"state": "running"}, headers=tenant.headers).json() == []
+    assert [w["id"] for w in listed.json()["items"]] == [workload["id"]]
+    assert client.get("/v1/workloads", params={"state": "running"}, headers=tenant.headers).json()["items"] == []
     cancelled = client.post(
         f"/v1/workloads/{workload['id']}/cancel", json={"reason": "wrong data"}, headers=tenant.headers
     )
@@ -132,7 +132,7 @@ def test_idempotent_submit_returns_the_same_workload(client: TestClient, admin: 
     assert first.status_code == 201
     assert again.status_code == 200
     assert again.json()["id"] == first.json()["id"]
-    assert len(client.get("/v1/workloads", headers=tenant.headers).json()) == 1
+    assert len(client.get("/v1/workloads", headers=tenant.headers).json()["items"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_invalid_submissions_get_a_clear_422(
     r = client.post("/v1/workloads", json=body, headers=tenant.headers)
     assert r.status_code == 422, r.text
     assert message in r.json()["detail"]
-    assert client.get("/v1/workloads", headers=tenant.headers).json() == []
+    assert client.get("/v1/workloads", headers=tenant.headers).json()["items"] == []
 
 
 def test_mig_profile_offered_by_a_pool_is_accepted(client: TestClient, admin: dict[str, str]) -> None:
@@ -188,7 +188,7 @@ def test_a_team_sees_and_touches_only_its_own_objects(client: TestClient, admin:
     theirs = client.post("/v1/workloads", json=gang("asr", speech.queue), headers=speech.headers).json()
     assert client.get(f"/v1/workloads/{theirs['id']}", headers=vision.headers).status_code == 404
     assert client.post(f"/v1/workloads/{theirs['id']}/cancel", headers=vision.headers).status_code == 404
-    assert client.get("/v1/workloads", headers=vision.headers).json() == []
+    assert client.get("/v1/workloads", headers=vision.headers).json()["items"] == []
     assert [q["name"] for q in client.get("/v1/queues", headers=vision.headers).json()] == ["vision-train"]
     assert client.get("/v1/queues/speech-train", headers=vision.headers).status_code == 404
     submit_to_theirs = client.post("/v1/workloads", json=gang("sneaky", speech.queue), headers=vision.headers)

@@ -82,18 +82,22 @@ async def test_gangs_flow_end_to_end_by_rest_and_by_nats(secure_settings: Settin
             await js.publish(f"{prefix}.submit.llm.llm-train", body, headers={"Gpufleet-Msg-Id": f"e2e-{prefix}"})
 
             async def both_succeeded() -> bool:
-                listed = (await api.get("/v1/workloads", headers=team)).json()
+                listed = (await api.get("/v1/workloads", headers=team)).json()["items"]
                 return len(listed) == 2 and all(w["state"] == "succeeded" for w in listed)
 
             await _until(both_succeeded, 90)
-            listed = {w["name"]: w for w in (await api.get("/v1/workloads", headers=team)).json()}
+            listed = {w["name"]: w for w in (await api.get("/v1/workloads", headers=team)).json()["items"]}
             for name in ("by-rest", "by-nats"):
-                workload = listed[name]
-                assert workload["cluster"] == "sim-h100"
+                assert (listed[name]["cluster"], listed[name]["node_count"], listed[name]["attempts"]) == (
+                    "sim-h100",
+                    4,
+                    1,
+                )
+                workload = (await api.get(f"/v1/workloads/{listed[name]['id']}", headers=team)).json()
                 assert len(workload["nodes"]) == 4
                 [run] = workload["runs"]
                 assert run["state"] == "succeeded"
-                assert len(run["assignments"]) == 4
+                assert run["placement"] == [{"pod_set": "workers", "pool": "h100", "pods": 4, "nodes": 4}]
 
             async def all_events_seen() -> bool:
                 return all(events[listed[n]["id"]] == LIFECYCLE for n in ("by-rest", "by-nats"))

@@ -91,7 +91,7 @@ def test_the_body_cap_holds_for_chunked_bodies(client: TestClient, tenant: Tenan
     r = client.post("/v1/workloads", content=chunks(), headers={**tenant.headers, "Content-Type": "application/json"})
     assert r.status_code == 413
     assert r.json() == {"detail": "request body larger than 1 MiB"}
-    assert client.get("/v1/workloads", headers=tenant.headers).json() == []
+    assert client.get("/v1/workloads", headers=tenant.headers).json() == {"items": [], "next": None}
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_page_bounds_are_422(client: TestClient, tenant: Tenant, query: str) -> 
 def test_largest_page_and_offset_are_served(client: TestClient, tenant: Tenant) -> None:
     r = client.get(f"/v1/workloads?limit={MAX_PAGE}&offset={MAX_OFFSET}", headers=tenant.headers)
     assert r.status_code == 200
-    assert r.json() == []
+    assert r.json() == {"items": [], "next": None}
 
 
 def test_gang_size_is_bounded_by_what_a_pod_report_can_carry(client: TestClient, tenant: Tenant) -> None:

@@ -189,7 +189,7 @@ async def test_no_message_of_any_size_on_any_senders_subject_stops_the_control_p
         assert ack.stream == INBOUND_STREAM
 
         async def created() -> bool:
-            names = [w["name"] for w in client.get("/v1/workloads", headers=plane.llm.headers).json()]
+            names = [w["name"] for w in client.get("/v1/workloads", headers=plane.llm.headers).json()["items"]]
             return "after-the-storm" in names and any(b"after-the-storm" in m.data for m in events)
 
         await until(created, timeout=90)
@@ -351,7 +351,7 @@ async def test_reply_subjects_outside_the_senders_own_inbox_are_refused(plane: P
         assert [s for s in received if not s.startswith(f"{p}.events.workload.ads.")] == []
         assert {s: await plane.stored(INBOUND_STREAM, s) for s in before} == before
         assert await plane.stored(TELEMETRY_STREAM, f"{p}.in.telemetry.c2.>") == before_telemetry
-        assert [w["name"] for w in client.get("/v1/workloads", headers=plane.ads.headers).json()] == ["own"]
+        assert [w["name"] for w in client.get("/v1/workloads", headers=plane.ads.headers).json()["items"]] == ["own"]
     finally:
         for nc in (llm, ads, c1, c2):
             await nc.close()
@@ -382,8 +382,8 @@ async def test_a_message_id_is_scoped_to_its_sender(plane: Plane, client: TestCl
         await victim.close()
 
     async def both_exist() -> bool:
-        mine = [w["name"] for w in client.get("/v1/workloads", headers=plane.llm.headers).json()]
-        theirs = [w["name"] for w in client.get("/v1/workloads", headers=plane.ads.headers).json()]
+        mine = [w["name"] for w in client.get("/v1/workloads", headers=plane.llm.headers).json()["items"]]
+        theirs = [w["name"] for w in client.get("/v1/workloads", headers=plane.ads.headers).json()["items"]]
         return mine == ["nightly"] and theirs == ["squatter"]
 
     await until(both_exist)

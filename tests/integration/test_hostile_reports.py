@@ -208,7 +208,7 @@ def test_an_elastic_gang_succeeds_only_when_every_admitted_pod_has(
     wid = client.post("/v1/workloads", json=body, headers=tenant.headers).json()["id"]
     _admit(wiring)
     run = _run_of(client, tenant, wid)
-    assert len(run["assignments"]) == 4
+    assert run["placement"] == [{"pod_set": "workers", "pool": "h100", "pods": 4, "nodes": 4}]
     pods = [{"pod_set": "workers", "index": i, "phase": "Succeeded" if i < 2 else "Running"} for i in range(4)]
     _send(wiring, "cluster.sim-h100.pods", {"run_id": run["id"], "epoch": 1, "pods": pods}, "e1")
     assert _run_of(client, tenant, wid)["state"] == "running"

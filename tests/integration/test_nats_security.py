@@ -338,13 +338,13 @@ async def test_a_squatted_message_id_does_not_drop_the_victims_submit(plane: Pla
         await victim.close()
 
     async def both_exist() -> bool:
-        mine = client.get("/v1/workloads", headers=plane.llm.headers).json()
-        theirs = client.get("/v1/workloads", headers=plane.ads.headers).json()
+        mine = client.get("/v1/workloads", headers=plane.llm.headers).json()["items"]
+        theirs = client.get("/v1/workloads", headers=plane.ads.headers).json()["items"]
         return [w["name"] for w in mine] == ["nightly"] and [w["name"] for w in theirs] == ["squatter"]
 
     await _until(both_exist)
     await asyncio.sleep(0.5)  # the retry was applied as a duplicate, not as a second workload
-    assert [w["name"] for w in client.get("/v1/workloads", headers=plane.llm.headers).json()] == ["nightly"]
+    assert [w["name"] for w in client.get("/v1/workloads", headers=plane.llm.headers).json()["items"]] == ["nightly"]
 
 
 async def test_revoked_credentials_are_refused_and_their_connections_closed(plane: Plane, wiring: Wiring) -> None:

@@ -128,7 +128,7 @@ def workloads_page(
         "workloads.html",
         who,
         team,
-        items=found[:PAGE_SIZE],
+        items=[listed.workload for listed in found[:PAGE_SIZE]],
         more=len(found) > PAGE_SIZE,
         states=[str(s) for s in WorkloadState],
         state=str(state) if state else "",

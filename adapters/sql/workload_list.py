@@ -1,0 +1,149 @@
+"""Lists of workloads as summaries (`WorkloadSummary`): pod sets and counts, never a pod or a run.
+
+A list used to carry every run's per-pod assignments, so ten 5,000-pod gangs made a 2.8 MB page
+(issue 21). Here a page is read with a few set queries: the workloads' columns (not `container`,
+up to 64 KiB each, which no list shows), their pod sets, each one's run count and latest run, and
+the node count of the current runs, counted in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Row, and_, distinct, func, or_, select
+from sqlalchemy.orm import Session
+
+from adapters.sql.convert import pod_set_dict
+from adapters.sql.tables import ClusterRow, PodSetRow, QueueRow, RunAssignmentRow, RunRow, TeamRow, WorkloadRow
+from controlplane.domain.model import WorkloadState
+from controlplane.service.ports import WorkloadFilter
+from controlplane.service.views import Listed, WorkloadSummary
+
+W = WorkloadRow
+_COLUMNS = (
+    W.id,
+    W.name,
+    W.team_id,
+    W.queue_id,
+    W.priority_class,
+    W.priority,
+    W.kind,
+    W.state,
+    W.reason,
+    W.queue_position,
+    W.min_available,
+    W.requires_isolation,
+    W.duration_seconds,
+    W.max_runtime_seconds,
+    W.spot,
+    W.same_pool,
+    W.idempotency_key,
+    W.labels,
+    W.created_at,
+    W.updated_at,
+    W.finished_at,
+    W.created_seq,
+)
+
+
+def list_summaries(s: Session, flt: WorkloadFilter) -> list[Listed]:
+    """The workloads `flt` selects, newest first (the id breaks ties), after `flt.after` if set."""
+    query = select(*_COLUMNS)
+    if flt.team_id:
+        query = query.where(W.team_id == flt.team_id)
+    if flt.queue:
+        query = query.join(QueueRow, QueueRow.id == W.queue_id).where(QueueRow.name == flt.queue)
+    if flt.states:
+        query = query.where(W.state.in_(flt.states))
+    if flt.name:
+        query = query.where(W.name == flt.name)
+    if flt.after is not None:
+        seq, after_id = flt.after
+        query = query.where(or_(W.created_seq < seq, and_(W.created_seq == seq, W.id > after_id)))
+    query = query.order_by(W.created_seq.desc(), W.id).limit(flt.limit).offset(flt.offset)
+    return _summaries(s, s.execute(query).all())
+
+
+def _summaries(s: Session, rows: Sequence[Row[Any]]) -> list[Listed]:
+    if not rows:
+        return []
+    ids = [r.id for r in rows]
+    queues = dict(
+        s.execute(select(QueueRow.id, QueueRow.name).where(QueueRow.id.in_({r.queue_id for r in rows}))).all()
+    )
+    teams = dict(s.execute(select(TeamRow.id, TeamRow.name).where(TeamRow.id.in_({r.team_id for r in rows}))).all())
+    pod_sets: dict[str, list[dict[str, Any]]] = {}
+    for p in s.scalars(select(PodSetRow).where(PodSetRow.workload_id.in_(ids)).order_by(PodSetRow.ordinal)):
+        pod_sets.setdefault(p.workload_id, []).append(pod_set_dict(p))
+    # Each workload's run count and latest run (by attempt), without loading any run's pods.
+    counted = (
+        select(RunRow.workload_id, func.count().label("runs"), func.max(RunRow.attempt).label("last"))
+        .where(RunRow.workload_id.in_(ids))
+        .group_by(RunRow.workload_id)
+        .subquery()
+    )
+    latest = {
+        r.workload_id: r
+        for r in s.execute(
+            select(counted.c.workload_id, counted.c.runs, RunRow.id, RunRow.cluster_id).join(
+                RunRow, and_(RunRow.workload_id == counted.c.workload_id, RunRow.attempt == counted.c.last)
+            )
+        )
+    }
+    clusters = (
+        dict(
+            s.execute(
+                select(ClusterRow.id, ClusterRow.name).where(ClusterRow.id.in_({r.cluster_id for r in latest.values()}))
+            ).all()
+        )
+        if latest
+        else {}
+    )
+    # The current run: the latest one, unless the workload is queued again (then it has none).
+    current = {r.id: latest[r.id].id for r in rows if r.id in latest and r.state != WorkloadState.QUEUED}
+    node_counts = (
+        dict(
+            s.execute(
+                select(RunAssignmentRow.run_id, func.count(distinct(RunAssignmentRow.node_id)))
+                .where(RunAssignmentRow.run_id.in_(set(current.values())))
+                .group_by(RunAssignmentRow.run_id)
+            ).all()
+        )
+        if current
+        else {}
+    )
+    listed = []
+    for r in rows:
+        run = latest.get(r.id)
+        run_id = current.get(r.id)
+        sets = pod_sets.get(r.id, [])
+        summary = WorkloadSummary(
+            id=r.id,
+            name=r.name,
+            team=teams.get(r.team_id, r.team_id),
+            queue=queues.get(r.queue_id, r.queue_id),
+            priority_class=r.priority_class,
+            priority=r.priority,
+            kind=r.kind,
+            state=r.state,
+            reason=r.reason,
+            queue_position=r.queue_position if r.state == WorkloadState.QUEUED else None,
+            min_available=r.min_available,
+            pods=sum(int(p["replicas"]) for p in sets),
+            pod_sets=sets,
+            requires_isolation=r.requires_isolation,
+            duration_seconds=r.duration_seconds,
+            max_runtime_seconds=r.max_runtime_seconds,
+            spot=r.spot,
+            same_pool=r.same_pool,
+            idempotency_key=r.idempotency_key,
+            labels=dict(r.labels),
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            finished_at=r.finished_at,
+            cluster=clusters.get(run.cluster_id, run.cluster_id) if run is not None and run_id else None,
+            node_count=node_counts.get(run_id, 0) if run_id else 0,
+            attempts=run.runs if run is not None else 0,
+        )
+        listed.append(Listed((r.created_seq, r.id), summary))
+    return listed
