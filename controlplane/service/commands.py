@@ -275,7 +275,8 @@ class SubmitWorkload(Strict):
                 min_available_within_pods="`min_available` is at most the gang's pods (the sum of replicas)",
                 min_available_matches_minimums="with pod sets' `min_replicas`, a `min_available` given is their sum "
                 "(`replicas` for a pod set without one)",
-                container_bytes=f"`container` is at most {MAX_CONTAINER_BYTES} bytes as compact JSON",
+                container_bytes=f"`container` is at most {MAX_CONTAINER_BYTES} characters as compact JSON with "
+                "non-ASCII characters escaped (`\\uXXXX`)",
             ),
         }
     )
