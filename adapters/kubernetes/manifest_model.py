@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from controlplane.domain.kubernetes_syntax import is_extended_resource
 from controlplane.domain.model import GPU_TAINT_KEYS
-from controlplane.service.commands import EXTENDED_RESOURCE
 
 GangMode = Literal["volcano", "coscheduling", "kueue", "none"]
 GANG_MODES: tuple[GangMode, ...] = ("volcano", "coscheduling", "kueue", "none")
@@ -130,7 +130,7 @@ class KubeSettings:
         if self.gang not in GANG_MODES:
             raise ManifestError(f"gang mode {self.gang!r} is not one of {', '.join(GANG_MODES)}")
         for resource in (self.timeslice_resource, self.mps_resource, self.gpu_resource):
-            if resource is not None and not EXTENDED_RESOURCE.match(resource):
+            if resource is not None and not is_extended_resource(resource):
                 raise ManifestError(f"{resource!r} is not a Kubernetes extended resource name")
         if not DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
             raise ManifestError(f"namespace {self.namespace!r} is not a DNS-1123 label")

@@ -27,7 +27,7 @@ from controlplane.service.cloud_state import (
     StalledRun,
     SyncedPool,
 )
-from controlplane.service.commands import CLOUD_PROVIDERS
+from controlplane.service.cluster_specs import CLOUD_PROVIDERS
 from controlplane.service.ids import new_id
 
 LIVE = ("admitted", "dispatching", "running")

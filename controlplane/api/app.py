@@ -19,7 +19,7 @@ from controlplane.api.text import refuse_nul
 from controlplane.domain.limits import MAX_MESSAGE_BYTES
 from controlplane.service.auth_limits import TooManyFailures
 from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable, Unauthenticated
-from controlplane.service.safejson import UnsafeJson, decode
+from controlplane.service.safejson import MAX_DEPTH, UnsafeJson, decode
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES
 # Seconds a client should wait before retrying while the database is unavailable.
@@ -96,6 +96,16 @@ class BodyGuard:
         await self.app(scope, replay, send)
 
 
+# What holds for every request, besides each operation's schema. Together they state every rule the
+# server enforces, so a request they allow is never refused with a 422 (tests/openapi).
+DESCRIPTION = (
+    f"Every request body is JSON of at most 1 MiB, nested at most {MAX_DEPTH} levels deep, with no duplicate "
+    "keys and only finite numbers; no text anywhere holds NUL (U+0000), which PostgreSQL cannot store. An "
+    "integer may be written `3.0`. Rules JSON Schema cannot express (across fields, sums, unique names) are "
+    "stated under `x-rules`, one sentence per rule id. A request that breaks a rule is answered 422 with a "
+    "sentence; one that names an object that does not exist 404; one the current state refuses 409."
+)
+
 # Responses of the API are per caller and some carry secrets (issued tokens): never cached.
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
@@ -142,6 +152,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         title="gpufleet",
         version="1",
         summary="Control plane for shared GPU fleets: quotas, gangs, placement across clusters.",
+        description=DESCRIPTION,
         dependencies=[Depends(refuse_nul)],
     )
     app.state.ctx = ctx

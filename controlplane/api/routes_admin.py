@@ -12,9 +12,8 @@ from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Admin, Caller, Ctx
 from controlplane.service import admin as svc
 from controlplane.service import auth, nats_identity
+from controlplane.service.cluster_specs import ClusterSpec, ClusterUpdate
 from controlplane.service.commands import (
-    ClusterSpec,
-    ClusterUpdate,
     CohortSpec,
     PriorityClassSpec,
     QueueSpec,
@@ -143,7 +142,7 @@ def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec 
         response_model=TreeNodeView,
         tags=tag,
         name=f"create_{level}",
-        responses=declare(400, 403, 409, 413, 422),
+        responses=declare(400, 403, 404, 409, 413, 422),
     )
     router.add_api_route(
         f"/{plural}/{{ref}}",
@@ -152,7 +151,7 @@ def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec 
         response_model=TreeNodeView,
         tags=tag,
         name=f"update_{level}",
-        responses=declare(400, 403, 404, 413, 422),
+        responses=declare(400, 403, 404, 409, 413, 422),
     )
     router.add_api_route(
         f"/{plural}/{{ref}}",
@@ -233,7 +232,7 @@ class IssuedToken:
 
 
 @router.post(
-    "/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"], responses=declare(400, 403, 413, 422)
+    "/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"], responses=declare(400, 403, 404, 413, 422)
 )
 def issue_token(spec: TokenSpec, who: Admin, ctx: Ctx) -> IssuedToken:
     view, raw = auth.issue_token(ctx.uow_factory(), spec, who.token_id, ctx.clock())

@@ -13,7 +13,8 @@ from controlplane.api.security import Caller, Ctx, Submitter
 from controlplane.domain.limits import MAX_OFFSET, MAX_PAGE, MAX_PAGE_BYTES
 from controlplane.domain.model import WorkloadState
 from controlplane.service import workloads as svc
-from controlplane.service.commands import Strict, SubmitWorkload
+from controlplane.service.commands import SubmitWorkload
+from controlplane.service.constraints import Strict
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import WorkloadPage, WorkloadSummary, WorkloadView
 
@@ -30,7 +31,7 @@ class CancelRequest(Strict):
     response_model=WorkloadView,
     responses={
         200: {"model": WorkloadView, "description": "an idempotent retry: the workload created the first time"},
-        **declare(400, 409, 413, 422),
+        **declare(400, 404, 409, 413, 422),
     },
 )
 def submit(

@@ -18,7 +18,7 @@ from adapters.sql.migrate import upgrade_to_head
 from adapters.sql.uow import SqlUnitOfWork
 from controlplane.config import Settings
 from controlplane.service import admin
-from controlplane.service.commands import ClusterSpec
+from controlplane.service.cluster_specs import ClusterSpec
 from controlplane.service.ports import UnitOfWork
 
 

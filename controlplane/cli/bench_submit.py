@@ -37,7 +37,8 @@ from controlplane.bootstrap import Wiring, utc_now
 from controlplane.config import Settings
 from controlplane.service import admin
 from controlplane.service.auth import issue_token
-from controlplane.service.commands import ClusterSpec, PriorityClassSpec, QueueSpec, TeamSpec, TokenSpec
+from controlplane.service.cluster_specs import ClusterSpec
+from controlplane.service.commands import PriorityClassSpec, QueueSpec, TeamSpec, TokenSpec
 
 PREFIX = "bench"
 TEAM, QUEUE = "bench", "bench-train"

@@ -38,6 +38,16 @@ RESERVED_LABEL_PREFIXES = (
 RESERVED_LABEL_KEYS = frozenset({"app.kubernetes.io/managed-by", "controller-uid", "job-name"})
 
 
+# The same rule as a pattern (ECMA-262 and Python) for the request schema: a key it matches is reserved.
+RESERVED_LABEL_PATTERN = (
+    "^("
+    + "|".join(p.replace(".", r"\.") for p in RESERVED_LABEL_PREFIXES)
+    + ")|^("
+    + "|".join(k.replace(".", r"\.") for k in sorted(RESERVED_LABEL_KEYS))
+    + ")$"
+)
+
+
 def reserved_label(key: str) -> bool:
     return key in RESERVED_LABEL_KEYS or key.startswith(RESERVED_LABEL_PREFIXES)
 

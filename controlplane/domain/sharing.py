@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -48,6 +49,7 @@ _MEMORY_EIGHTHS: dict[str, dict[str, int]] = {
     "H200-141GB": {"1g.18gb": 1, "1g.35gb": 2, "2g.35gb": 2, "3g.71gb": 4, "4g.71gb": 4, "7g.141gb": 8},
 }
 _COUNT = re.compile(r"[1-9][0-9]{0,3}")
+MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb$"
 _PROFILE = re.compile(r"([1-7])g\.[0-9]+gb")
 
 # mig-parted's `all-balanced` layout: 1g x2 + 2g x1 + 3g x1 on A100, H100 and H200.
@@ -57,6 +59,19 @@ _BALANCED = {
     "H100-80GB": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
     "H200-141GB": {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1},
 }
+
+
+def sharing_pattern(profiles: Iterable[str] | None = None) -> str:
+    """The syntax `SharingMode.parse` takes, as an ECMA-262 and Python pattern (no surrounding
+    spaces). With `profiles` (a GPU model's), MIG layouts exactly as `mig_slices_per_gpu` reads them,
+    made of those profiles; without, any `mig:` text (the model decides, and says why not). How many
+    instances a layout asks for, against one GPU's slices, is `mig_slices_per_gpu`'s to say."""
+    shares = r"exclusive|(mps|timeslice):([2-9]|[1-9][0-9]{1,3})"
+    if profiles is None:
+        return rf"^({shares}|mig:.+)$"
+    profile = "(" + "|".join(re.escape(p) for p in profiles) + ")"
+    part = rf"{profile}(\*{_COUNT.pattern})?"
+    return rf"^({shares}|mig:(all-balanced|all-{profile}|{part}(\+{part})*))$"
 
 
 def mig_compute_slices(profile: str) -> int:

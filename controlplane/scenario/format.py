@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from controlplane.core.snapshot import Policy
 from controlplane.domain.model import WorkloadKind
-from controlplane.service.commands import ClusterSpec, Name, PodSetSpec, QuotaMap, TolerationSpec, check_minimums
+from controlplane.service.cluster_specs import ClusterSpec
+from controlplane.service.commands import (
+    Name,
+    PodSetSpec,
+    QuotaMap,
+    TolerationSpec,
+    check_minimums,
+)
 
 Seconds = float
 # A scenario is a test: more cycles than this is a mistake in `until` or `cycle_seconds`.

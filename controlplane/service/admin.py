@@ -7,15 +7,14 @@ from datetime import datetime
 from controlplane.domain.model import Cluster, Node, NodePool
 from controlplane.service.cloud_ports import UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.cloud_state import SyncedPool
+from controlplane.service.cluster_specs import CLOUD_PROVIDERS, ClusterSpec, ClusterUpdate
 from controlplane.service.commands import (
-    CLOUD_PROVIDERS,
-    ClusterSpec,
-    ClusterUpdate,
     CohortSpec,
     PriorityClassSpec,
     QueueSpec,
     QuotaUpdate,
     TeamSpec,
+    guarantee_over_limit,
 )
 from controlplane.service.errors import Conflict, Invalid, NotFound
 from controlplane.service.ids import new_id
@@ -57,7 +56,7 @@ def create_cluster(
         except UnsafeKubeconfig as exc:
             raise Invalid(str(exc)) from exc
         if kubeconfigs is None:
-            raise Invalid("this API has no kubeconfig store configured; kubernetes clusters cannot be registered")
+            raise Conflict("this API has no kubeconfig store configured; kubernetes clusters cannot be registered")
     cluster_id = new_id("cl")
     stored = False
     try:
@@ -101,15 +100,15 @@ def update_cluster(uow: UnitOfWork, ref: str, update: ClusterUpdate, actor: str,
             raise NotFound(f"no cluster {ref}")
         if update.kubernetes is not None:
             if current.provider == "sim":
-                raise Invalid(f"cluster {current.name} is simulated; it has no Kubernetes settings")
+                raise Conflict(f"cluster {current.name} is simulated; it has no Kubernetes settings")
             # Only the fields the request names change; the inventory's own keys stay as they are.
             given = update.kubernetes.model_dump(include=update.kubernetes.model_fields_set)
             uow.admin.apply_node_schedulable(current.id, {}, given)
         if update.pools is not None:
             if current.provider in CLOUD_PROVIDERS:
-                raise Invalid(f"cluster {current.name}: {current.provider} pools come from the cloud (fleet sync)")
+                raise Conflict(f"cluster {current.name}: {current.provider} pools come from the cloud (fleet sync)")
             if current.provider == "kubernetes":
-                raise Invalid(f"cluster {current.name}: kubernetes pools come from the cluster's nodes")
+                raise Conflict(f"cluster {current.name}: kubernetes pools come from the cluster's nodes")
             if uow.admin.cluster_has_live_runs(current.id):
                 raise Conflict(f"cluster {current.name} has live runs; drain it before changing its pools")
             # Reconciled by name, as fleet sync does for a cloud: nodes an ended run's history names
@@ -192,7 +191,7 @@ def create_tree_node(
         if parent_level and parent_name:
             parent = uow.admin.get_tree_node(parent_level, parent_name)
             if parent is None:
-                raise Invalid(f"unknown {parent_level} {parent_name!r}")
+                raise NotFound(f"unknown {parent_level} {parent_name!r}")
             parent_id = parent.id
         view = TreeNodeView(
             id=new_id({"cohort": "co", "team": "tm", "queue": "q"}[level]),
@@ -206,18 +205,18 @@ def create_tree_node(
             borrowing_limit=dict(spec.borrowing_limit),
             lending_limit=dict(spec.lending_limit),
         )
-        _check_guarantee_within_limit(view)
-        uow.admin.add_tree_node(level, view)
+        uow.admin.add_tree_node(level, view)  # the spec's guarantee is within its limit (`TreeNodeSpec`)
         uow.audit.record(actor, f"{level}.create", level, view.id, spec.model_dump(), now)
         uow.commit()
     return view
 
 
 def _check_guarantee_within_limit(view: TreeNodeView) -> None:
-    for key, amount in view.guaranteed.items():
-        bound = view.limit.get(key)
-        if bound is not None and amount > bound:
-            raise Invalid(f"guaranteed {key} ({amount:g}) is above its limit ({bound:g})")
+    """An update's guarantee against the stored limit, or its limit against the stored guarantee:
+    the state, not the request alone, is in the way (409)."""
+    problem = guarantee_over_limit(view.guaranteed, view.limit)
+    if problem:
+        raise Conflict(problem)
 
 
 def update_tree_node(

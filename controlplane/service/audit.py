@@ -43,7 +43,7 @@ from controlplane.domain.sharing import InvalidSharingMode, SharingMode
 from controlplane.service import report_accounting, reports
 from controlplane.service.audit_records import AuditRun
 from controlplane.service.audit_wording import TITLES, evidence_fields, evidence_text, fix_text
-from controlplane.service.commands import Strict
+from controlplane.service.constraints import Strict
 from controlplane.service.errors import Invalid
 from controlplane.service.events import envelope
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory

@@ -17,7 +17,7 @@ from datetime import datetime
 
 from controlplane.service.auth_limits import FailedAuthLimiter, TooManyFailures
 from controlplane.service.commands import TokenSpec
-from controlplane.service.errors import Invalid, NotFound
+from controlplane.service.errors import NotFound
 from controlplane.service.ids import new_id
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import Principal, TokenView
@@ -117,7 +117,7 @@ def issue_token(uow: UnitOfWork, spec: TokenSpec, actor: str, now: datetime) -> 
         if spec.team:
             team = uow.admin.get_tree_node("team", spec.team)
             if team is None:
-                raise Invalid(f"unknown team {spec.team!r}")
+                raise NotFound(f"unknown team {spec.team!r}")
             team_id = team.id
         view = TokenView(new_id("tok"), spec.name, spec.role, team_id, now, None)
         uow.tokens.add(view, hash_token(raw))

@@ -14,7 +14,7 @@ from typing import Any, NoReturn, Protocol, runtime_checkable
 import yaml
 
 from controlplane.domain.model import Taint
-from controlplane.service.commands import PoolSpec
+from controlplane.service.cluster_specs import PoolSpec
 
 PROVIDERS = ("eks", "aks", "gke", "oke")
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from controlplane.core.decision import EndCause
-from controlplane.service.commands import CLOUD_PROVIDERS, PoolSpec
+from controlplane.service.cluster_specs import CLOUD_PROVIDERS, PoolSpec
 
 
 @dataclass(frozen=True)

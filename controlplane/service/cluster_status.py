@@ -10,7 +10,7 @@ from pydantic import Field
 
 from controlplane.domain.limits import MAX_MESSAGE_BYTES, MAX_PODS_PER_GANG
 from controlplane.domain.model import WorkloadState
-from controlplane.service.commands import Strict
+from controlplane.service.constraints import Strict
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.workloads import emit
 

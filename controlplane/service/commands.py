@@ -1,13 +1,15 @@
-"""Validated inputs of the service layer, shared by REST and NATS so both validate alike."""
+"""Validated inputs of the service layer, shared by REST and NATS so both validate alike.
+
+Each model states in its JSON Schema (the OpenAPI) every rule it enforces (see `constraints`); the
+fleet's own inputs (clusters, pools) are in `cluster_specs`."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from controlplane.domain import kubernetes_syntax as k8s
 from controlplane.domain.limits import (
@@ -21,33 +23,31 @@ from controlplane.domain.limits import (
     MAX_QUOTA_KEYS,
     MAX_TOLERATIONS,
 )
-from controlplane.domain.model import NodePool, PodSet, Taint, WorkloadKind, reserved_label
-from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_compute_slices
+from controlplane.domain.model import RESERVED_LABEL_PATTERN, PodSet, WorkloadKind, reserved_label
+from controlplane.domain.sharing import MIG_PROFILE_PATTERN
+from controlplane.service.constraints import Also, KeysMatch, Strict, matching, rules
 from controlplane.service.serving import ServingSpec
 
 NAME_PATTERN = k8s.DNS1123_LABEL_PATTERN
-Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
-# An extended resource name: `<DNS subdomain>/<name>` outside the kubernetes.io and requests. namespaces.
-EXTENDED_RESOURCE = re.compile(
-    r"^(?!(?:[^/]*\.)?kubernetes\.io/)(?!requests\.)"
-    r"(?=[^/]{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-    r"/(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+NAME_SENTENCE = "must be lower-case letters, digits and '-', starting and ending with a letter or digit"
+Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN), matching(NAME_SENTENCE)]
 QuotaAmount = Annotated[float, Field(ge=0, le=MAX_QUOTA_AMOUNT, allow_inf_nan=False)]
 QuotaMap = Annotated[
     dict[Annotated[str, Field(min_length=1, max_length=40)], QuotaAmount], Field(max_length=MAX_QUOTA_KEYS)
 ]
 Price = Annotated[float, Field(ge=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=False)]
 
-
-class Strict(BaseModel):
-    """Inputs are taken as their schema says, never coerced: `true` is no number, `"5"` no integer,
-    `" a"` no name (the published OpenAPI must describe exactly what is accepted). No NaN or
-    infinities in any float field of any request (REST or NATS): they break quota arithmetic and
-    JSON columns, and no quantity gpufleet takes can be infinite."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# Kubernetes syntax: checked by `kubernetes_syntax` (for its sentences), published from its patterns.
+_LABEL_KEY_SCHEMA = {"pattern": k8s.QUALIFIED_NAME_PATTERN, "allOf": [{"pattern": k8s.PREFIX_LENGTH_PATTERN}]}
+LabelKey = Annotated[str, Field(max_length=k8s.QUALIFIED_KEY_MAX), Also(_LABEL_KEY_SCHEMA)]
+LabelValue = Annotated[str, Also({"pattern": k8s.LABEL_VALUE_PATTERN})]
+PoolLabels = Annotated[dict[LabelKey, LabelValue], KeysMatch()]
+_WorkloadLabelKey = Annotated[
+    str,
+    Field(max_length=k8s.QUALIFIED_KEY_MAX),
+    Also({**_LABEL_KEY_SCHEMA, "not": {"pattern": RESERVED_LABEL_PATTERN}}),
+]
+WorkloadLabels = Annotated[dict[_WorkloadLabelKey, LabelValue], KeysMatch()]
 
 
 def _refuse(errors: list[str], what: str) -> None:
@@ -71,8 +71,8 @@ def check_labels(labels: dict[str, str], reserved: Callable[[str], bool] | None 
 
 
 class TaintSpec(Strict):
-    key: str = Field(min_length=1, max_length=317)
-    value: str = Field(default="", max_length=63)
+    key: LabelKey = Field(min_length=1)
+    value: LabelValue = Field(default="", max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
     @model_validator(mode="after")
@@ -82,9 +82,17 @@ class TaintSpec(Strict):
 
 
 class TolerationSpec(Strict):
-    key: str = Field(min_length=1, max_length=317, description="[prefix/]name, as a Kubernetes label key")
+    # Kubernetes' rule that operator Exists takes no value.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"operator": {"const": "Exists"}}, "required": ["operator"]},
+            "then": {"properties": {"value": {"maxLength": 0}}},
+        }
+    )
+
+    key: LabelKey = Field(min_length=1, description="[prefix/]name, as a Kubernetes label key")
     operator: Literal["Equal", "Exists"] = "Equal"
-    value: str = Field(default="", max_length=63)
+    value: LabelValue = Field(default="", max_length=63)
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
 
     @model_validator(mode="after")
@@ -94,198 +102,34 @@ class TolerationSpec(Strict):
         return self
 
 
-class PoolSpec(Strict):
-    name: Name
-    gpu_model: str = Field(min_length=1, max_length=40, examples=["H100-80GB"])
-    gpus_per_node: int = Field(ge=1, le=64)
-    cpu_millis: int = Field(ge=1000, le=10_000_000)
-    memory_mib: int = Field(ge=1024, le=100_000_000)
-    sharing: str = Field(default="exclusive", examples=["exclusive", "mig:all-balanced", "timeslice:4"])
-    taints: list[TaintSpec] = Field(default_factory=list, max_length=32)
-    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
-    price_per_gpu_hour: Price = 0.0
-    spot: bool = False
-    node_count: int = Field(ge=0, le=20_000)
-
-    def to_pool(self, pool_id: str, cluster_id: str) -> NodePool:
-        return NodePool(
-            id=pool_id,
-            cluster_id=cluster_id,
-            name=self.name,
-            gpu_model=self.gpu_model,
-            gpus_per_node=self.gpus_per_node,
-            cpu_millis=self.cpu_millis,
-            memory_mib=self.memory_mib,
-            sharing=SharingMode.parse(self.sharing),
-            taints=tuple(Taint(t.key, t.value, t.effect) for t in self.taints),
-            labels=dict(self.labels),
-            price_per_gpu_hour=self.price_per_gpu_hour,
-            spot=self.spot,
-            node_count=self.node_count,
-        )
-
-    @field_validator("labels")
-    @classmethod
-    def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        return check_labels(labels)
-
-    @model_validator(mode="after")
-    def _sharing_is_valid(self) -> PoolSpec:
-        try:
-            SharingMode.parse(self.sharing).mig_slices_per_gpu(self.gpu_model)
-        except InvalidSharingMode as exc:
-            raise ValueError(str(exc)) from exc
-        return self
+def guarantee_over_limit(guaranteed: dict[str, float], limit: dict[str, float]) -> str | None:
+    """Why a guarantee is above its limit for some key, or None."""
+    for key, amount in guaranteed.items():
+        bound = limit.get(key)
+        if bound is not None and amount > bound:
+            return f"guaranteed {key} ({amount:g}) is above its limit ({bound:g})"
+    return None
 
 
-# Nodes of one cluster, all pools together: one pool may already have this many, and each node is a row
-# written on registration and read with the cluster (100 pools at the pool bound would be 2 million).
-MAX_CLUSTER_NODES = 20_000
-
-
-def _pools_fit_one_cluster(pools: list[PoolSpec]) -> list[PoolSpec]:
-    names = [p.name for p in pools]
-    if len(names) != len(set(names)):
-        raise ValueError("pool names must be unique within a cluster")
-    if sum(p.node_count for p in pools) > MAX_CLUSTER_NODES:
-        raise ValueError(f"a cluster has at most {MAX_CLUSTER_NODES} nodes over all its pools")
-    return pools
-
-
-CLOUD_PROVIDERS = ("eks", "aks", "gke", "oke")
-Provider = Literal["sim", "kubernetes", "eks", "aks", "gke", "oke"]
-
-
-class KubernetesSettingsSpec(Strict):
-    """How gpufleet talks to a real cluster's scheduler stack (see adapters.kubernetes.KubeSettings)."""
-
-    namespace: Name = "gpufleet"
-    gang: Literal["none", "volcano", "coscheduling", "kueue"] = "none"
-    use_jobset: bool = Field(default=False, description="one JobSet per run; always so with gang kueue")
-    kueue_queue: Name = "gpufleet"
-    # Node inventory: the label that names a node's pool, tried before the providers' own pool labels.
-    pool_label_key: str | None = Field(default=None, max_length=317)
-    # Resource names; None requests what the pool's nodes advertise (see the README, "Kubernetes settings").
-    mig_strategy: Literal["mixed", "single"] | None = None
-    gpu_resource: str | None = Field(default=None, max_length=317)
-    timeslice_resource: str | None = Field(default=None, max_length=317)
-    mps_resource: str | None = Field(default=None, max_length=317)
-    # The device plugin's time-slicing `failRequestsGreaterThanOne`: nodes cannot tell it, so say it here.
-    fail_requests_greater_than_one: bool = False
-
-    @field_validator("gpu_resource", "timeslice_resource", "mps_resource")
-    @classmethod
-    def _extended_resource(cls, value: str | None) -> str | None:
-        if value is not None and not EXTENDED_RESOURCE.match(value):
-            raise ValueError(
-                f"{value!r} is not a Kubernetes extended resource name (<domain>/<name>, e.g. nvidia.com/gpu.shared)"
-            )
-        return value
-
-    @field_validator("pool_label_key")
-    @classmethod
-    def _label_key(cls, value: str | None) -> str | None:
-        if value is not None and k8s.qualified_name_errors(value):
-            raise ValueError(f"{value!r} is not a Kubernetes label key")
-        return value
-
-    priority_class_map: dict[Name, Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)]] = Field(
-        default_factory=dict,
-        max_length=100,
-        description="gpufleet priority class -> an existing PriorityClass of the cluster; a class not listed "
-        "becomes `gpufleet-<class>`, which gpufleet creates in the cluster",
-    )
-    kueue_max_pod_sets: int = Field(
-        default=8,
-        ge=1,
-        le=18,
-        description="pod sets Kueue admits per Workload: 8 to v0.17, 10 in v0.18, 18 since v0.19",
-    )
-
-
-class ClusterSpec(Strict):
-    name: Name
-    provider: Provider = Field(
-        default="sim",
-        description="sim: simulated; kubernetes: any cluster, reached with `kubeconfig`, its pools and nodes "
-        "read from its Kubernetes API; eks|aks|gke|oke: discovered from the cloud and the cluster's nodes "
-        "(pools never come from the request)",
-    )
-    region: str = Field(default="", max_length=63)
-    pools: list[PoolSpec] = Field(default_factory=list, max_length=100)
-    account: str = Field(
-        default="", max_length=255, description="AWS account / Azure subscription / GCP project / OCI compartment"
-    )
-    cluster: str = Field(default="", max_length=253, description="the cloud's name for the cluster")
-    resource_group: str = Field(default="", max_length=90, description="AKS only")
-    cluster_id: str = Field(default="", max_length=255, description="OKE only: the cluster OCID")
-    kubernetes: KubernetesSettingsSpec = Field(default_factory=KubernetesSettingsSpec)
-    kubeconfig: str | None = Field(
-        default=None,
-        max_length=256 * 1024,
-        description="provider kubernetes only: inline credentials (no exec, auth-provider or file references); "
-        "stored in a 0600 file of the state dir, never in the database",
-    )
-    pool_prices: dict[Name, Price] = Field(
-        default_factory=dict,
-        description="real clusters: price per GPU-hour by pool name (neither nodes nor discovery have one)",
-    )
-
-    @field_validator("pools")
-    @classmethod
-    def _pools_fit(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
-        return _pools_fit_one_cluster(pools)
-
-    @model_validator(mode="after")
-    def _fields_fit_the_provider(self) -> ClusterSpec:
-        cloud = self.provider in CLOUD_PROVIDERS
-        if cloud:
-            if self.pools:
-                raise ValueError(f"{self.provider} pools are discovered from the cloud; do not list them")
-            if not self.cluster or not self.region:
-                raise ValueError(f"provider {self.provider} needs `cluster` and `region`")
-            if self.provider != "oke" and not self.account and self.provider != "eks":
-                raise ValueError(f"provider {self.provider} needs `account`")
-            if self.provider == "oke" and not (self.account or self.cluster_id):
-                raise ValueError("provider oke needs `account` (the compartment) or `cluster_id`")
-        else:
-            if self.provider == "kubernetes" and self.pools:
-                raise ValueError("kubernetes pools and nodes are discovered from the cluster's nodes; do not list them")
-            if self.provider == "sim" and not self.pools:
-                raise ValueError("provider sim needs at least one pool")
-            locator = [f for f in ("account", "cluster", "resource_group", "cluster_id") if getattr(self, f)]
-            if self.provider == "sim" and self.pool_prices:
-                locator.append("pool_prices")
-            if locator:
-                raise ValueError(f"{', '.join(locator)}: only for cloud providers")
-        if self.resource_group and self.provider != "aks":
-            raise ValueError("resource_group is for aks only")
-        if self.cluster_id and self.provider != "oke":
-            raise ValueError("cluster_id is for oke only")
-        if (self.kubeconfig is not None) != (self.provider == "kubernetes"):
-            raise ValueError("provider kubernetes needs `kubeconfig`, and only it takes one")
-        return self
-
-
-class ClusterUpdate(Strict):
-    region: str | None = Field(default=None, max_length=63)
-    pools: list[PoolSpec] | None = Field(default=None, min_length=1, max_length=100)
-    # Real clusters: the fields given replace the stored ones; the others stay as they are.
-    kubernetes: KubernetesSettingsSpec | None = None
-
-    @field_validator("pools")
-    @classmethod
-    def _pools_fit(cls, pools: list[PoolSpec] | None) -> list[PoolSpec] | None:
-        return None if pools is None else _pools_fit_one_cluster(pools)
+_GUARANTEE_RULE = rules(guarantee_within_limit="for each key in both, `guaranteed` is at most `limit`")
 
 
 class TreeNodeSpec(Strict):
+    model_config = ConfigDict(json_schema_extra=_GUARANTEE_RULE)
+
     name: Name
     guaranteed: QuotaMap = Field(default_factory=dict, description="per GPU model and/or 'gpu-eq'")
     limit: QuotaMap = Field(default_factory=dict, description="never above; missing key = unbounded")
     weight: float = Field(default=1.0, gt=0, le=1000)
     borrowing_limit: QuotaMap = Field(default_factory=dict, description="most it may use above its guarantee")
     lending_limit: QuotaMap = Field(default_factory=dict, description="most of its unused guarantee it lends")
+
+    @model_validator(mode="after")
+    def _guarantee_within_limit(self) -> TreeNodeSpec:
+        problem = guarantee_over_limit(self.guaranteed, self.limit)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class CohortSpec(TreeNodeSpec):
@@ -301,11 +145,23 @@ class QueueSpec(TreeNodeSpec):
 
 
 class QuotaUpdate(Strict):
+    """The fields given replace the stored ones; a guarantee above the stored limit (or a limit below
+    the stored guarantee) conflicts with the object's state (409)."""
+
+    model_config = ConfigDict(json_schema_extra=_GUARANTEE_RULE)
+
     guaranteed: QuotaMap | None = None
     limit: QuotaMap | None = None
     weight: float | None = Field(default=None, gt=0, le=1000)
     borrowing_limit: QuotaMap | None = None
     lending_limit: QuotaMap | None = None
+
+    @model_validator(mode="after")
+    def _guarantee_within_limit(self) -> QuotaUpdate:
+        problem = guarantee_over_limit(self.guaranteed or {}, self.limit or {})
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class PriorityClassSpec(Strict):
@@ -317,6 +173,15 @@ class PriorityClassSpec(Strict):
 
 
 class TokenSpec(Strict):
+    # role team (the default) needs a team; role admin takes none.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"role": {"const": "admin"}}, "required": ["role"]},
+            "then": {"properties": {"team": {"type": "null"}}},
+            "else": {"properties": {"team": {"type": "string"}}, "required": ["team"]},
+        }
+    )
+
     name: Name
     team: Name | None = Field(default=None, description="team the token acts for; omit with role admin or metrics")
     role: Literal["team", "admin", "metrics"] = Field(
@@ -332,11 +197,33 @@ class TokenSpec(Strict):
         return self
 
 
+# What a pod set asks of GPUs: whole ones, a MIG profile or a fraction (at most one of them).
+_WHOLE_GPUS: dict[str, Any] = {"properties": {"gpus": {"minimum": 1}}, "required": ["gpus"]}
+_A_MIG_PROFILE: dict[str, Any] = {"properties": {"mig_profile": {"type": "string"}}, "required": ["mig_profile"]}
+_A_FRACTION: dict[str, Any] = {"properties": {"gpu_fraction": {"type": "number"}}, "required": ["gpu_fraction"]}
+MigProfile = Annotated[
+    str, Field(max_length=20, pattern=MIG_PROFILE_PATTERN), matching("is not a MIG profile like 3g.40gb")
+]
+
+
 class PodSetSpec(Strict):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "anyOf": [
+                    {"allOf": [_WHOLE_GPUS, _A_MIG_PROFILE]},
+                    {"allOf": [_WHOLE_GPUS, _A_FRACTION]},
+                    {"allOf": [_A_MIG_PROFILE, _A_FRACTION]},
+                ]
+            },
+            **rules(min_replicas_within_replicas="`min_replicas` is at most `replicas`"),
+        }
+    )
+
     name: Name = "workers"
     replicas: int = Field(default=1, ge=1, le=MAX_PODS_PER_GANG)
-    gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs per pod")
-    mig_profile: str | None = Field(default=None, max_length=20, examples=["3g.40gb"])
+    gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs per pod; not with mig_profile or gpu_fraction")
+    mig_profile: MigProfile | None = Field(default=None, examples=["3g.40gb"])
     gpu_fraction: float | None = Field(default=None, gt=0, lt=1, description="share of one GPU (MPS or time-slicing)")
     cpu_millis: int = Field(default=1000, ge=1, le=1_000_000)
     memory_mib: int = Field(default=4096, ge=1, le=10_000_000)
@@ -375,20 +262,37 @@ class PodSetSpec(Strict):
         asked = [self.gpus > 0, self.mig_profile is not None, self.gpu_fraction is not None]
         if sum(asked) > 1:
             raise ValueError("a pod set asks for whole GPUs, a MIG profile or a GPU fraction, not several")
-        if self.mig_profile is not None:
-            try:
-                mig_compute_slices(self.mig_profile)
-            except InvalidSharingMode as exc:
-                raise ValueError(str(exc)) from exc
         return self
 
 
 class SubmitWorkload(Strict):
+    model_config = ConfigDict(
+        json_schema_extra={
+            # `serving` is for inference workloads only (`kind` defaults to training)
+            "if": {"not": {"properties": {"kind": {"const": WorkloadKind.INFERENCE.value}}, "required": ["kind"]}},
+            "then": {"properties": {"serving": {"type": "null"}}},
+            **rules(
+                gang_pods=f"a gang has at most {MAX_PODS_PER_GANG} pods over all its pod sets (the sum of replicas)",
+                unique_pod_set_names="pod set names are unique within a workload",
+                min_available_within_pods="`min_available` is at most the gang's pods (the sum of replicas)",
+                min_available_matches_minimums="with pod sets' `min_replicas`, a `min_available` given is their sum "
+                "(`replicas` for a pod set without one)",
+                container_bytes=f"`container` is at most {MAX_CONTAINER_BYTES} characters as compact JSON with "
+                "non-ASCII characters escaped (`\\uXXXX`)",
+            ),
+        }
+    )
+
     name: Name
     queue: Name
     priority_class: Name | None = None
     kind: WorkloadKind = Field(default=WorkloadKind.TRAINING, strict=False)  # strict takes only enum members
-    pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=MAX_POD_SETS)
+    pod_sets: list[PodSetSpec] = Field(
+        min_length=1,
+        max_length=MAX_POD_SETS,
+        description="at least one asks for GPUs (gpus, mig_profile or gpu_fraction)",
+        json_schema_extra={"contains": {"anyOf": [_WHOLE_GPUS, _A_MIG_PROFILE, _A_FRACTION]}},
+    )
     min_available: int | None = Field(default=None, ge=1, description="gang threshold; default all pods")
     requires_isolation: bool | None = Field(
         default=None, description="never place on time-sliced GPUs; default true for inference"
@@ -406,9 +310,10 @@ class SubmitWorkload(Strict):
     same_pool: Literal["preferred", "required"] = Field(
         default="preferred", description="required: all pods in one node pool, or not at all"
     )
-    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+    labels: WorkloadLabels = Field(default_factory=dict, max_length=MAX_LABELS)
     container: dict[str, Any] = Field(
         default_factory=dict,
+        json_schema_extra={"properties": {"env": {"maxItems": MAX_ENV_VARS, "maxProperties": MAX_ENV_VARS}}},
         description=f"passed to Kubernetes (image, command, args, env...); at most {MAX_CONTAINER_BYTES} bytes as "
         f"JSON and {MAX_ENV_VARS} env entries",
     )

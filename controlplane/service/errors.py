@@ -6,11 +6,14 @@ class ServiceError(Exception):
 
 
 class NotFound(ServiceError):
-    """The object does not exist or the caller may not see it (404, never 403)."""
+    """The object does not exist or the caller may not see it (404, never 403); also an object a
+    request names (a queue, a team, a priority class) that does not exist."""
 
 
 class Invalid(ServiceError):
-    """The request is well-formed but cannot be accepted (422)."""
+    """The request breaks a rule about itself (422). Every such rule is stated in the OpenAPI (a
+    pattern, a range, an `if`/`then`, or under `x-rules`), so a request the schema allows never gets
+    one; what depends on the platform's state is `NotFound` or `Conflict`."""
 
 
 class Unauthenticated(ServiceError):
@@ -18,7 +21,8 @@ class Unauthenticated(ServiceError):
 
 
 class Conflict(ServiceError):
-    """The request conflicts with current state (409)."""
+    """The request conflicts with current state (409): a name taken, an object in use, a limit
+    below the stored guarantee, a gang no pool of the fleet could ever hold."""
 
 
 class LostLeadership(ServiceError):

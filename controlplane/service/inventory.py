@@ -26,7 +26,8 @@ from controlplane.domain.model import WorkloadState
 from controlplane.service.audit_records import NodePods
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.cloud_state import PoolChanges
-from controlplane.service.commands import CLOUD_PROVIDERS, Strict
+from controlplane.service.cluster_specs import CLOUD_PROVIDERS
+from controlplane.service.constraints import Strict
 from controlplane.service.events import emit, envelope
 
 # Re-exported: adapters and fleet sync know it from here.

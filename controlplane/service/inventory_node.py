@@ -10,7 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from controlplane.service.commands import Strict, TaintSpec
+from controlplane.service.commands import TaintSpec
+from controlplane.service.constraints import Strict
 
 ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
 # A resource amount as the adapter parsed it: never negative (a negative `reserved` would add capacity).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from controlplane.service.cloud_ports import DiscoveredPool, UnmappablePool, to_pool_spec
 from controlplane.service.cloud_state import SyncedPool
-from controlplane.service.commands import PoolSpec
+from controlplane.service.cluster_specs import PoolSpec
 from controlplane.service.inventory_node import InventoryNode
 
 MIB = 1024 * 1024

@@ -11,55 +11,59 @@ and `/metrics` show it, and the audit reads `ServingSignal`s.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from controlplane.service.constraints import Strict, matching
 
 # The Prometheus metric name grammar, bounded: a name is a label-free series selector here.
-METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")
+METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$"
+MetricName = Annotated[
+    str,
+    Field(min_length=1, max_length=200, pattern=METRIC_NAME),
+    matching("is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*, at most 200 characters)"),
+]
 # An HTTP path of printable ASCII without spaces, query or fragment: the agent appends nothing.
-METRICS_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,199}$")
+METRICS_PATH = r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,199}$"
+MetricsPath = Annotated[
+    str,
+    Field(min_length=1, max_length=200, pattern=METRICS_PATH),
+    matching("must start with / and hold no spaces, query or fragment"),
+]
+_NAMED: dict[str, Any] = {"type": "string"}
 # Traffic and latency readings beyond these are not a server talking; they are refused on the wire.
 MAX_RPS = 1e9
 MAX_LATENCY_MS = 86_400_000.0
 
 
-class ServingSpec(BaseModel):
+class ServingSpec(Strict):
     """The `serving` block of an inference workload's submit body (REST and NATS alike).
 
     `traffic_metric` names a counter of answered requests (its per-second rate is the traffic the
     idle policy reads; `_total` may be left out); `latency_metric` a histogram or summary of request
     latency in seconds (the agent reports its mean over each scrape interval, in milliseconds)."""
 
-    # The same strictness as every other request model (`commands.Strict`); repeated rather than
-    # imported because `commands` imports this module.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    # A block names a signal; an objective needs the latency it is an objective for.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"traffic_metric": _NAMED}, "required": ["traffic_metric"]},
+                {"properties": {"latency_metric": _NAMED}, "required": ["latency_metric"]},
+            ],
+            "if": {"properties": {"latency_objective_ms": {"type": "number"}}, "required": ["latency_objective_ms"]},
+            "then": {"properties": {"latency_metric": _NAMED}, "required": ["latency_metric"]},
+        },
+    )
 
-    traffic_metric: str | None = Field(default=None, min_length=1, max_length=200)
-    latency_metric: str | None = Field(default=None, min_length=1, max_length=200)
+    traffic_metric: MetricName | None = None
+    latency_metric: MetricName | None = None
     latency_objective_ms: float | None = Field(default=None, gt=0, le=3_600_000)
     metrics_port: int = Field(default=8000, ge=1, le=65535)
-    metrics_path: str = Field(default="/metrics", min_length=1, max_length=200)
-
-    @field_validator("traffic_metric", "latency_metric")
-    @classmethod
-    def _metric_name(cls, value: str | None) -> str | None:
-        if value is not None and not METRIC_NAME.match(value):
-            raise ValueError(
-                f"{value[:80]!r} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*, at most 200 characters)"
-            )
-        return value
-
-    @field_validator("metrics_path")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        if not METRICS_PATH.match(value):
-            raise ValueError("metrics_path must start with / and hold no spaces, query or fragment")
-        return value
+    metrics_path: MetricsPath = "/metrics"
 
     @model_validator(mode="after")
     def _names_a_signal(self) -> ServingSpec:

@@ -15,7 +15,7 @@ from controlplane.domain.model import (
 )
 from controlplane.service import events
 from controlplane.service.commands import SubmitWorkload, gang_minimum
-from controlplane.service.errors import Conflict, DuplicateKey, Invalid, NotFound, Unauthenticated
+from controlplane.service.errors import Conflict, DuplicateKey, NotFound, Unauthenticated
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
 from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
@@ -92,7 +92,7 @@ class Prepared:
     queue: QueueRef
     fingerprint: str
     workload: Workload | None
-    refusal: Invalid | None
+    refusal: NotFound | Conflict | None
 
 
 def prepare(
@@ -104,18 +104,18 @@ def prepare(
     fit: FleetFit | None,
     token_id: str | None = None,
 ) -> Prepared:
-    """Raises `Invalid` for a queue the caller may not use (before any idempotency key is looked up:
+    """Raises `NotFound` for a queue the caller may not use (before any idempotency key is looked up:
     keys are per team). Any other refusal is returned, for the caller to look for a retry first.
     With `token_id`, raises `Unauthenticated` first when that API token is no longer active."""
     queue = lookups.queue(request.queue, token_id)
     if token_id is not None and not (queue.token_active if queue is not None else _token_active(uow, token_id)):
         raise Unauthenticated("missing, unknown or revoked API token")
     if queue is None or (not principal.is_admin and queue.team_id != principal.team_id):
-        raise Invalid(f"unknown queue {request.queue!r}")
+        raise NotFound(f"unknown queue {request.queue!r}")
     fingerprint = _fingerprint(request)
     try:
         return Prepared(queue, fingerprint, _acceptable(uow, lookups, queue, request, now, fit), None)
-    except Invalid as exc:
+    except (NotFound, Conflict) as exc:
         return Prepared(queue, fingerprint, None, exc)
 
 
@@ -180,16 +180,19 @@ def _acceptable(
     now: datetime,
     fit: FleetFit | None,
 ) -> Workload:
-    """The new workload, or `Invalid` with why it cannot be taken."""
+    """The new workload, or why it cannot be taken: `NotFound` for a priority class that does not
+    exist, `Conflict` when the platform as it stands cannot take it (no default class; no pool could
+    ever hold it). Neither is the request's fault alone, so neither is a 422: the OpenAPI states
+    every rule of a request by itself."""
     pc = lookups.priority_class(request.priority_class)
     if pc is None:
         if request.priority_class:
-            raise Invalid(f"unknown priority class {request.priority_class!r}")
-        raise Invalid("no priority class given and the platform has no default priority class")
+            raise NotFound(f"unknown priority class {request.priority_class!r}")
+        raise Conflict("no priority class given and the platform has no default priority class")
     workload = _to_domain(new_id("wl"), queue.team_id, queue.id, pc.name, pc.value, request, now)
     reason = fit.refusal(uow, workload) if fit is not None else refusal_now(uow, workload)
     if reason is not None:
-        raise Invalid(reason)
+        raise Conflict(reason)
     return workload
 
 

@@ -165,7 +165,7 @@ def test_gang_that_fits_only_once_a_pool_grows_is_accepted(
     # 4 + 4 nodes at max size: 8 pods spread over both pools could be held; 9 never.
     _submit(client, team, "spread", replicas=8)
     r = client.post("/v1/workloads", json=gang("never", team.queue, replicas=9, gpus=8), headers=team.headers)
-    assert r.status_code == 422, r.text
+    assert r.status_code == 409, r.text  # the fleet as it stands is in the way, not the request
     assert "could ever hold" in r.text
     # One pool alone holds at most 4: a gang that must stay in one pool and needs 5 is refused too.
     r = client.post(
@@ -173,7 +173,7 @@ def test_gang_that_fits_only_once_a_pool_grows_is_accepted(
         json=gang("one-pool", team.queue, replicas=5, gpus=8, same_pool="required"),
         headers=team.headers,
     )
-    assert r.status_code == 422, r.text
+    assert r.status_code == 409, r.text
 
 
 def test_waiting_gang_grows_the_cheapest_pool_once_and_idle_pool_goes_back_to_min(

@@ -47,7 +47,7 @@ def test_a_refusal_is_never_given_on_a_remembered_fleet(wiring: Wiring, tenant: 
         big = gang("big", tenant.queue, replicas=6)  # 6 x 8 GPUs: the tenant's cluster has 4 nodes
         assert client.post("/v1/workloads", json=gang("small", tenant.queue), headers=tenant.headers).status_code == 201
         refused = client.post("/v1/workloads", json=big, headers=tenant.headers)
-        assert refused.status_code == 422
+        assert refused.status_code == 409
         assert "could ever hold this gang" in refused.json()["detail"]
         assert client.post("/v1/clusters", json=h100_cluster("sim-big", nodes=8), headers=admin).status_code == 201
         accepted = client.post("/v1/workloads", json=big, headers=tenant.headers)

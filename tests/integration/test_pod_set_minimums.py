@@ -103,12 +103,12 @@ def test_submit_judges_can_this_ever_fit_by_the_minimums(client: TestClient, ten
     accepted = client.post("/v1/workloads", json=_mpi("elastic", tenant.queue, workers=6), headers=tenant.headers)
     assert accepted.status_code == 201, accepted.text
     refused = client.post("/v1/workloads", json=_mpi("huge", tenant.queue, workers=8, least=5), headers=tenant.headers)
-    assert refused.status_code == 422, refused.text
+    assert refused.status_code == 409, refused.text
     assert "needs 6 pods placed at once" in refused.json()["detail"]
     plain = client.post(
         "/v1/workloads", json=_mpi("plain", tenant.queue, workers=6, least=None), headers=tenant.headers
     )
-    assert plain.status_code == 422, plain.text
+    assert plain.status_code == 409, plain.text
 
 
 async def test_a_simulated_cluster_runs_exactly_the_admitted_pods_to_success(

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from adapters.kubernetes.manifest_model import JOBSET, PRIORITY_CLASS, GangMode, jobset_pod_name_length
 from adapters.kubernetes.manifests import KubeSettings, ManifestError, RunManifests, build_run_manifests
 from controlplane.domain.model import CPU, GPU, MEM
-from controlplane.service.commands import KubernetesSettingsSpec
+from controlplane.service.cluster_specs import KubernetesSettingsSpec
 from controlplane.service.ports import PodOrder, RunOrder
 from tests.kubernetes.conftest import pools, training_order
 from tests.kubernetes.fake_apiserver import _validate_jobset

@@ -1,6 +1,9 @@
 """Schemathesis with every check (`--checks all`) on positive and negative data, against the real API
 served by uvicorn: `gpufleet up` (SQLite, the embedded NATS and the simulated fleet) and `gpufleet
-serve` on PostgreSQL. No server error and no conformance failure may appear.
+serve` on PostgreSQL. No server error and no conformance failure may appear, and no request the
+published schema allows may be refused (`positive_data_acceptance`, with its default statuses for
+every operation: a 422 or 400 for schema-valid data fails). What JSON Schema cannot say, the
+document states under `x-rules`, and `schemathesis_hooks.py` keeps positive data within those rules.
 
 End-to-end and worth it: it is the one test that holds the published OpenAPI to what the server
 really answers. It is bounded: a fixed number of examples per operation, deterministic generation,
@@ -17,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,8 +138,9 @@ def _seed(api: Api, workdir: Path) -> None:
             return answer
 
         post("/v1/priority-classes", {"name": "batch", "value": 100, "is_default": True}, admin)
+        post("/v1/cohorts", {"name": "research"}, admin)
         for team in ("vision", "nlp"):
-            post("/v1/teams", {"name": team}, admin)
+            post("/v1/teams", {"name": team, "cohort": "research"}, admin)
             post("/v1/queues", {"name": f"{team}-train", "team": team}, admin)
             tokens[team] = post("/v1/tokens", {"name": f"{team}-ci", "team": team}, admin)["token"]
             gang = {"name": "resnet", "queue": f"{team}-train", "pod_sets": [{"replicas": 2, "gpus": 1}]}
@@ -150,10 +155,13 @@ def _seed(api: Api, workdir: Path) -> None:
 
     auth = [identity("vision", tokens["vision"]), identity("nlp", tokens["nlp"]), identity("admin", api.admin_token)]
     (workdir / "auth.json").write_text(json.dumps({"auth": auth}))
-    refs = [*clusters, "vision", "nlp", "vision-train", "nlp-train", "batch"]
+    refs = [*clusters, "vision", "nlp", "vision-train", "nlp-train", "batch", "research"]
     (workdir / "refs.dict").write_text("".join(f'"{ref}"\n' for ref in refs))
     (workdir / "ids.dict").write_text("".join(f'"{i}"\n' for i in ids))
+    (workdir / "queues.dict").write_text('"vision-train"\n"nlp-train"\n')
+    (workdir / "cohorts.dict").write_text('"research"\n')
     shutil.copy(HERE / "schemathesis.toml", workdir / "schemathesis.toml")
+    shutil.copy(HERE / "schemathesis_hooks.py", workdir / "schemathesis_hooks.py")
 
 
 def _schemathesis(api: Api, workdir: Path, max_examples: int, exclude: tuple[str, ...] = ()) -> dict[str, object]:
@@ -188,11 +196,27 @@ def _schemathesis(api: Api, workdir: Path, max_examples: int, exclude: tuple[str
     elapsed = time.monotonic() - started
     output = run.stdout + run.stderr
     (workdir / "schemathesis.log").write_text(output)
-    assert run.returncode == 0, f"schemathesis failed (exit {run.returncode}):\n{output[-20000:]}"
+    assert report.exists(), f"schemathesis wrote no report (exit {run.returncode}):\n{output[-20000:]}"
     result: dict[str, object] = json.loads(report.read_text())
+    result["returncode"], result["output"] = run.returncode, output
     result["elapsed"] = elapsed
     result["phases_s"] = dict(re.findall(r"(Examples|Coverage|Fuzzing) \(in ([0-9.]+)s\)", output))
     return result
+
+
+def _refused_valid(result: dict[str, object]) -> dict[str, int]:
+    """Per operation, the schema-valid requests refused on their data (400 or 422; schemathesis counts
+    404 and 409 apart, as the state of the server rather than the request)."""
+    rates = result["valid_rates"]
+    assert isinstance(rates, dict)
+    refused = {op: sum(phase["rejected"] for phase in phases.values()) for op, phases in rates.items()}
+    return {op: count for op, count in refused.items() if count}
+
+
+def _server_errors(result: dict[str, object]) -> int:
+    failures = result["failures"]
+    assert isinstance(failures, list)
+    return sum(f["count"] for f in failures if f["type"] == "ServerError")
 
 
 def _check_clean(api: Api, result: dict[str, object], excluded: int = 0) -> None:
@@ -201,16 +225,32 @@ def _check_clean(api: Api, result: dict[str, object], excluded: int = 0) -> None
     cases = result["test_cases"]
     assert isinstance(tested, dict)
     assert isinstance(cases, dict)
+    refused = _refused_valid(result)
+    print(  # the figures, for `pytest -s`
+        f"schemathesis: {tested['tested']} operations, {cases['generated']} test cases, "
+        f"{sum(refused.values())} schema-valid requests refused by {len(refused)} operations, "
+        f"{_server_errors(result)} server errors, {result['elapsed']:.0f} s (phases: {result['phases_s']})"
+    )
+    output = str(result["output"])
+    assert result["returncode"] == 0, f"schemathesis failed (exit {result['returncode']}):\n{output[-20000:]}"
+    assert refused == {}
     assert tested["tested"] == operations, tested
     assert cases["with_failures"] == 0
     assert cases["errored"] == 0
     assert result["errors"] == []
     assert result["failures"] == []
     assert cases["generated"] > 20 * operations, "every operation got its share of examples"
-    print(  # the figures, for `pytest -s`
-        f"schemathesis: {tested['tested']} operations, {cases['generated']} test cases, "
-        f"{result['elapsed']:.0f} s (phases: {result['phases_s']}), no failure"
-    )
+
+
+def test_no_operation_may_refuse_schema_valid_data() -> None:
+    """The configuration gives no operation a pass: `positive_data_acceptance` is on, with its default
+    statuses (2xx, 401, 403, 404, 409 ...) everywhere, so a 422 for what the schema allows fails."""
+    config = tomllib.loads((HERE / "schemathesis.toml").read_text())
+    assert config["checks"]["enabled"] is True
+    assert "positive_data_acceptance" not in config["checks"]
+    for operation in config.get("operations", []):
+        assert "positive_data_acceptance" not in operation.get("checks", {}), operation
+    assert config["hooks"] == "schemathesis_hooks.py"
 
 
 @pytest.mark.timeout(480)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from controlplane.cli.sim_run_commands import add_commands
 from controlplane.domain.model import WorkloadKind
-from controlplane.service.commands import ClusterSpec, PoolSpec
+from controlplane.service.cluster_specs import ClusterSpec, PoolSpec
 from controlplane.tracesim.queueing.engine import SimConfig, simulate
 from controlplane.tracesim.queueing.generate import GeneratorConfig, generate, gpu_mix, load_tables, team_quotas
 from controlplane.tracesim.queueing.inputs import (

@@ -27,7 +27,22 @@ def test_valid_label_keys(key: str) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["", "-a", "a-", "a b", "x" * 64, "/name", "Upper.COM/x", "a/b/c", ("s" * 63 + ".") * 4 + "s/n", "éclair", "a/"],
+    # A final newline too: Python's `$` alone would match before it (the patterns are applied whole,
+    # as the OpenAPI publishes them for ECMA-262 regular expressions).
+    [
+        "",
+        "-a",
+        "a-",
+        "a b",
+        "x" * 64,
+        "/name",
+        "Upper.COM/x",
+        "a/b/c",
+        ("s" * 63 + ".") * 4 + "s/n",
+        "éclair",
+        "a/",
+        "app\n",
+    ],
 )
 def test_invalid_label_keys(key: str) -> None:
     assert k8s.qualified_name_errors(key)
@@ -38,7 +53,7 @@ def test_valid_label_values(value: str) -> None:
     assert k8s.label_value_errors(value) == []
 
 
-@pytest.mark.parametrize("value", ["-v", "v-", "a b", "x" * 64, "a/b", "ü"])
+@pytest.mark.parametrize("value", ["-v", "v-", "a b", "x" * 64, "a/b", "ü", "v\n"])
 def test_invalid_label_values(value: str) -> None:
     assert k8s.label_value_errors(value)
 
@@ -60,3 +75,11 @@ def test_dns_names() -> None:
     assert k8s.dns1123_label_errors("x" * 64)
     assert k8s.dns1123_subdomain_errors("a.b-c.d") == []
     assert k8s.dns1123_subdomain_errors("a..b")
+
+
+def test_dns_names_and_extended_resources_refuse_a_final_newline() -> None:
+    assert k8s.dns1123_label_errors("llm\n")
+    assert k8s.dns1123_subdomain_errors("a.b\n")
+    assert k8s.is_extended_resource("nvidia.com/gpu.shared")
+    assert not k8s.is_extended_resource("nvidia.com/gpu\n")
+    assert not k8s.is_extended_resource("kubernetes.io/gpu")

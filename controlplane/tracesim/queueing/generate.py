@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.domain.model import GPU_EQ, WorkloadKind
-from controlplane.service.commands import ClusterSpec, PoolSpec
+from controlplane.service.cluster_specs import ClusterSpec, PoolSpec
 from controlplane.tracesim.queueing.inputs import FleetDoc, Job, QueueDoc, TeamDoc
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "queueing"

@@ -27,7 +27,8 @@ from controlplane.domain.model import (
     Quota,
     WorkloadKind,
 )
-from controlplane.service.commands import ClusterSpec, Name, QuotaMap
+from controlplane.service.cluster_specs import ClusterSpec
+from controlplane.service.commands import Name, QuotaMap
 
 WORKLOAD_COLUMNS = ("id", "submit_time", "queue", "gpus_per_pod", "pods", "duration", "priority", "kind")
 OPTIONAL_COLUMNS = ("utilization", "max_runtime")
