@@ -32,7 +32,8 @@ from controlplane.config import Settings
 from controlplane.core.snapshot import Policy
 from controlplane.service import admin
 from controlplane.service.auth import issue_token
-from controlplane.service.commands import ClusterSpec, PriorityClassSpec, QueueSpec, TeamSpec, TokenSpec
+from controlplane.service.cluster_specs import ClusterSpec
+from controlplane.service.commands import PriorityClassSpec, QueueSpec, TeamSpec, TokenSpec
 from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
 
 TEAM = "bench"
