@@ -72,13 +72,15 @@ def exercise(m: Metrics) -> set[str]:
     m.ingested("ingest", "applied", 0.1)
     m.telemetry_batch(1, 1, 1)
     m.relayed(1, True)
+    m.relay_dead_lettered()
+    m.inbound_refused("reply")
     m.lease("scheduler", 1)
     m.consumer_pending("ingest", 1, 1)
     m.cloud_call("eks", "discover", "ok", 0.1)
     m.api_request("POST", "/v1/workloads", 201, 0.01)
     return {
         "cycle_phase", "cycle_done", "admitted", "evicted", "started", "dispatched", "dispatch_failed", "torn_down",
-        "ingested", "telemetry_batch", "relayed", "lease", "consumer_pending", "cloud_call", "api_request",
+        "ingested", "telemetry_batch", "relayed", "relay_dead_lettered", "inbound_refused", "lease", "consumer_pending", "cloud_call", "api_request",
     }  # fmt: skip
 
 
