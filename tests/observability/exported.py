@@ -80,7 +80,8 @@ def exercise(m: Metrics) -> set[str]:
     m.api_request("POST", "/v1/workloads", 201, 0.01)
     return {
         "cycle_phase", "cycle_done", "admitted", "evicted", "started", "dispatched", "dispatch_failed", "torn_down",
-        "ingested", "telemetry_batch", "relayed", "relay_dead_lettered", "inbound_refused", "lease", "consumer_pending", "cloud_call", "api_request",
+        "ingested", "telemetry_batch", "relayed", "relay_dead_lettered", "inbound_refused", "lease",
+        "consumer_pending", "cloud_call", "api_request",
     }  # fmt: skip
 
 

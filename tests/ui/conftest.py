@@ -58,7 +58,15 @@ def seeded(wiring: Wiring) -> Iterator[Seeded]:
         for name, tenant, body in (
             ("a", vision, gang("a", "vision-train", replicas=1, gpus=8)),
             ("b", vision, gang("b", "vision-train", replicas=2, gpus=8)),
-            ("c", vision, gang("c", "vision-train", replicas=4, gpus=8)),
+            (
+                "c",
+                vision,
+                gang(
+                    "c",
+                    "vision-train",
+                    pod_sets=[{"name": "workers", "replicas": 4, "gpus": 8, "gpu_models": ["H100-80GB"]}],
+                ),
+            ),
             ("secret", llm, gang("secret", "llm-train", replicas=1, gpus=8)),
         ):
             r = client.post("/v1/workloads", json=body, headers=tenant.headers)

@@ -233,6 +233,7 @@ def test_workload_page_says_why_it_waits_and_other_teams_workloads_are_404(seede
     text = _text(vision.get(f"/ui/workloads/{seeded.ids['c']}").text)
     assert "why pending quota: vision-train limit is 48 gpu-eq, 24 in use, this gang needs 32" in text
     assert "queue position 1" in text
+    assert "pods workers: 4 \u00d7 8 GPU (H100-80GB)" in text  # the models it asks for
     listing = _text(vision.get("/ui/workloads?state=queued").text)
     assert " c vision vision-train queued 1 quota:" in listing
     assert "secret" not in _text(vision.get("/ui/workloads").text)
