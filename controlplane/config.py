@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from controlplane.core.audit import AuditThresholds
 from controlplane.core.idle import IdlePolicy, IdleRules
 from controlplane.core.snapshot import Policy
+from controlplane.paths import default_state_dir
 from controlplane.service.audit import parse_audit_settings
 from controlplane.service.idle import parse_idle_rules
 
@@ -29,10 +30,6 @@ def _comma_list(value: Any) -> Any:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
     return value
-
-
-def default_state_dir() -> Path:
-    return Path.home() / ".gpufleet"
 
 
 class Settings(BaseSettings):

@@ -171,10 +171,12 @@ def bench_schedule(
         stats.sort_stats("cumulative").print_stats(15)
 
 
+bench.add_command(bench_ingest.bench_ingest)
+bench.add_command(bench_submit.bench_submit)
+bench.add_command(bench_metrics.bench_metrics)
+bench.add_command(bench_live.bench_live)
+bench.add_command(bench_reads.bench_reads)
+
+
 def register(group: click.Group) -> None:
-    bench.add_command(bench_ingest.bench_ingest)
-    bench.add_command(bench_submit.bench_submit)
-    bench.add_command(bench_metrics.bench_metrics)
-    bench.add_command(bench_live.bench_live)
-    bench.add_command(bench_reads.bench_reads)
     group.add_command(bench)

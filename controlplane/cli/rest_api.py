@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from controlplane.config import default_state_dir
+from controlplane.paths import default_state_dir
 
 DEFAULT_API = "http://127.0.0.1:8080"
 TIMEOUT_SECONDS = 30.0

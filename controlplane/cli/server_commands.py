@@ -18,7 +18,7 @@ import click
 from adapters.files import PRIVATE_UMASK, private_dir
 from controlplane import bootstrap, logs
 from controlplane.bootstrap.wiring import register_default_fleet
-from controlplane.cli import demo, seed
+from controlplane.cli import client_env, demo, seed
 from controlplane.config import Settings
 from controlplane.service.auth import issue_token
 from controlplane.service.commands import TokenSpec
@@ -357,12 +357,23 @@ def up(
         click.echo(f"  database    {settings.effective_database_url}")
         if added:
             click.echo(f"  registered {added} simulated clusters: eks, aks, gke and oke flavours")
+        exports = client_env.export_line(port, state)
+        if exports:
+            click.echo("  the client (`gpufleet list`, `submit`, …) finds this API and its token after:")
+            click.echo(f"    {exports}")
         click.echo("Ctrl-C stops everything; running `gpufleet up` again resumes where it stopped.")
         _run_until_signal(bootstrap.run_components(settings, bootstrap.COMPONENTS, stop, extra), stop)
     finally:
         nats.stop()
         lock.close()
         click.echo("gpufleet stopped")
+
+
+# One command per component, importable by name (the lazy `gpufleet` group loads them one by one).
+scheduler = _component_command("scheduler")
+dispatcher = _component_command("dispatcher")
+ingest = _component_command("ingest")
+relay = _component_command("relay")
 
 
 def register(group: click.Group) -> None:
@@ -374,5 +385,5 @@ def register(group: click.Group) -> None:
     group.add_command(nats_topology)
     group.add_command(run_many)
     group.add_command(nats_auth_config)
-    for name in ("scheduler", "dispatcher", "ingest", "relay"):
-        group.add_command(_component_command(name))
+    for command in (scheduler, dispatcher, ingest, relay):
+        group.add_command(command)
