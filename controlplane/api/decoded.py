@@ -9,7 +9,7 @@ the route's model exactly as before; only where the document comes from changes.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
@@ -30,7 +30,7 @@ class DecodedRequest(Request):
 class DecodedBodyRoute(APIRoute):
     """A route whose JSON body is the guard's decoded document, parsed once per request."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
