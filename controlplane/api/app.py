@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api import responses, routes_admin, routes_audit, routes_reports, routes_workloads, ui
 from controlplane.api.context import ApiContext
+from controlplane.api.decoded import DECODED_BODY
 from controlplane.api.edge import Edge
 from controlplane.api.request_ids import RequestIds
 from controlplane.api.security import scraper
@@ -48,7 +49,8 @@ class BodyGuard:
     The byte count is kept while the body streams in, so `Transfer-Encoding: chunked` (no
     Content-Length) cannot get past the cap (OWASP API4). A JSON body then goes through the shared
     hardened decoder once, so NaN, infinities, `1e309`, deep nesting, duplicate keys and invalid
-    UTF-8 get a 422 with a sentence before any route sees them; the body is handed on unchanged.
+    UTF-8 get a 422 with a sentence before any route sees them; the body is handed on unchanged, and
+    the decoded document with it (in the scope), so a route never parses it again (decoded.py).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -80,7 +82,8 @@ class BodyGuard:
         body = b"".join(chunks)
         if body and _is_json(headers.get(b"content-type")):
             try:
-                decode(body, MAX_BODY_BYTES)
+                # Kept for the route (decoded.py): FastAPI validates this document instead of parsing again.
+                scope[DECODED_BODY] = decode(body, MAX_BODY_BYTES)
             except UnsafeJson as exc:
                 await _error(422, f"body: {exc}", "body")(scope, receive, send)
                 return

@@ -8,6 +8,7 @@ from enum import Enum
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 
+from controlplane.api.decoded import DecodedBodyRoute
 from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Admin, Caller, Ctx
 from controlplane.service import admin as svc
@@ -24,7 +25,7 @@ from controlplane.service.commands import (
 from controlplane.service.kubeconfigs import KubeconfigStore
 from controlplane.service.views import ClusterCredential, ClusterView, PriorityClassView, TokenView, TreeNodeView
 
-router = APIRouter(prefix="/v1", responses=AUTHENTICATED)
+router = APIRouter(prefix="/v1", route_class=DecodedBodyRoute, responses=AUTHENTICATED)
 
 
 def _kubeconfigs(request: Request) -> KubeconfigStore | None:

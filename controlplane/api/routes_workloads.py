@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field, TypeAdapter
 
+from controlplane.api.decoded import DecodedBodyRoute
 from controlplane.api.paging import CURSOR_PATTERN, encode_page, parse_cursor
 from controlplane.api.responses import AUTHENTICATED, declare
 from controlplane.api.security import Caller, Ctx, Submitter
@@ -18,7 +19,7 @@ from controlplane.service.constraints import Strict
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import WorkloadPage, WorkloadSummary, WorkloadView
 
-router = APIRouter(prefix="/v1", tags=["workloads"], responses=AUTHENTICATED)
+router = APIRouter(prefix="/v1", route_class=DecodedBodyRoute, tags=["workloads"], responses=AUTHENTICATED)
 
 
 class CancelRequest(Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import socket
 from collections.abc import Callable, Iterator, Mapping
@@ -151,6 +152,8 @@ async def run_components(
             # X-Forwarded-* are read by the app itself, from `api_trusted_proxies` only (api/edge.py);
             # uvicorn's own reading would trust 127.0.0.1 (or $FORWARDED_ALLOW_IPS) behind its back.
             proxy_headers=False,
+            # httptools (C, llhttp) parses HTTP/1.1; the pure-Python h11 is the fallback where it is absent.
+            http="httptools" if importlib.util.find_spec("httptools") else "h11",
         )
         server = _EmbeddedServer(config)
         sockets = [_reuse_port_socket(settings.api_host, settings.api_port)] if settings.api_reuse_port else None
