@@ -13,16 +13,22 @@ def max_payload_of(js: JetStreamContext) -> int:
     return int(js._nc.max_payload)  # nats-py keeps a context's connection there
 
 
+def dead_letter(
+    prefix: str, subject: str, data: bytes, reason: str, max_payload: int, msg_id: str | None = None
+) -> tuple[str, bytes, dict[str, str]]:
+    """(subject, body, headers) of the dead letter of a message: `<prefix>.dlq.<subject without
+    prefix>`, with why. Every header is bounded, and the body is carried whole only when it fits
+    (else an excerpt and its digest): a dead letter is never larger than the server takes."""
+    headers = {"Gpufleet-Dlq-Reason": reason[:1000], "Gpufleet-Original-Subject": subject[:1000]}
+    if msg_id is not None:
+        headers["Nats-Msg-Id"] = f"dlq:{msg_id[:200]}"
+    body = dead_letter_body(data, headers, max_payload)
+    return f"{prefix}.dlq.{subject.removeprefix(prefix + '.')}", body, headers
+
+
 async def publish_dead_letter(
     js: JetStreamContext, prefix: str, subject: str, data: bytes, msg_id: str, reason: str
 ) -> None:
-    """Republish a message to `<prefix>.dlq.<subject without prefix>`, with why. Every header is
-    bounded, and the body is carried whole only when it fits (else an excerpt and its digest): a
-    dead letter is never larger than the server takes."""
-    headers = {
-        "Nats-Msg-Id": f"dlq:{msg_id[:200]}",
-        "Gpufleet-Dlq-Reason": reason[:1000],
-        "Gpufleet-Original-Subject": subject[:1000],
-    }
-    body = dead_letter_body(data, headers, max_payload_of(js))
-    await js.publish(f"{prefix}.dlq.{subject.removeprefix(prefix + '.')}", body, timeout=5.0, headers=headers)
+    """Republish a message nobody can apply to the dead-letter stream (`dead_letter`), acknowledged."""
+    target, body, headers = dead_letter(prefix, subject, data, reason, max_payload_of(js), msg_id)
+    await js.publish(target, body, timeout=5.0, headers=headers)

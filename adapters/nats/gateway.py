@@ -36,9 +36,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from adapters.nats.connection import INBOUND_ID_HEADER
-from adapters.nats.sizes import dead_letter_body, inbound_limit
+from adapters.nats.dead_letters import dead_letter
+from adapters.nats.sizes import inbound_limit
 from adapters.nats.topology import SENT_KINDS, stored_subject
-from controlplane.service.nats_identity import sender_of_subject
+from controlplane.service.nats_identity import NatsGrant, sender_of_subject
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,6 @@ class InboundGateway:
         self._waiting: dict[str, tuple[str, float]] = {}  # ack token -> (sender's reply, deadline)
         self._subs: list[Subscription] = []
         self._ack_prefix = ""
-        self.refused = 0
 
     async def start(self) -> None:
         self._ack_prefix = self.nc.new_inbox()
@@ -90,9 +90,8 @@ class InboundGateway:
             await sub.unsubscribe()
         self._subs.clear()
 
-    def refusal(self, msg: Msg) -> Refusal | None:
-        """Why `msg` may not be stored, or None."""
-        sender = sender_of_subject(self.prefix, msg.subject)
+    def refusal(self, msg: Msg, sender: NatsGrant | None) -> Refusal | None:
+        """Why `msg`, from `sender` (the identity its subject belongs to), may not be stored, or None."""
         if sender is None:
             return Refusal(400, "subject", f"no sender may publish on {msg.subject[:200]!r}")
         if self.confine_replies and msg.reply and not msg.reply.startswith(sender.inbox_prefix + "."):
@@ -108,12 +107,12 @@ class InboundGateway:
 
     async def _on_message(self, msg: Msg) -> None:
         try:
-            refusal = self.refusal(msg)
+            sender = sender_of_subject(self.prefix, msg.subject)
+            refusal = self.refusal(msg, sender)
             if refusal is not None:
                 await self._refuse(msg, refusal)
                 return
-            sender = sender_of_subject(self.prefix, msg.subject)
-            assert sender is not None
+            assert sender is not None  # `refusal` refuses a subject that names no sender
             message_id = _message_id(msg)
             headers = {INBOUND_ID_HEADER: message_id} if message_id else None
             stream_id = (msg.headers or {}).get("Nats-Msg-Id")
@@ -139,7 +138,6 @@ class InboundGateway:
                 log.exception("inbound gateway: acknowledgement not forwarded")
 
     async def _refuse(self, msg: Msg, refusal: Refusal) -> None:
-        self.refused += 1
         self.on_refused(refusal.reason)
         log.warning("inbound gateway refused a message on %s: %s", msg.subject[:200], refusal.sentence)
         if msg.reply and refusal.reason != "reply":  # never answer outside the sender's inbox
@@ -147,12 +145,9 @@ class InboundGateway:
             await self.nc.publish(msg.reply, json.dumps(error).encode())
         # A core publish into the DLQ stream, not a JetStream request: refusals must not make the
         # gateway wait, whatever their number.
-        headers = {
-            "Gpufleet-Dlq-Reason": f"refused by the inbound gateway: {refusal.sentence}"[:1000],
-            "Gpufleet-Original-Subject": msg.subject[:1000],
-        }
-        body = dead_letter_body(msg.data, headers, self.nc.max_payload)
-        await self.nc.publish(f"{self.prefix}.dlq.{msg.subject.removeprefix(self.prefix + '.')}", body, headers=headers)
+        reason = f"refused by the inbound gateway: {refusal.sentence}"
+        target, body, headers = dead_letter(self.prefix, msg.subject, msg.data, reason, self.nc.max_payload)
+        await self.nc.publish(target, body, headers=headers)
 
     def _forget_expired(self) -> None:
         now = asyncio.get_running_loop().time()

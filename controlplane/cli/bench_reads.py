@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import click
 import httpx
 from click.testing import CliRunner
 
-from adapters.nats.server import NatsServerProcess, free_port
-from adapters.sql.migrate import upgrade_to_head
+from adapters.nats.server import free_port
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.cli import client_commands
-from controlplane.cli.bench_submit import QUEUE, _env, _spawn, _stop, _wait_ready
-from controlplane.config import Settings
+from controlplane.cli.bench_submit import PREFIX, QUEUE, _env, _spawn, _stop, _wait_ready, bench_environment
 from controlplane.core.snapshot import Policy
 from controlplane.service import admin
 from controlplane.service.auth import issue_token
@@ -37,7 +33,6 @@ from controlplane.service.commands import PriorityClassSpec, QueueSpec, TeamSpec
 from controlplane.service.scheduling import acquire_leadership, release_leadership, run_cycle
 
 TEAM = "bench"
-PREFIX = "bench"
 
 
 def _register(wiring: Wiring, clusters: int, nodes_per_cluster: int) -> str:
@@ -168,15 +163,10 @@ def bench_reads(
     as_json: bool,
 ) -> None:
     """Time and size the workload reads (REST and dashboard) with big gangs admitted and queued."""
-    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-reads-") as tmp:
-        workdir = Path(tmp)
-        url = database_url or f"sqlite:///{workdir / 'bench.db'}"
-        upgrade_to_head(url)
-        nats = NatsServerProcess(free_port(), workdir / "nats")
-        nats.start()
-        wiring = Wiring(Settings(database_url=url, nats_url=nats.url, state_dir=workdir, subject_prefix=PREFIX))
+    with bench_environment("reads", database_url) as env:
+        url, wiring = env.url, env.wiring
         port = free_port()
-        server = _spawn(["serve"], _env(url, nats.url, workdir, port), workdir / "api.log")
+        server = _spawn(["serve"], _env(url, env.nats.url, env.workdir, port), env.workdir / "api.log")
         try:
             token = _register(wiring, clusters, nodes_per_cluster)
             base = f"http://127.0.0.1:{port}"
@@ -187,8 +177,6 @@ def bench_reads(
             figures.update(_measure(base, token, repeat))
         finally:
             _stop([server])
-            wiring.close()
-            nats.stop()
     result = {
         "database": url.split(":", 1)[0].split("+", 1)[0],
         "gangs": gangs,

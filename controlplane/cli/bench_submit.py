@@ -19,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,34 @@ from controlplane.service.cluster_specs import ClusterSpec
 from controlplane.service.commands import PriorityClassSpec, QueueSpec, TeamSpec, TokenSpec
 
 PREFIX = "bench"
+
+
+@dataclass(frozen=True)
+class BenchEnvironment:
+    workdir: Path
+    url: str
+    nats: NatsServerProcess
+    wiring: Wiring
+
+
+@contextmanager
+def bench_environment(name: str, database_url: str | None) -> Iterator[BenchEnvironment]:
+    """A scratch directory, a migrated database (a new SQLite file unless `database_url` names one)
+    and a nats-server of its own, torn down after the bench."""
+    with tempfile.TemporaryDirectory(prefix=f"gpufleet-bench-{name}-") as tmp:
+        workdir = Path(tmp)
+        url = database_url or f"sqlite:///{workdir / 'bench.db'}"
+        upgrade_to_head(url)
+        nats = NatsServerProcess(free_port(), workdir / "nats")
+        nats.start()
+        wiring = Wiring(Settings(database_url=url, nats_url=nats.url, state_dir=workdir, subject_prefix=PREFIX))
+        try:
+            yield BenchEnvironment(workdir, url, nats, wiring)
+        finally:
+            wiring.close()
+            nats.stop()
+
+
 TEAM, QUEUE = "bench", "bench-train"
 
 
@@ -277,22 +307,13 @@ def bench_submit(
     as_json: bool,
 ) -> None:
     """Submits per second and their latency, by REST or NATS, into a real database."""
-    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-submit-") as tmp:
-        workdir = Path(tmp)
-        url = database_url or f"sqlite:///{workdir / 'bench.db'}"
-        upgrade_to_head(url)
-        nats = NatsServerProcess(free_port(), workdir / "nats")
-        nats.start()
-        wiring = Wiring(Settings(database_url=url, nats_url=nats.url, state_dir=workdir, subject_prefix=PREFIX))
-        try:
-            token = _register(wiring, clusters, nodes)
-            if via == "rest":
-                figures = _bench_rest(url, nats, workdir, token, count, clients, api_processes)
-            else:
-                figures = _bench_nats(url, nats, workdir, wiring, count, timeout)
-        finally:
-            wiring.close()
-            nats.stop()
+    with bench_environment("submit", database_url) as env:
+        url, nats, workdir, wiring = env.url, env.nats, env.workdir, env.wiring
+        token = _register(wiring, clusters, nodes)
+        if via == "rest":
+            figures = _bench_rest(url, nats, workdir, token, count, clients, api_processes)
+        else:
+            figures = _bench_nats(url, nats, workdir, wiring, count, timeout)
     result = {
         "via": via,
         "database": url.split(":", 1)[0].split("+", 1)[0],

@@ -7,32 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from fastapi import FastAPI
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from controlplane.api import security
-from controlplane.api.app import create_app
-from controlplane.api.context import ApiContext
-from controlplane.service.ports import UnitOfWork
 
 ERROR_BODY = {"$ref": "#/components/schemas/ErrorBody"}
-
-
-def _no_database() -> UnitOfWork:
-    raise AssertionError("these tests answer before any database access")
-
-
-@pytest.fixture(scope="module")
-def app() -> FastAPI:
-    return create_app(ApiContext(uow_factory=_no_database))
-
-
-@pytest.fixture(scope="module")
-def schema(app: FastAPI) -> dict[str, Any]:
-    return app.openapi()
 
 
 def _calls(dependant: Dependant) -> set[object]:

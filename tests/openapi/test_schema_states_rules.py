@@ -19,28 +19,10 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from controlplane.api.app import create_app
-from controlplane.api.context import ApiContext
 from controlplane.service.cluster_specs import ClusterSpec, PoolSpec
 from controlplane.service.commands import NAME_SENTENCE, PodSetSpec, PriorityClassSpec, SubmitWorkload, TokenSpec
-from controlplane.service.errors import StoreUnavailable
-from controlplane.service.ports import UnitOfWork
 from controlplane.service.serving import ServingSpec
 from tests.openapi import schemathesis_hooks
-
-
-def _no_database() -> UnitOfWork:
-    raise StoreUnavailable("these tests read the schema only")
-
-
-@pytest.fixture(scope="module")
-def app() -> FastAPI:
-    return create_app(ApiContext(uow_factory=_no_database))
-
-
-@pytest.fixture(scope="module")
-def schema(app: FastAPI) -> dict[str, Any]:
-    return app.openapi()
 
 
 def _validator(schema: dict[str, Any], component: str) -> Any:
