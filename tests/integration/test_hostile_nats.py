@@ -181,6 +181,12 @@ async def test_no_message_of_any_size_on_any_senders_subject_stops_the_control_p
                         sent += 1
                         await sender.publish(subject, body, headers={"Gpufleet-Msg-Id": f"storm-{sent:02d}"})
             await sender.flush()
+        # a client's js.publish of a body above the limit raises with the gateway's sentence
+        with pytest.raises(nats.js.errors.APIError) as refused:
+            await team.jetstream().publish(f"{p}.submit.llm.llm-train", b"x" * (limit + 1), timeout=15)
+        assert refused.value.code == 413
+        assert "above the limit" in str(refused.value.description)
+        sent += 1
         # after the storm: the team's next submit is created and announced, and the gateway answers
         after = json.dumps(gang("after-the-storm", "llm-train", replicas=1, gpus=1)).encode()
         ack = await team.jetstream().publish(
