@@ -1,11 +1,11 @@
 """Writing the scheduler's pending reasons: set-based, and only where they changed.
 
 A cycle on a deep backlog decides a reason for every waiting gang (about 90,000 at 100,000
-queued). The database itself compares them with what is stored (`IS DISTINCT FROM` on reason,
-kind and queue position, the triple the scheduler has always compared): an unchanged row is not
-written, so a restarted leader whose decision matches its predecessor's writes only the
-differences, without first reading 100,000 stored reasons back into Python. Only queued workloads
-are written (one cancelled or admitted since the snapshot keeps its own reason).
+queued). The database itself compares them with what is stored (`IS DISTINCT FROM` on reason
+and kind): an unchanged row is not written, so a restarted leader whose decision matches its
+predecessor's writes only the differences, without first reading 100,000 stored reasons back
+into Python. Only queued workloads are written (one cancelled or admitted since the snapshot
+keeps its own reason).
 
 PostgreSQL: one UPDATE ... FROM json_to_recordset(one JSON text) per chunk (executemany would pay
 one round trip per row, and array parameters are adapted element by element). SQLite,
@@ -29,11 +29,10 @@ from controlplane.service.ports import PendingRecord
 CHUNK = 50_000
 
 _POSTGRESQL = text(
-    "UPDATE workloads AS w SET reason = v.r, reason_kind = v.k, reason_detail = v.d, queue_position = v.p"
-    " FROM json_to_recordset(CAST(:rows AS json)) AS v(i text, r text, k text, d json, p integer)"
+    "UPDATE workloads AS w SET reason = v.r, reason_kind = v.k, reason_detail = v.d"
+    " FROM json_to_recordset(CAST(:rows AS json)) AS v(i text, r text, k text, d json)"
     " WHERE w.id = v.i AND w.state = :queued"
-    " AND (w.reason IS DISTINCT FROM v.r OR w.reason_kind IS DISTINCT FROM v.k"
-    " OR w.queue_position IS DISTINCT FROM v.p)"
+    " AND (w.reason IS DISTINCT FROM v.r OR w.reason_kind IS DISTINCT FROM v.k)"
 )
 
 
@@ -61,7 +60,7 @@ def _postgresql(session: Session, records: Sequence[PendingRecord]) -> int:
         return found
 
     rows = ",".join(
-        f'{{"i":{json.dumps(r.workload_id)},"r":{dump(r.text)},"k":{dump(r.kind)},"d":{dump(r.detail)},"p":{r.queue_position}}}'
+        f'{{"i":{json.dumps(r.workload_id)},"r":{dump(r.text)},"k":{dump(r.kind)},"d":{dump(r.detail)}}}'
         for r in records
     )
     result = session.execute(_POSTGRESQL, {"rows": f"[{rows}]", "queued": WorkloadState.QUEUED.value})
@@ -79,14 +78,12 @@ def _sqlite(session: Session, records: Sequence[PendingRecord]) -> int:
             or_(
                 c.reason.is_distinct_from(bindparam("reason")),
                 c.reason_kind.is_distinct_from(bindparam("rkind")),
-                c.queue_position.is_distinct_from(bindparam("pos")),
             ),
         )
         .values(
             reason=bindparam("reason"),
             reason_kind=bindparam("rkind"),
             reason_detail=bindparam("detail", type_=c.reason_detail.type),
-            queue_position=bindparam("pos"),
         ),
         [_parameters(r) for r in records],
     )
@@ -99,5 +96,4 @@ def _parameters(record: PendingRecord) -> dict[str, Any]:
         "reason": record.text,
         "rkind": record.kind,
         "detail": dict(record.detail),
-        "pos": record.queue_position,
     }

@@ -185,13 +185,13 @@ class SqlSnapshotReader:
             last_rebalance_at=self._last_rebalance_at() if last_rebalance else None,
         )
 
-    def stored_reasons(self) -> dict[str, tuple[str, str, int | None]]:
-        """The pending reason, kind and position stored for each queued workload (plain tuples)."""
+    def stored_reasons(self) -> dict[str, tuple[str, str]]:
+        """The pending reason and kind stored for each queued workload (plain tuples)."""
         return {
-            workload_id: (reason, kind, position)
-            for workload_id, reason, kind, position in self.s.connection()
+            workload_id: (reason, kind)
+            for workload_id, reason, kind in self.s.connection()
             .execute(
-                select(WorkloadRow.id, WorkloadRow.reason, WorkloadRow.reason_kind, WorkloadRow.queue_position).where(
+                select(WorkloadRow.id, WorkloadRow.reason, WorkloadRow.reason_kind).where(
                     WorkloadRow.state == WorkloadState.QUEUED
                 )
             )

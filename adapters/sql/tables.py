@@ -174,6 +174,8 @@ class WorkloadRow(Base):
     __table_args__ = (
         UniqueConstraint("team_id", "idempotency_key"),
         Index("ix_workloads_state_queue", "state", "queue_id"),
+        # A queued workload's position is read in its queue's order (adapters/sql/queue_positions.py).
+        Index("ix_workloads_queue_order", "queue_id", "state", "priority", "created_seq"),
     )
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="RESTRICT"), index=True)
@@ -203,7 +205,6 @@ class WorkloadRow(Base):
     # An inference workload's declared serving signal (controlplane.service.serving.ServingSpec), or
     # NULL (migration 0011). none_as_null: a bulk insert gives every row the key, None meaning none.
     serving: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
-    queue_position: Mapped[int | None] = mapped_column(Integer)
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_seq: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]

@@ -14,6 +14,7 @@ from sqlalchemy import Row, and_, distinct, func, or_, select
 from sqlalchemy.orm import Session
 
 from adapters.sql.convert import pod_set_dict
+from adapters.sql.queue_positions import positions_of
 from adapters.sql.tables import ClusterRow, PodSetRow, QueueRow, RunAssignmentRow, RunRow, TeamRow, WorkloadRow
 from controlplane.domain.model import WorkloadState
 from controlplane.service.ports import WorkloadFilter
@@ -30,7 +31,7 @@ _COLUMNS = (
     W.kind,
     W.state,
     W.reason,
-    W.queue_position,
+    W.reason_kind,
     W.min_available,
     W.requires_isolation,
     W.duration_seconds,
@@ -112,6 +113,8 @@ def _summaries(s: Session, rows: Sequence[Row[Any]]) -> list[Listed]:
         if current
         else {}
     )
+    # A position once the scheduler has decided the gang (it has a reason kind), as the view shows it.
+    positions = positions_of(s, [(r.id, r.queue_id) for r in rows if r.state == WorkloadState.QUEUED and r.reason_kind])
     listed = []
     for r in rows:
         run = latest.get(r.id)
@@ -127,7 +130,7 @@ def _summaries(s: Session, rows: Sequence[Row[Any]]) -> list[Listed]:
             kind=r.kind,
             state=r.state,
             reason=r.reason,
-            queue_position=r.queue_position if r.state == WorkloadState.QUEUED else None,
+            queue_position=positions.get(r.id),
             min_available=r.min_available,
             pods=sum(int(p["replicas"]) for p in sets),
             pod_sets=sets,

@@ -128,7 +128,6 @@ class SqlWorkloadRepository(SqlWorkloadViews):
                     .values(
                         state=WorkloadState.ADMITTED.value,
                         reason="admitted",
-                        queue_position=None,
                         updated_at=now,
                         version=workloads.c.version + 1,
                     )
@@ -260,7 +259,6 @@ def _workload_row(new: NewWorkload, now: datetime) -> dict[str, Any]:
         "reason": QUEUED_REASON,
         "reason_kind": "",
         # (reason_detail left out: a JSON column given None would store JSON null, not SQL NULL)
-        "queue_position": None,
         "version": 1,
         "created_seq": workload.created_seq,
         "created_at": now,

@@ -12,6 +12,7 @@ from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
 from adapters.sql.convert import pod_set_dict
+from adapters.sql.queue_positions import position_of
 from adapters.sql.tables import (
     ClusterRow,
     IdleFindingRow,
@@ -125,7 +126,11 @@ class SqlWorkloadViews:
             kind=row.kind,
             state=row.state,
             reason=row.reason,
-            queue_position=row.queue_position if row.state == WorkloadState.QUEUED else None,
+            queue_position=(
+                position_of(s, row.id, row.queue_id, row.priority, row.created_seq)
+                if row.state == WorkloadState.QUEUED and row.reason_kind  # decided once: it waits in order
+                else None
+            ),
             min_available=row.min_available,
             requires_isolation=row.requires_isolation,
             pod_sets=[pod_set_dict(p) for p in row.pod_sets],

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from controlplane.bench.synthetic import BenchSize, SyntheticFleet
 from controlplane.cli import bench_ingest, bench_live, bench_metrics, bench_reads, bench_submit
-from controlplane.core.incremental import IncrementalScheduler
+from controlplane.core.incremental import IncrementalScheduler, same_decision
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, Policy, Snapshot
 from controlplane.workers.scheduler_loop import settle_long_lived_objects
@@ -78,6 +78,7 @@ def run_bench(size: BenchSize, profile: Path | None = None, check: bool = False)
     settle_long_lived_objects()  # the state the first cycle built, as the live loop does after a rebuild
     second, incremental_seconds = _timed(scheduler, follow_up, policy, profiler)
     sync = scheduler.last_sync
+    second_reasons = scheduler.pending_reasons() if check else {}
     third_snapshot = fleet.next_snapshot(follow_up, second, finished=5, arrivals=5)
     third, third_seconds = _timed(scheduler, third_snapshot, policy, profiler)
     if profiler is not None and profile is not None:
@@ -85,7 +86,10 @@ def run_bench(size: BenchSize, profile: Path | None = None, check: bool = False)
     checked: dict[str, Any] = {}
     if check:
         oracle, one_shot_seconds = _timed(None, follow_up, policy, None)
-        checked = {"one_shot_second_cycle_seconds": round(one_shot_seconds, 4), "equal_to_one_shot": oracle == second}
+        checked = {
+            "one_shot_second_cycle_seconds": round(one_shot_seconds, 4),
+            "equal_to_one_shot": same_decision(oracle, second, second_reasons),
+        }
     pending = len(snapshot.pending)
     admitted = len(decision.admissions)
     return {
@@ -102,6 +106,8 @@ def run_bench(size: BenchSize, profile: Path | None = None, check: bool = False)
         # The cycle after a handful of changes, on the kept state (runs synced, searches parked).
         "incremental_cycle_seconds": round(incremental_seconds, 4),
         "incremental_runs_synced": sync.runs_released + sync.runs_added,
+        "incremental_candidates": sync.candidates,  # gangs decided in order; the rest stayed parked
+        "incremental_reasons_changed": len(second.pending),
         "third_cycle_seconds": round(third_seconds, 4),
         "third_admitted": len(third.admissions),
         **checked,

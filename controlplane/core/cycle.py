@@ -1,6 +1,9 @@
-"""One scheduling cycle: every pending gang in fair-share order, the least disruptive action first.
+"""One scheduling cycle: park what the fleet's state blocks, then the rest in fair-share order,
+the least disruptive action first.
 
-The actions, in their fixed order, for one gang:
+First every pending gang that a limit (or its guarantee) blocks for the whole cycle, with no
+eviction open to it, is parked (`parking.py`): left pending with that reason, outside the order.
+Then the candidates, in fair-share order; the actions, in their fixed order, for one gang:
 1. admit it where a placement on free nodes passes every quota rule (or backfill a reservation);
 2. reclaim GPUs the idle policy marked reclaimable (any queue);
 3. reclaim capacity other queues borrowed, if its queue stays within its guarantee;
@@ -15,6 +18,7 @@ the one place those memos are forgotten).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -36,6 +40,7 @@ from controlplane.core.fit import Fitter
 from controlplane.core.fragmentation import workload_mix
 from controlplane.core.gang_facts import ShapeId
 from controlplane.core.ordering import FairShare
+from controlplane.core.parking import Parked, ParkingClass, class_of, park, queue_order
 from controlplane.core.placement import FreeCapacity, Placement, copy_capacity
 from controlplane.core.reservation import Reservations
 from controlplane.core.scoring import Scorer
@@ -52,9 +57,18 @@ Verdict = tuple[Why, ReservationNote | None]
 
 
 class Cycle:
-    def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime, state: CycleState | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        policy: Policy,
+        now: datetime,
+        state: CycleState | None = None,
+        candidates: Sequence[Workload] | None = None,
+    ) -> None:
         """`state` is the fleet state kept across cycles (`incremental.py`), already matching the
-        snapshot; by default a fresh one is built from the snapshot."""
+        snapshot; by default a fresh one is built from the snapshot. `candidates`: the pending
+        gangs not parked, when the caller parked the rest itself (and keeps their reasons);
+        by default the cycle parks every pending gang of the snapshot first."""
         self.snapshot = snapshot
         self.policy = policy
         if state is None:
@@ -67,9 +81,10 @@ class Cycle:
         self.fitter = Fitter(snapshot, policy, self.state, scorer)
         self.evictor = Evictor(snapshot, policy, now, self.state, self.fitter, self.fair_share, self._capacity_grew)
         self.reservations = Reservations(snapshot, policy, now, self.state, self.fitter)
+        self.candidates = candidates
         self.admissions: list[Admission] = []
         self.pending: list[PendingReason] = []
-        self.positions: dict[str, int] = {}  # queue id -> gangs of it left pending so far
+        self.positions: dict[str, int] = {}  # queue id -> candidates of it left pending so far
         # (queue, priority, flags, shape) -> the verdict of a gang exactly like it
         self.verdicts: dict[tuple[object, ...], Verdict] = {}
         # Free capacity as the cycle found it: a gang that would have fit there but not after this
@@ -89,7 +104,10 @@ class Cycle:
         """Decide every pending gang in order; on the first gang that raises, undo what it added
         to the decision and return it with the exception (the working state is then unreliable)."""
         evictions = self.evictor.evictions
-        for workload in self.fair_share.order():
+        candidates = self.candidates
+        if candidates is None:
+            candidates = self.candidates = self.park_all()
+        for workload in self.fair_share.order(candidates):
             marks = (len(self.admissions), len(self.pending), len(evictions))
             try:
                 verdict = self.try_admit(workload)
@@ -100,9 +118,47 @@ class Cycle:
                 return workload, exc
         return None
 
+    def park_all(self) -> list[Workload]:
+        """Leave every gang parked at the start of the cycle pending (`parking.py`; asked once
+        per class); the rest, the candidates. A gang whose class cannot be worked out is a
+        candidate: the ordered pass sets it aside with its error."""
+        answers: dict[ParkingClass, Parked] = {}
+        candidates: list[Workload] = []
+        fronts: dict[str, Workload] = {}  # queue id -> its front blocked gang that may ask
+        parked: list[Workload] = []
+        for workload in self.snapshot.pending:
+            try:
+                gang = class_of(self.state, workload)
+                answer = answers.get(gang)
+                if answer is None:
+                    answer = answers[gang] = park(self.state, self.policy, gang)
+            except Exception:
+                candidates.append(workload)
+                continue
+            if answer.why is None:
+                candidates.append(workload)
+                continue
+            if answer.may_ask:
+                front = fronts.get(workload.queue_id)
+                if front is None:
+                    fronts[workload.queue_id] = workload
+                    continue
+                if queue_order(workload) < queue_order(front):
+                    fronts[workload.queue_id] = workload
+                    parked.append(front)
+                    continue
+            parked.append(workload)
+        parked.sort(key=queue_order)  # the order of the input never shows in the decision
+        for workload in parked:
+            why = answers[class_of(self.state, workload)].why
+            assert why is not None
+            self.pending.append(PendingReason(workload.id, why))
+        candidates.extend(fronts.values())
+        return candidates
+
     def leave_pending(self, workload: Workload, verdict: Verdict) -> None:
-        position = self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1
-        self.pending.append(PendingReason(workload.id, verdict[0], position, verdict[1]))
+        self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1
+        self.pending.append(PendingReason(workload.id, verdict[0], verdict[1]))
 
     def try_admit(self, workload: Workload) -> Verdict | None:
         """Admit the gang (maybe after evictions); the pending reason when it cannot be.
@@ -131,7 +187,10 @@ class Cycle:
     def _decide(self, workload: Workload) -> Verdict | None:
         ledger = self.state.ledger
         wanted = {GPU_EQ: self.state.facts.least(workload)}
-        blocked: Why | None = ledger.limit_block(workload.queue_id, wanted)
+        limited = ledger.limit_block(workload.queue_id, wanted, least=True)
+        if limited is not None and limited.never:
+            return limited, None  # nothing that ends or is evicted lifts a limit it exceeds alone
+        blocked: Why | None = limited
         if not workload.preemptible and not ledger.within_guarantee(workload.queue_id, wanted):
             blocked = blocked or OutsideGuarantee(self.state.unit.gpus(wanted[GPU_EQ]))
         if blocked is None:

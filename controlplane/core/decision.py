@@ -172,8 +172,9 @@ class QuotaLimit:
     node: str  # name of the queue, team or cohort whose limit blocks
     key: str  # gpu-eq or a GPU model
     limit: float
-    used: float
     amount: float  # what the gang needs
+    # The gang needs more than the limit on its own: it can never run while the limit stands.
+    never: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,9 +248,11 @@ class ReservationNote:
 
 @dataclass(frozen=True)
 class PendingReason:
+    """Why a gang waits. Its place in its queue is not part of it (it moves whenever a gang ahead
+    is admitted): it is worked out where it is read, from the queue's order."""
+
     workload_id: str
     why: Why
-    queue_position: int
     reservation: ReservationNote | None = None
 
     @property

@@ -14,28 +14,37 @@ A cycle runs inside a checkpoint of that state (`state.py`'s journal) and is rol
 end: its admissions and evictions reach the next snapshot as live runs started or ended, which
 is how a fresh build would see them.
 
-Parking comes from the placement search (`placement/search.py`): it remembers every shape's
-answer until a node of a pool that answer read changes. Since the capacity now outlives the
-cycle, a gang that found no room is not searched again in the next cycle (nor the one after)
-until capacity of a pool it could use changed: a run there ended, a node there was added or
-uncordoned. Quota and ordering rules are re-checked each cycle from the ledger, which is cheap.
+It also keeps the queue manager's parking (`parking.py`, `Parking` below): every pending gang
+belongs to a class that is either parked, with the reason it waits and the changes that would
+wake it, or a candidate. A cycle asks the parking question again only for classes a change woke
+(usage on their chain, the live runs of their queue, a new class), and decides in order only the
+candidates: queue heads, new and woken gangs, not the deep backlog parked behind a limit.
 
-The answer is the one-shot answer by construction, and a property test checks it: for any
-sequence of snapshots, `decide` returns what `schedule()` returns on each of them.
+Placement answers are parked too, by the placement search (`placement/search.py`): it remembers
+every shape's answer until a node of a pool that answer read changes. Since the capacity now
+outlives the cycle, a gang that found no room is not searched again until capacity of a pool it
+could use changed: a run there ended, a node there was added or uncordoned.
+
+`decide` returns the admissions and evictions, and of the pending reasons only those that changed
+since its previous decision (a delta: `pending_reasons()` is the whole set). It is the one-shot
+answer by construction, and a property test checks it: for any sequence of snapshots, what
+`decide` admits and evicts and the reasons it keeps are what `schedule()` gives on each of them.
 Snapshots are compared by identity first (a snapshot cache that keeps unchanged rows as the
 same objects makes the comparison a pointer check), then by value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from controlplane.core.cycle import Cycle
-from controlplane.core.decision import Decision
+from controlplane.core.decision import Decision, PendingReason, ReservationNote, Why
+from controlplane.core.parking import CANDIDATE, Parked, ParkingClass, class_of, park, queue_order
 from controlplane.core.schedule import decision_of, quarantine_queues, schedule
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState, live_key
+from controlplane.domain.model import Workload
 
 # The kept state's memos (placement answers per gang shape, the shapes of gangs seen, scores)
 # only grow while it lives: it is rebuilt after this many cycles, which bounds them by what that
@@ -59,6 +68,8 @@ class SyncStats:
     rebuilt: bool
     runs_released: int
     runs_added: int
+    classes_checked: int = 0  # parking classes asked again (woken or new)
+    candidates: int = 0  # gangs decided in order (the rest stayed parked)
 
 
 class IncrementalScheduler:
@@ -67,22 +78,31 @@ class IncrementalScheduler:
 
     def __init__(self) -> None:
         self._kept: _Kept | None = None
+        self.parking = Parking()
         self.last_sync = SyncStats(rebuilt=True, runs_released=0, runs_added=0)
 
     def reset(self) -> None:
         """Forget the kept state: the next call rebuilds it (a new leadership term, an error)."""
         self._kept = None
+        self.parking = Parking()
+
+    def pending_reasons(self) -> dict[str, PendingReason]:
+        """Every pending gang's reason as of the last decision (what `schedule()` lists)."""
+        return self.parking.reasons()
 
     def decide(self, snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
         usable, held = quarantine_queues(snapshot)
         try:
             state = self._sync(usable, policy)
+            if self.last_sync.rebuilt:
+                self.parking = Parking()
+            candidates = self.parking.refresh(usable, state, policy)
         except Exception:
-            self._kept = None
+            self.reset()
             raise
         mark = state.checkpoint()
         try:
-            cycle = Cycle(usable, policy, now, state)
+            cycle = Cycle(usable, policy, now, state, candidates=candidates)
             failure = cycle.run()
         except Exception:
             self._kept = None
@@ -93,9 +113,11 @@ class IncrementalScheduler:
         if failure is not None:
             # A gang raised: the one-shot path sets it aside and starts over on fresh state. The
             # kept state is not trusted after that (the journal may not hold a half-made change).
-            self._kept = None
+            self.reset()
             return schedule(snapshot, policy, now)
-        return decision_of(cycle, usable, held, {})
+        decision = decision_of(cycle, usable, held, {})
+        self.last_sync = replace(self.last_sync, classes_checked=self.parking.last_checked, candidates=len(candidates))
+        return replace(decision, pending=self.parking.settle(decision))
 
     def _sync(self, snapshot: Snapshot, policy: Policy) -> CycleState:
         kept = self._kept
@@ -125,7 +147,199 @@ class IncrementalScheduler:
         return state
 
 
+def same_decision(full: Decision, delta: Decision, reasons: dict[str, PendingReason]) -> bool:
+    """Whether `IncrementalScheduler.decide` (its `delta` decision and the `reasons` it kept after
+    it) decided what `schedule()` decided (`full`)."""
+    return (
+        full.admissions == delta.admissions
+        and full.evictions == delta.evictions
+        and {p.workload_id: p for p in full.pending} == reasons
+    )
+
+
 def _same_fleet(before: Snapshot, after: Snapshot) -> bool:
     """Whether the state built for `before` serves `after` once live runs are synced: the same
     clusters (with their pools), nodes and queue tree."""
     return before.clusters == after.clusters and before.nodes == after.nodes and before.queue_tree == after.queue_tree
+
+
+@dataclass
+class _Class:
+    """The gangs of one parking class, its answer and its front gang (None: not worked out)."""
+
+    answer: Parked
+    members: dict[str, Workload] = field(default_factory=dict)
+    front: Workload | None = None
+
+    def front_gang(self) -> Workload:
+        if self.front is None:
+            self.front = min(self.members.values(), key=queue_order)
+        return self.front
+
+
+class Parking:
+    """The parking answers per class, kept across cycles, and every pending gang's reason.
+
+    `refresh` brings the classes up to date with a snapshot's pending gangs, asks `park` again for
+    the classes a change woke, and returns the candidates; `settle` takes the cycle's decision and
+    returns the reasons that changed. Usage is compared with what it was at the previous cycle's
+    start: a class's answer read that state, so it holds while nothing it watches changed."""
+
+    def __init__(self) -> None:
+        self.classes: dict[ParkingClass, _Class] = {}
+        self.class_of_gang: dict[str, tuple[Workload, ParkingClass]] = {}
+        self.pending: tuple[Workload, ...] | None = None
+        self.policy: Policy | None = None
+        self.usage_seen: dict[str, dict[str, int]] = {}
+        self.versions_seen: dict[str, int] = {}
+        self.fronts: dict[str, str] = {}  # queue id -> id of its front blocked gang that may ask
+        self.kept: dict[str, tuple[Why, ReservationNote | None]] = {}  # workload id -> its reason
+        self.to_tell: dict[str, None] = {}  # parked gangs whose reason may have changed this cycle
+        self.last_checked = 0
+
+    def reasons(self) -> dict[str, PendingReason]:
+        return {gang: PendingReason(gang, why, note) for gang, (why, note) in self.kept.items()}
+
+    def refresh(self, snapshot: Snapshot, state: CycleState, policy: Policy) -> list[Workload]:
+        """The candidates of this cycle, after waking what changed and parking what arrived."""
+        if policy != self.policy:
+            kept = self.kept
+            self.__init__()  # type: ignore[misc]  # a new policy: every answer is asked again
+            self.kept, self.policy = kept, policy
+        woken = self._sync_pending(snapshot, state)
+        woken.extend(self._woken(state))
+        self.last_checked = len(woken)
+        for gang in woken:
+            entry = self.classes[gang]
+            answer = park(state, policy, gang)
+            if answer.why != entry.answer.why:
+                self.to_tell.update(dict.fromkeys(entry.members))
+            entry.answer = answer
+        self._see(state)
+        candidates: list[Workload] = []
+        fronts: dict[str, Workload] = {}
+        for entry in self.classes.values():
+            answer = entry.answer
+            if answer.why is None:
+                candidates.extend(entry.members.values())
+            elif answer.may_ask:
+                first = entry.front_gang()
+                front = fronts.get(first.queue_id)
+                if front is None or queue_order(first) < queue_order(front):
+                    fronts[first.queue_id] = first
+        for queue_id, gang_id in self.fronts.items():
+            front = fronts.get(queue_id)
+            if (front is None or front.id != gang_id) and gang_id in self.class_of_gang:
+                self.to_tell[gang_id] = None  # no longer its queue's front: parked behind the new one
+        self.fronts = {queue_id: first.id for queue_id, first in fronts.items()}
+        candidates.extend(fronts.values())
+        return candidates
+
+    def _sync_pending(self, snapshot: Snapshot, state: CycleState) -> list[ParkingClass]:
+        """New classes (to be asked), after the pending gangs changed: from the snapshot's delta
+        when it was made against the gangs kept here, else by comparing every gang."""
+        pending, delta = snapshot.pending, snapshot.pending_delta
+        if pending is self.pending:
+            return []
+        new: list[ParkingClass] = []
+        if delta is not None and delta.base is self.pending:
+            for gang_id in delta.removed:
+                found = self.class_of_gang.get(gang_id)
+                if found is not None:
+                    self._leave(gang_id, found[1])
+            for workload in delta.changed:
+                self._join(workload, state, new)
+        else:
+            known = self.class_of_gang
+            present: set[str] = set()
+            for workload in pending:
+                present.add(workload.id)
+                self._join(workload, state, new)
+            if len(known) != len(present):
+                for gone in [gang_id for gang_id in known if gang_id not in present]:
+                    self._leave(gone, known[gone][1])
+        self.pending = pending
+        return new
+
+    def _join(self, workload: Workload, state: CycleState, new: list[ParkingClass]) -> None:
+        """Put the gang in its class (a class seen for the first time is added to `new`)."""
+        found = self.class_of_gang.get(workload.id)
+        if found is not None:
+            if found[0] is workload or found[0] == workload:
+                return
+            self._leave(workload.id, found[1])
+        gang = class_of(state, workload)
+        entry = self.classes.get(gang)
+        if entry is None:
+            entry = self.classes[gang] = _Class(CANDIDATE)
+            new.append(gang)  # its gangs are told when it is asked and parks
+        else:
+            if entry.answer.why is not None:
+                self.to_tell[workload.id] = None
+            entry.front = None
+        entry.members[workload.id] = workload
+        self.class_of_gang[workload.id] = (workload, gang)
+
+    def _leave(self, gang_id: str, gang: ParkingClass) -> None:
+        del self.class_of_gang[gang_id]
+        self.kept.pop(gang_id, None)
+        self.to_tell.pop(gang_id, None)
+        entry = self.classes[gang]
+        del entry.members[gang_id]
+        entry.front = None
+        if not entry.members:
+            del self.classes[gang]
+
+    def _woken(self, state: CycleState) -> list[ParkingClass]:
+        """Candidate classes (asked every cycle: they are decided anyway), and parked classes
+        whose watched usage changed since the previous cycle's start."""
+        ledger = state.ledger
+        changed = {node for node, version in ledger.versions.items() if self.versions_seen.get(node) != version}
+        changed.update(node for node in self.versions_seen if node not in ledger.versions)
+        woken: list[ParkingClass] = []
+        for gang, entry in self.classes.items():
+            answer = entry.answer
+            if answer.why is None or (
+                changed
+                and (
+                    any(node in changed for node in answer.watch_any)
+                    or any(
+                        ledger.used(node, key) < self.usage_seen.get(node, {}).get(key, 0)
+                        for node, key in answer.watch_drop
+                        if node in changed
+                    )
+                )
+            ):
+                woken.append(gang)
+        return woken
+
+    def _see(self, state: CycleState) -> None:
+        ledger = state.ledger
+        for node, version in ledger.versions.items():
+            if self.versions_seen.get(node) != version:
+                self.versions_seen[node] = version
+                self.usage_seen[node] = dict(ledger.usage.get(node, {}))
+
+    def settle(self, decision: Decision) -> tuple[PendingReason, ...]:
+        """Keep the decision's reasons; those that differ from what was kept (a delta)."""
+        told: list[PendingReason] = []
+        kept = self.kept
+        for reason in decision.pending:
+            value = (reason.why, reason.reservation)
+            if kept.get(reason.workload_id) != value:
+                kept[reason.workload_id] = value
+                told.append(reason)
+            self.to_tell.pop(reason.workload_id, None)
+        for admission in decision.admissions:
+            kept.pop(admission.workload_id, None)
+            self.to_tell.pop(admission.workload_id, None)
+        for gang_id in self.to_tell:
+            found = self.class_of_gang.get(gang_id)
+            if found is None:
+                continue
+            why = self.classes[found[1]].answer.why
+            if why is not None and kept.get(gang_id) != (why, None):
+                kept[gang_id] = (why, None)
+                told.append(PendingReason(gang_id, why))
+        self.to_tell = {}
+        return tuple(told)

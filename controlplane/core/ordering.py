@@ -11,7 +11,7 @@ lazy: the next queue is picked after the previous gang was decided.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from fractions import Fraction
 
@@ -25,7 +25,6 @@ from controlplane.domain.model import GPU_EQ, QueueNode, Workload
 class FairShare:
     def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime, state: CycleState) -> None:
         self.tree: Mapping[str, QueueNode] = snapshot.queue_tree
-        self.pending = snapshot.pending
         self.policy = policy
         self.state = state
         self.shares: dict[str, tuple[int, Fraction]] = {}  # queue id -> (ledger version, share)
@@ -41,10 +40,11 @@ class FairShare:
                 for queue_id, part in history_shares(decayed).items()
             }
 
-    def order(self) -> Iterator[Workload]:
-        """Within a queue: priority, then FIFO. Across queues: the lowest weighted dominant share
-        above guarantee goes first (or, without fair share, one global priority/FIFO order)."""
-        by_priority = sorted(self.pending, key=lambda w: (-w.priority, w.created_seq, w.id))
+    def order(self, pending: Iterable[Workload]) -> Iterator[Workload]:
+        """`pending` in order. Within a queue: priority, then FIFO. Across queues: the lowest
+        weighted dominant share above guarantee goes first (or, without fair share, one global
+        priority/FIFO order)."""
+        by_priority = sorted(pending, key=lambda w: (-w.priority, w.created_seq, w.id))
         if not self.policy.fair_share:
             yield from by_priority
             return

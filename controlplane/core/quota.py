@@ -80,13 +80,29 @@ class Ledger:
 
     # -- rules ---------------------------------------------------------------------------------
 
-    def limit_block(self, queue_id: str, amounts: Mapping[str, int]) -> QuotaLimit | None:
-        for node in self.chain(queue_id):
+    def limit_block(self, queue_id: str, amounts: Mapping[str, int], least: bool = False) -> QuotaLimit | None:
+        found = self.limit_block_at(queue_id, amounts, least)
+        return None if found is None else found[1]
+
+    def limit_block_at(
+        self, queue_id: str, amounts: Mapping[str, int], least: bool = False
+    ) -> tuple[int, QuotaLimit] | None:
+        """The limit on the chain that blocks `amounts` and its depth (0: the queue): the lowest
+        one that usage fills; when `amounts` is the least any start of the gang holds (`least`),
+        first one they exceed on their own (the gang can never run under it, whatever ends). The
+        reason holds no usage figure: it stays the same while the gang waits on it (usage is read
+        where the reason is shown)."""
+        chain = self.chain(queue_id)
+        for depth, node in enumerate(chain if least else ()):
+            for key, bound in self.limits[node.id].items():
+                want = amounts.get(key, ZERO)
+                if want > bound:
+                    return depth, QuotaLimit(node.name, key, node.limit.amounts[key], self.unit.gpus(want), never=True)
+        for depth, node in enumerate(chain):
             for key, bound in self.limits[node.id].items():
                 want = amounts.get(key, ZERO)
                 if want and self.used(node.id, key) + want > bound:
-                    used = self.unit.gpus(self.used(node.id, key))
-                    return QuotaLimit(node.name, key, node.limit.amounts[key], used, self.unit.gpus(want))
+                    return depth, QuotaLimit(node.name, key, node.limit.amounts[key], self.unit.gpus(want))
         return None
 
     def ancestor_limit_block(self, queue_id: str, amounts: Mapping[str, int]) -> str | None:

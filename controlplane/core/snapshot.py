@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controlplane.core.decision import Admission, Decision, Eviction, PendingReason
@@ -57,6 +57,17 @@ class LiveRun:
 
 
 @dataclass(frozen=True)
+class PendingDelta:
+    """How a snapshot's pending gangs differ from those of the snapshot its source made before
+    (`base`, compared by identity): a scheduler that kept the earlier ones applies these instead
+    of comparing every gang."""
+
+    base: tuple[Workload, ...]
+    changed: tuple[Workload, ...]  # gangs new to the pending set, or re-read different
+    removed: frozenset[str]  # ids of gangs no longer pending
+
+
+@dataclass(frozen=True)
 class Snapshot:
     clusters: tuple[Cluster, ...]
     nodes: tuple[Node, ...]
@@ -67,6 +78,8 @@ class Snapshot:
     usage_history: tuple[UsageInterval, ...] = ()
     # When the last rebalancing eviction happened, so the policy can rate-limit them across cycles.
     last_rebalance_at: datetime | None = None
+    # What changed in `pending` since the source's previous snapshot, when the source knows it.
+    pending_delta: PendingDelta | None = field(default=None, compare=False, repr=False)
 
     def pools_by_id(self) -> dict[str, NodePool]:
         return {pool.id: pool for cluster in self.clusters for pool in cluster.pools}

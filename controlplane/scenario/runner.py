@@ -15,6 +15,7 @@ from controlplane.core.capacity import why_never_fits
 from controlplane.core.gpu_eq import GpuEqUnit
 from controlplane.core.history import UsageInterval
 from controlplane.core.invariants import InvariantViolation, check_decision
+from controlplane.core.parking import queue_order
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
 from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment, Workload
@@ -156,6 +157,7 @@ class _Simulation:
             index += 1
             if index * self.doc.cycle_seconds > self.doc.until:
                 break
+        self._place_in_queues()
         return ScenarioResult(
             ended_at=t,
             cycles=self.cycles,
@@ -163,6 +165,13 @@ class _Simulation:
             evictions_per_cycle=tuple(self.evictions),
             queue_usage={name: tuple(entries) for name, entries in self.usage.items()},
         )
+
+    def _place_in_queues(self) -> None:
+        """Each queued workload's place in its queue, as the API reads it (`queue_order`)."""
+        queued = sorted((t for t in self.tracks.values() if t.state == "queued"), key=lambda t: queue_order(t.workload))
+        places: dict[str, int] = {}
+        for track in queued:
+            track.queue_position = places[track.queue] = places.get(track.queue, 0) + 1
 
     # --- the world between cycles ---------------------------------------------------------------
 
@@ -328,7 +337,6 @@ class _Simulation:
 
         for pending in decision.pending:
             track = self.tracks[pending.workload_id]
-            track.queue_position = pending.queue_position
             reason = pending_text(pending)
             if reason != track.last_reason:
                 track.reasons.append(ReasonAt(t, reason))

@@ -66,7 +66,6 @@ class PendingRecord:
     text: str
     kind: str  # controlplane.core.decision.PendingKind
     detail: Mapping[str, Any]
-    queue_position: int
 
 
 @dataclass(frozen=True)

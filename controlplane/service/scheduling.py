@@ -113,7 +113,7 @@ def _pending_records(decision: Decision) -> list[PendingRecord]:
             if found is None:
                 found = by_value[value] = (pending_text(p), str(p.kind), pending_fields(p))
             by_identity[key] = found
-        records.append(PendingRecord(p.workload_id, found[0], found[1], found[2], p.queue_position))
+        records.append(PendingRecord(p.workload_id, found[0], found[1], found[2]))
     return records
 
 

@@ -17,13 +17,14 @@ term, so a cycle (the first of a term too) sends only those that changed.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from controlplane.core.history import UsageInterval
-from controlplane.core.snapshot import LiveRun, Snapshot
+from controlplane.core.snapshot import LiveRun, PendingDelta, Snapshot
 from controlplane.domain.model import Cluster, Node, Workload
 from controlplane.service.ports import PendingRecord, UnitOfWorkFactory
 from controlplane.service.snapshot_ports import ChangeCursor, SnapshotChanges
@@ -78,11 +79,12 @@ class SnapshotCache:
         self._pruned_at: datetime | None = None
         self._history_since: datetime | None = None
         self._pending: dict[str, Workload] = {}
+        self._order = _Ordered(())
         self._live: dict[str, LiveRun] = {}
         self._usage: dict[str, UsageInterval] = {}
         # Pending reasons as stored: read with the full load, then as last written this term
-        # (text, kind, position) per workload; None until a full load.
-        self._written: dict[str, tuple[str, str, int | None]] | None = None
+        # (text, kind) per workload; None until a full load.
+        self._written: dict[str, tuple[str, str]] | None = None
 
     @property
     def epoch(self) -> int | None:
@@ -153,6 +155,7 @@ class SnapshotCache:
         self._written = dict(stored)
         self._usage = {run_id: interval for run_id, interval in usage.items() if interval is not None}
         self._pending = {w.id: w for w in snapshot.pending}
+        self._order = _Ordered(snapshot.pending)
         self._live = {run.run_id: run for run in snapshot.live_runs}
         self._snapshot = Snapshot(
             clusters=snapshot.clusters,
@@ -171,9 +174,9 @@ class SnapshotCache:
     def _apply(self, changes: SnapshotChanges, history_since: datetime | None) -> None:
         old = self._snapshot
         assert old is not None
-        pending = old.pending
+        pending, delta = old.pending, None
         if changes.workload_ids:
-            pending = self._merge_pending(changes)
+            pending, delta = self._merge_pending(changes)
         live_runs = old.live_runs
         if changes.workload_ids or changes.run_ids or changes.live_runs:
             live_runs = self._merge_live(changes)
@@ -193,12 +196,17 @@ class SnapshotCache:
             live_runs=live_runs,
             usage_history=usage_history,
             last_rebalance_at=changes.last_rebalance_at if changes.last_rebalance_read else old.last_rebalance_at,
+            pending_delta=delta,
         )
         self._cursor, self._history_since = changes.cursor, history_since
 
-    def _merge_pending(self, changes: SnapshotChanges) -> tuple[Workload, ...]:
+    def _merge_pending(self, changes: SnapshotChanges) -> tuple[tuple[Workload, ...], PendingDelta | None]:
+        """The pending gangs after `changes`, in `load`'s order, and how they differ (None: not at
+        all). The order is kept by bisection: a change costs a search and a move, not a sort."""
+        assert self._snapshot is not None
         fresh = {w.id: w for w in changes.pending}
-        differ = False
+        changed: list[Workload] = []
+        removed: set[str] = set()
         for workload_id in changes.workload_ids:
             old = self._pending.pop(workload_id, None)
             if self._written is not None:
@@ -207,13 +215,18 @@ class SnapshotCache:
             new = fresh.get(workload_id)
             if new is not None:
                 kept = self._pending[workload_id] = _kept(old, new)
-                differ |= kept is not old
-            else:
-                differ |= old is not None
-        assert self._snapshot is not None
-        if not differ:
-            return self._snapshot.pending  # every touched gang re-read equal
-        return tuple(sorted(self._pending.values(), key=_pending_order))
+                if kept is not old:
+                    if old is not None:
+                        self._order.remove(old)
+                    self._order.insert(kept)
+                    changed.append(kept)
+            elif old is not None:
+                self._order.remove(old)
+                removed.add(workload_id)
+        if not changed and not removed:
+            return self._snapshot.pending, None  # every touched gang re-read equal
+        pending = self._order.items()
+        return pending, PendingDelta(self._snapshot.pending, tuple(changed), frozenset(removed))
 
     def _merge_live(self, changes: SnapshotChanges) -> tuple[LiveRun, ...]:
         touched = set(changes.run_ids)
@@ -278,12 +291,41 @@ class SnapshotCache:
         return [r for r in records if written.get(r.workload_id) != _reason_key(r)]
 
     def pending_written(self, records: Sequence[PendingRecord]) -> None:
-        """Every reason of a decision is stored now (written, or already equal): call after commit."""
-        self._written = {r.workload_id: _reason_key(r) for r in records}
+        """These reasons are stored now (written, or already equal): call after commit. A decision
+        of the kept state lists only the reasons that changed; the rest stay as stored."""
+        if self._written is not None:
+            self._written.update((r.workload_id, _reason_key(r)) for r in records)
 
 
-def _reason_key(record: PendingRecord) -> tuple[str, str, int]:
-    return (record.text, record.kind, record.queue_position)
+def _reason_key(record: PendingRecord) -> tuple[str, str]:
+    return (record.text, record.kind)
+
+
+class _Ordered:
+    """The pending gangs in `load`'s order (`_pending_order`), kept sorted by bisection."""
+
+    def __init__(self, pending: Sequence[Workload]) -> None:
+        self._keys = [_pending_order(w) for w in pending]
+        self._items = list(pending)
+        self._tuple: tuple[Workload, ...] | None = tuple(pending)
+
+    def insert(self, workload: Workload) -> None:
+        key = _pending_order(workload)
+        at = bisect.bisect_right(self._keys, key)
+        self._keys.insert(at, key)
+        self._items.insert(at, workload)
+        self._tuple = None
+
+    def remove(self, workload: Workload) -> None:
+        at = bisect.bisect_left(self._keys, _pending_order(workload))
+        assert self._items[at] is workload, "a gang the order does not hold"
+        del self._keys[at], self._items[at]
+        self._tuple = None
+
+    def items(self) -> tuple[Workload, ...]:
+        if self._tuple is None:
+            self._tuple = tuple(self._items)
+        return self._tuple
 
 
 def _id(item: Cluster | Node) -> str:

@@ -75,7 +75,7 @@ class SnapshotReader(Protocol):
         what changed is always read through `changes_since`."""
         ...
 
-    def stored_reasons(self) -> Mapping[str, tuple[str, str, int | None]]:
+    def stored_reasons(self) -> Mapping[str, tuple[str, str]]:
         """(reason, kind, queue position) as stored, per queued workload: call beside `load` in the
         same unit of work, so the scheduler's first decision of a term writes only what differs."""
         ...

@@ -66,8 +66,16 @@ def why_text(why: Why) -> str:
                 f"fair-share: queue {queue} (share {share:.3f}) waits its turn; "
                 f"queues ordered ahead of it by fair share ({others}) took the capacity it fits this cycle"
             )
-        case QuotaLimit(node=node, key=key, limit=limit, used=used, amount=amount):
-            return f"quota: {node} limit is {limit:g} {key}, {used:g} in use, this gang needs {amount:g}"
+        case QuotaLimit(node=node, key=key, limit=limit, amount=amount, never=True):
+            return (
+                f"quota: never under the current limits: {node} limit is {limit:g} {key} and this gang needs "
+                f"{amount:g} at least; it waits until that limit is raised (or the gang is made smaller)"
+            )
+        case QuotaLimit(node=node, key=key, limit=limit, amount=amount):
+            return (
+                f"quota: {node} limit is {limit:g} {key} and its work in use leaves less than the "
+                f"{amount:g} this gang needs"
+            )
         case BorrowingLimit(node=node, key=key, limit=limit):
             return f"quota: {node} may borrow at most {limit:g} {key} above its guarantee"
         case OutsideGuarantee(amount=None):

@@ -21,7 +21,7 @@ from tests.integration.fleet import Tenant, gang
 IGNORED = {
     "workloads": {
         "container", "labels", "idempotency_key", "request_fingerprint", "reason", "reason_kind",
-        "reason_detail", "queue_position", "version", "created_at", "updated_at", "finished_at",
+        "reason_detail", "version", "created_at", "updated_at", "finished_at",
         "serving",  # the inference signal declaration (0011): written once at submit, never read by the scheduler
     },
     "runs": {"attempt", "epoch", "dispatch_state", "message", "dispatched_at"},

@@ -34,7 +34,6 @@ def _stored(wiring: Wiring) -> Stored:
                 WorkloadRow.reason,
                 WorkloadRow.reason_kind,
                 WorkloadRow.reason_detail,
-                WorkloadRow.queue_position,
                 WorkloadRow.state,
             )
         ).all()
@@ -52,13 +51,13 @@ def _submit(client: TestClient, tenant: Tenant, count: int, replicas: int = 2) -
 
 
 def _row_by_row(before: Stored, records: list[PendingRecord]) -> tuple[Stored, int]:
-    """What writing each record alone would leave: a queued workload whose reason, kind or position
-    differs gets all four fields; anything else keeps its row."""
+    """What writing each record alone would leave: a queued workload whose reason or kind differs
+    gets all three fields; anything else keeps its row."""
     after, written = dict(before), 0
     for r in records:
-        reason, kind, _, position, state = before[r.workload_id]
-        if state == "queued" and (reason, kind, position) != (r.text, r.kind, r.queue_position):
-            after[r.workload_id] = (r.text, r.kind, dict(r.detail), r.queue_position, state)
+        reason, kind, _, state = before[r.workload_id]
+        if state == "queued" and (reason, kind) != (r.text, r.kind):
+            after[r.workload_id] = (r.text, r.kind, dict(r.detail), state)
             written += 1
     return after, written
 
@@ -72,11 +71,11 @@ def test_set_based_reasons_are_what_row_by_row_writes_would_store(
         uow.commit()
     shared = {"kind": "no-fit", "needed": 40, "quote": 'a "quoted" \\ text'}
     records = [
-        PendingRecord(ids[0], "no fit: 40 pods", "no-fit", shared, 1),
-        PendingRecord(ids[1], "no fit: 40 pods", "no-fit", shared, 2),
-        PendingRecord(ids[2], "quota: team over its limit ünïcode", "quota-limit", {"kind": "quota-limit"}, 3),
-        PendingRecord(ids[3], "no fit: 40 pods", "no-fit", shared, 4),
-        PendingRecord(ids[5], "never written: cancelled", "no-fit", shared, 5),
+        PendingRecord(ids[0], "no fit: 40 pods", "no-fit", shared),
+        PendingRecord(ids[1], "no fit: 40 pods", "no-fit", shared),
+        PendingRecord(ids[2], "quota: team over its limit ünïcode", "quota-limit", {"kind": "quota-limit"}),
+        PendingRecord(ids[3], "no fit: 40 pods", "no-fit", shared),
+        PendingRecord(ids[5], "never written: cancelled", "no-fit", shared),
     ]
     with wiring.uow() as uow:
         assert write_pending(uow.session, records[3:4]) == 1  # type: ignore[attr-defined]

@@ -104,14 +104,17 @@ def test_queue_limit_keeps_work_pending_with_a_quota_reason(
     assert states["a"]["state"] == "admitted"
     assert states["b"]["state"] == "admitted"
     assert states["c"]["state"] == "queued"
-    assert states["c"]["reason"] == "quota: vision-train limit is 48 gpu-eq, 24 in use, this gang needs 32"
+    assert (
+        states["c"]["reason"]
+        == "quota: vision-train limit is 48 gpu-eq and its work in use leaves less than the 32 this gang needs"
+    )
     assert states["c"]["reason_detail"] == {
         "kind": "quota-limit",
         "node": "vision-train",
         "key": "gpu-eq",
         "limit": 48.0,
-        "used": 24.0,
         "amount": 32.0,
+        "never": False,
     }
 
 

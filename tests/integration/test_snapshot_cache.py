@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from adapters.sql import snapshot_changes
+from adapters.sql.queue_positions import positions_of
 from adapters.sql.tables import ClusterRow, NodeRow, RunRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.decision import EndCause
@@ -266,10 +267,12 @@ def test_cycles_with_a_cache_admit_and_write_only_changed_reasons(
     assert cycle() == (0, 1)  # only the newcomer's reason
     assert cache.rebuilds == 1
     with wiring.uow() as uow:
-        stored = uow.session.execute(  # type: ignore[attr-defined]
-            select(WorkloadRow.reason_kind, WorkloadRow.queue_position).where(WorkloadRow.state == "queued")
+        session = uow.session  # type: ignore[attr-defined]
+        stored = session.execute(
+            select(WorkloadRow.id, WorkloadRow.queue_id, WorkloadRow.reason_kind).where(WorkloadRow.state == "queued")
         ).all()
-    assert sorted(stored) == [("no-fit", position) for position in range(1, 6)]
+        positions = positions_of(session, [(row.id, row.queue_id) for row in stored])
+    assert sorted((row.reason_kind, positions[row.id]) for row in stored) == [("no-fit", p) for p in range(1, 6)]
     acquire_leadership(wiring.uow, "other", utc_now() + timedelta(hours=2), 3600.0)
     with pytest.raises(LostLeadership):
         cycle()

@@ -231,7 +231,10 @@ def test_queue_page_shows_bars_and_only_the_callers_own_team(seeded: Seeded) -> 
 def test_workload_page_says_why_it_waits_and_other_teams_workloads_are_404(seeded: Seeded) -> None:
     vision = seeded.login(seeded.vision.token)
     text = _text(vision.get(f"/ui/workloads/{seeded.ids['c']}").text)
-    assert "why pending quota: vision-train limit is 48 gpu-eq, 24 in use, this gang needs 32" in text
+    assert (
+        "why pending quota: vision-train limit is 48 gpu-eq and its work in use leaves less than the 32 this gang needs"
+        in text
+    )
     assert "queue position 1" in text
     assert "pods workers: 4 \u00d7 8 GPU (H100-80GB)" in text  # the models it asks for
     listing = _text(vision.get("/ui/workloads?state=queued").text)

@@ -5,7 +5,10 @@ cycle's admissions become live runs and its evictions send their gangs back to t
 live scheduler applies a decision), and between cycles runs end, gangs arrive or are cancelled,
 runs are marked idle, nodes are cordoned or uncordoned, quotas change and time passes. After
 every event the decision of the kept state must equal `schedule()` on the same snapshot: the
-one-shot entry point is the oracle.
+one-shot entry point is the oracle. The kept state's decision lists only the reasons that changed;
+the reasons it keeps (`pending_reasons`) must be every reason the oracle gives, so a parked gang
+that the oracle would admit, or would give another reason, fails the property (and a wake rule
+taken away is caught: see the last test).
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core import incremental
-from controlplane.core.incremental import IncrementalScheduler, SyncStats
+from controlplane.core.incremental import IncrementalScheduler, SyncStats, same_decision
+from controlplane.core.parking import Parked, ParkingClass, park
 from controlplane.core.schedule import schedule
-from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
+from controlplane.core.snapshot import Decision, LiveRun, PendingDelta, Policy, Snapshot
+from controlplane.core.state import CycleState
 from controlplane.domain.model import Cluster, Node, QueueNode, Quota, Workload
 from tests.unit.builders import (
     NOW,
@@ -57,15 +62,41 @@ def _apply(snapshot: Snapshot, decision: Decision, waiting: dict[str, Workload],
     return replace(snapshot, pending=tuple(by_id.values()), live_runs=tuple(live))
 
 
-@given(
+HISTORIES = (
     fleets(),
     queue_trees(),
     workloads("w", 0),
     st.sampled_from(POLICIES),
     st.lists(st.tuples(st.sampled_from(EVENTS), st.integers(0, 1000), workloads("n", 50)), min_size=1, max_size=6),
 )
+
+
+@given(*HISTORIES)
 @PROPERTY_SETTINGS
 def test_every_decision_of_the_kept_state_equals_the_one_shot_decision(
+    fleet: tuple[tuple[Cluster, ...], tuple[Node, ...]],
+    tree: dict[str, QueueNode],
+    first: list[Workload],
+    policy: Policy,
+    events: list[tuple[str, int, list[Workload]]],
+) -> None:
+    _history(fleet, tree, first, policy, events)
+
+
+# Without shrinking: the test only needs to see the property fail, not the smallest failure.
+@given(*HISTORIES)
+@settings(max_examples=3000, phases=[Phase.generate], database=None, deadline=None, derandomize=True)
+def _history_with_the_mutant(
+    fleet: tuple[tuple[Cluster, ...], tuple[Node, ...]],
+    tree: dict[str, QueueNode],
+    first: list[Workload],
+    policy: Policy,
+    events: list[tuple[str, int, list[Workload]]],
+) -> None:
+    _history(fleet, tree, first, policy, events)
+
+
+def _history(
     fleet: tuple[tuple[Cluster, ...], tuple[Node, ...]],
     tree: dict[str, QueueNode],
     first: list[Workload],
@@ -79,19 +110,34 @@ def test_every_decision_of_the_kept_state_equals_the_one_shot_decision(
     now = NOW
     for step, (event, pick, arrivals) in enumerate(events):
         decision = scheduler.decide(snapshot, policy, now)
-        _same(decision, schedule(snapshot, policy, now), f"step {step}, events {[e[0] for e in events[:step]]}")
+        where = f"step {step}, events {[e[0] for e in events[:step]]}"
+        _same(decision, scheduler, schedule(snapshot, policy, now), where)
+        before = snapshot
         snapshot = _apply(snapshot, decision, waiting, step)
         snapshot, now = _event(snapshot, event, pick, [replace(w, id=f"{w.id}s{step}") for w in arrivals], now)
+        if step % 2:  # told what changed, as the live snapshot cache tells it; else found by comparing
+            snapshot = _with_delta(before, snapshot)
         waiting.update({w.id: w for w in snapshot.pending})
-    _same(scheduler.decide(snapshot, policy, now), schedule(snapshot, policy, now), "last step")
+    last = scheduler.decide(snapshot, policy, now)
+    _same(last, scheduler, schedule(snapshot, policy, now), "last step")
 
 
-def _same(kept: Decision, one_shot: Decision, where: str) -> None:
+def _with_delta(before: Snapshot, after: Snapshot) -> Snapshot:
+    """`after` carrying how its pending gangs differ from `before`'s (the snapshot cache's delta)."""
+    old = {w.id: w for w in before.pending}
+    new = {w.id: w for w in after.pending}
+    changed = tuple(w for w in after.pending if old.get(w.id) is not w)
+    delta = PendingDelta(before.pending, changed, frozenset(old.keys() - new.keys()))
+    return replace(after, pending_delta=delta)
+
+
+def _same(kept: Decision, scheduler: IncrementalScheduler, one_shot: Decision, where: str) -> None:
     """Equal decisions, or a failure that shows where they part."""
-    if kept == one_shot:
+    reasons = scheduler.pending_reasons()
+    if same_decision(one_shot, kept, reasons):
         return
     lines = [where]
-    for name in ("admissions", "evictions", "pending"):
+    for name in ("admissions", "evictions"):
         mine, theirs = getattr(kept, name), getattr(one_shot, name)
         for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
             if a != b:
@@ -99,6 +145,11 @@ def _same(kept: Decision, one_shot: Decision, where: str) -> None:
                 break
         if len(mine) != len(theirs):
             lines.append(f"{name}: kept {len(mine)}, one-shot {len(theirs)}")
+    theirs_by_id = {p.workload_id: p for p in one_shot.pending}
+    for gang in sorted(reasons.keys() | theirs_by_id.keys()):
+        if reasons.get(gang) != theirs_by_id.get(gang):
+            lines.append(f"reason of {gang}: kept {reasons.get(gang)}\n  one-shot {theirs_by_id.get(gang)}")
+            break
     lines.append(f"stats: kept {kept.stats}, one-shot {one_shot.stats}")
     raise AssertionError("\n".join(lines))
 
@@ -153,13 +204,13 @@ def test_the_kept_state_is_synced_by_delta_and_rebuilt_when_the_fleet_changes_or
     assert scheduler.last_sync.rebuilt
     assert len(decision.admissions) == 3
     snapshot = _apply(snapshot, decision, {w.id: w for w in first}, 0)
-    assert scheduler.decide(snapshot, Policy(), NOW) == schedule(snapshot, Policy(), NOW)
+    _same(scheduler.decide(snapshot, Policy(), NOW), scheduler, schedule(snapshot, Policy(), NOW), "second")
     assert scheduler.last_sync == SyncStats(rebuilt=False, runs_released=0, runs_added=3)
     ended = replace(snapshot, live_runs=snapshot.live_runs[1:])
-    assert scheduler.decide(ended, Policy(), NOW) == schedule(ended, Policy(), NOW)
+    _same(scheduler.decide(ended, Policy(), NOW), scheduler, schedule(ended, Policy(), NOW), "ended")
     assert scheduler.last_sync == SyncStats(rebuilt=False, runs_released=1, runs_added=0)
     cordoned = replace(ended, nodes=(replace(nodes[0], schedulable=False), nodes[1]))
-    assert scheduler.decide(cordoned, Policy(), NOW) == schedule(cordoned, Policy(), NOW)
+    _same(scheduler.decide(cordoned, Policy(), NOW), scheduler, schedule(cordoned, Policy(), NOW), "cordoned")
     assert scheduler.last_sync.rebuilt
     monkeypatch.setattr(incremental, "REBUILD_AFTER_CYCLES", 2)
     rebuilt = []
@@ -170,3 +221,30 @@ def test_the_kept_state_is_synced_by_delta_and_rebuilt_when_the_fleet_changes_or
     scheduler.reset()
     scheduler.decide(cordoned, Policy(), NOW)
     assert scheduler.last_sync.rebuilt
+
+
+def _without_drop_wakes(state: CycleState, policy: Policy, gang: ParkingClass) -> Parked:
+    """`park` with one wake rule taken away: a parked class is not woken when usage where its
+    limit blocks drops (a run of its queue ends, say)."""
+    return replace(park(state, policy, gang), watch_drop=())
+
+
+def test_the_property_catches_a_missing_wake_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = make_pool("p", "c", gpus_per_node=8)
+    tree = {"q": QueueNode("q", "q", None, limit=Quota({"gpu-eq": 8.0}))}
+    running = make_workload("running", gpus(8), queue="q")
+    # Two gangs blocked by q's limit: the front one is decided in order, the other is parked behind it.
+    waiting = [make_workload(f"waiting{i}", gpus(4), queue="q", seq=1 + i) for i in range(2)]
+    snapshot = make_snapshot([make_cluster("c", pool)], make_nodes(pool, 2), [running, *waiting], tree=tree)
+    monkeypatch.setattr(incremental, "park", _without_drop_wakes)
+    scheduler = IncrementalScheduler()
+    first = scheduler.decide(snapshot, Policy(), NOW)
+    _same(first, scheduler, schedule(snapshot, Policy(), NOW), "first")  # running admitted
+    after = _apply(snapshot, first, {w.id: w for w in (running, *waiting)}, 0)
+    _same(scheduler.decide(after, Policy(), NOW), scheduler, schedule(after, Policy(), NOW), "second")
+    ended = replace(after, live_runs=())  # usage on q drops: both fit its limit again
+    with pytest.raises(AssertionError, match="admissions"):
+        _same(scheduler.decide(ended, Policy(), NOW), scheduler, schedule(ended, Policy(), NOW), "ended")
+    # and the property's random histories find one on their own
+    with pytest.raises(AssertionError):
+        _history_with_the_mutant()

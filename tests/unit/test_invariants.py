@@ -203,7 +203,7 @@ def test_queue_at_exactly_its_limit_passes() -> None:
 def test_pending_reasons_do_not_affect_the_check() -> None:
     clusters, nodes = single_pool_fleet(nodes=1)
     snapshot = make_snapshot(clusters, nodes, [make_workload("a")])
-    check_decision(snapshot, Decision(pending=(PendingReason("a", NoFit(1, None), 1),)))
+    check_decision(snapshot, Decision(pending=(PendingReason("a", NoFit(1, None)),)))
 
 
 def test_a_team_pushed_above_its_gpu_eq_limit_is_caught() -> None:

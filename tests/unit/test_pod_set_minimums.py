@@ -197,7 +197,7 @@ def test_a_minimum_the_fleet_can_never_hold_is_never_fits() -> None:
 def test_quota_is_charged_for_the_pods_placed_only() -> None:
     """A queue limit of 24 gpu-eq: the four workers would hold 32, so the gang starts with three
     (24, the launcher holds no GPU); the queue is then full, and an 8-GPU gang behind it is told
-    that 24 are in use, not 32."""
+    the queue's limit holds it (24 in use, not 32: nothing else would block 8 more)."""
     clusters, nodes, _ = fleet()
     behind = make_workload("behind", gpus(8), seq=2)
     snapshot = make_snapshot(clusters, nodes, [mpi(), behind], tree=default_tree(queue_limit=24))
@@ -206,7 +206,7 @@ def test_quota_is_charged_for_the_pods_placed_only() -> None:
     assert counts(admission) == {"launcher": 1, "workers": 3}
     [pending] = decision.pending
     assert isinstance(pending.why, QuotaLimit)
-    assert pending.why.used == 24
+    assert (pending.why.limit, pending.why.amount, pending.why.never) == (24, 8, False)
 
 
 def test_quota_below_the_minimum_keeps_the_gang_pending() -> None:

@@ -61,7 +61,7 @@ PREFIX = {
 
 @pytest.mark.parametrize("why", EVERY_WHY, ids=lambda why: type(why).__name__)
 def test_every_pending_reason_has_a_sentence_led_by_its_kind_and_json_fields(why: Why) -> None:
-    reason = PendingReason("w", why, 1)
+    reason = PendingReason("w", why)
     text = pending_text(reason)
     assert text.startswith("quota:" if reason.kind.is_quota else PREFIX[reason.kind])
     fields = pending_fields(reason)
@@ -70,13 +70,13 @@ def test_every_pending_reason_has_a_sentence_led_by_its_kind_and_json_fields(why
 
 
 def test_the_known_sentences_stay_as_they_were() -> None:
-    assert pending_text(PendingReason("w", QuotaLimit("q1", "gpu-eq", 0.4, 0.0, 0.5), 1)) == (
-        "quota: q1 limit is 0.4 gpu-eq, 0 in use, this gang needs 0.5"
+    assert pending_text(PendingReason("w", QuotaLimit("q1", "gpu-eq", 0.4, 0.5))) == (
+        "quota: q1 limit is 0.4 gpu-eq and its work in use leaves less than the 0.5 this gang needs"
     )
-    assert pending_text(PendingReason("w", NoFit(1, None), 1)) == (
+    assert pending_text(PendingReason("w", NoFit(1, None))) == (
         "no-fit: needs 1 pods placed at once in one cluster; no cluster has room for any"
     )
-    fair = pending_text(PendingReason("w", FairShareTurn("q1", 0.25, ("a", "b", "c"), 2), 1))
+    fair = pending_text(PendingReason("w", FairShareTurn("q1", 0.25, ("a", "b", "c"), 2)))
     assert fair == (
         "fair-share: queue q1 (share 0.250) waits its turn; queues ordered ahead of it by fair share "
         "(a, b, c and 2 more) took the capacity it fits this cycle"
@@ -85,7 +85,7 @@ def test_the_known_sentences_stay_as_they_were() -> None:
 
 def test_a_reservation_is_appended_and_carried_as_fields() -> None:
     due = datetime(2026, 1, 1, tzinfo=UTC)
-    reason = PendingReason("w", NoFit(8, "east", 4), 1, ReservationNote(2, "east", "big", due))
+    reason = PendingReason("w", NoFit(8, "east", 4), ReservationNote(2, "east", "big", due))
     assert pending_text(reason).endswith(
         f"; reservation: 2 node(s) of cluster east held for big, due by {due.isoformat()}"
     )
@@ -95,7 +95,7 @@ def test_a_reservation_is_appended_and_carried_as_fields() -> None:
         "holder": "big",
         "due": due.isoformat(),
     }
-    waiting = PendingReason("w", NoFit(8, "east", 4), 1, ReservationNote(2, "east", "big", None))
+    waiting = PendingReason("w", NoFit(8, "east", 4), ReservationNote(2, "east", "big", None))
     assert pending_text(waiting).endswith("due when running work ends")
 
 
@@ -113,7 +113,7 @@ def test_every_eviction_kind_names_its_end_cause_and_beneficiary(kind: EvictionK
 
 def test_a_victim_protected_by_its_minimum_runtime_is_named_with_when_protection_ends() -> None:
     until = datetime(2026, 1, 1, 12, tzinfo=UTC)
-    text = pending_text(PendingReason("w", NoFit(1, "c1", 0, ("a", "b"), until), 1))
+    text = pending_text(PendingReason("w", NoFit(1, "c1", 0, ("a", "b"), until)))
     assert text.endswith(
         "; evicting a, b would make room, but a, b are protected by their minimum runtime "
         "until 2026-01-01T12:00:00+00:00"
