@@ -24,6 +24,7 @@ from datetime import datetime
 
 from controlplane.core.decision import (
     Admission,
+    BehindHeads,
     EvictionKind,
     FairShareTurn,
     NeverFits,
@@ -124,6 +125,7 @@ class Cycle:
         candidate: the ordered pass sets it aside with its error."""
         answers: dict[ParkingClass, Parked] = {}
         candidates: list[Workload] = []
+        through: dict[str, list[Workload]] = {}  # queue id -> its gangs the limits let through
         fronts: dict[str, Workload] = {}  # queue id -> its front blocked gang that may ask
         parked: list[Workload] = []
         for workload in self.snapshot.pending:
@@ -136,7 +138,7 @@ class Cycle:
                 candidates.append(workload)
                 continue
             if answer.why is None:
-                candidates.append(workload)
+                through.setdefault(workload.queue_id, []).append(workload)
                 continue
             if answer.may_ask:
                 front = fronts.get(workload.queue_id)
@@ -153,8 +155,19 @@ class Cycle:
             why = answers[class_of(self.state, workload)].why
             assert why is not None
             self.pending.append(PendingReason(workload.id, why))
+        heads = self.policy.heads_per_queue
+        for queue_id in sorted(through):
+            gangs = sorted(through[queue_id], key=queue_order)
+            candidates.extend(gangs[:heads])
+            if len(gangs) > heads:
+                behind = BehindHeads(self._queue_name(queue_id), heads)
+                self.pending.extend(PendingReason(workload.id, behind) for workload in gangs[heads:])
         candidates.extend(fronts.values())
         return candidates
+
+    def _queue_name(self, queue_id: str) -> str:
+        tree = self.snapshot.queue_tree
+        return tree[queue_id].name if queue_id in tree else queue_id
 
     def leave_pending(self, workload: Workload, verdict: Verdict) -> None:
         self.positions[workload.queue_id] = self.positions.get(workload.queue_id, 0) + 1

@@ -107,6 +107,7 @@ class PendingKind(StrEnum):
     QUOTA_GUARANTEE = "quota-guarantee"  # non-preemptible work beyond its queue's guarantee
     QUOTA_NOT_LENT = "quota-not-lent"  # the rest of the free capacity is guarantee not lent
     QUOTA_UNUSABLE = "quota-unusable"  # its queue tree holds a quota no arithmetic can use
+    BEHIND = "behind"  # its queue's first gangs are decided this cycle; it waits its turn
     ERROR = "error"  # scheduling this gang raised
     NOT_CONSIDERED = "not-considered"  # too many gangs failed before its turn
 
@@ -209,6 +210,16 @@ class UnusableQuota:
 
 
 @dataclass(frozen=True)
+class BehindHeads:
+    """Its limits let it through, but its queue's first `heads` gangs (in the queue's order) are the
+    ones decided this cycle: it waits its turn behind them."""
+
+    kind: ClassVar[PendingKind] = PendingKind.BEHIND
+    queue: str  # name
+    heads: int
+
+
+@dataclass(frozen=True)
 class SchedulingFailed:
     kind: ClassVar[PendingKind] = PendingKind.ERROR
     error_type: str
@@ -231,6 +242,7 @@ Why = (
     | OutsideGuarantee
     | NotLent
     | UnusableQuota
+    | BehindHeads
     | SchedulingFailed
     | NotConsidered
 )

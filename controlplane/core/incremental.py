@@ -35,11 +35,13 @@ same objects makes the comparison a pointer check), then by value.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from controlplane.core.cycle import Cycle
-from controlplane.core.decision import Decision, PendingReason, ReservationNote, Why
+from controlplane.core.decision import BehindHeads, Decision, PendingReason, ReservationNote, Why
 from controlplane.core.parking import CANDIDATE, Parked, ParkingClass, class_of, park, queue_order
 from controlplane.core.schedule import decision_of, quarantine_queues, schedule
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
@@ -114,7 +116,9 @@ class IncrementalScheduler:
             # A gang raised: the one-shot path sets it aside and starts over on fresh state. The
             # kept state is not trusted after that (the journal may not hold a half-made change).
             self.reset()
-            return schedule(snapshot, policy, now)
+            full = schedule(snapshot, policy, now)
+            self.parking.kept = {p.workload_id: (p.why, p.reservation) for p in full.pending}
+            return full
         decision = decision_of(cycle, usable, held, {})
         self.last_sync = replace(self.last_sync, classes_checked=self.parking.last_checked, candidates=len(candidates))
         return replace(decision, pending=self.parking.settle(decision))
@@ -169,12 +173,12 @@ class _Class:
 
     answer: Parked
     members: dict[str, Workload] = field(default_factory=dict)
-    front: Workload | None = None
+    ordered: list[Workload] | None = None  # members in their queue's order, once worked out
 
-    def front_gang(self) -> Workload:
-        if self.front is None:
-            self.front = min(self.members.values(), key=queue_order)
-        return self.front
+    def in_order(self) -> list[Workload]:
+        if self.ordered is None:
+            self.ordered = sorted(self.members.values(), key=queue_order)
+        return self.ordered
 
 
 class Parking:
@@ -195,6 +199,7 @@ class Parking:
         self.fronts: dict[str, str] = {}  # queue id -> id of its front blocked gang that may ask
         self.kept: dict[str, tuple[Why, ReservationNote | None]] = {}  # workload id -> its reason
         self.to_tell: dict[str, None] = {}  # parked gangs whose reason may have changed this cycle
+        self.behind: dict[str, BehindHeads] = {}  # gangs behind their queue's heads this cycle
         self.last_checked = 0
 
     def reasons(self) -> dict[str, PendingReason]:
@@ -218,15 +223,27 @@ class Parking:
         self._see(state)
         candidates: list[Workload] = []
         fronts: dict[str, Workload] = {}
-        for entry in self.classes.values():
+        through: dict[str, list[_Class]] = {}
+        for gang, entry in self.classes.items():
             answer = entry.answer
             if answer.why is None:
-                candidates.extend(entry.members.values())
+                through.setdefault(gang.queue_id, []).append(entry)
             elif answer.may_ask:
-                first = entry.front_gang()
+                first = entry.in_order()[0]
                 front = fronts.get(first.queue_id)
                 if front is None or queue_order(first) < queue_order(front):
                     fronts[first.queue_id] = first
+        self.behind = {}
+        heads = policy.heads_per_queue
+        tree = state.ledger.tree
+        for queue_id, entries in through.items():
+            ordered = heapq.merge(*(entry.in_order() for entry in entries), key=queue_order)
+            candidates.extend(itertools.islice(ordered, heads))
+            behind: BehindHeads | None = None
+            for workload in ordered:  # the rest: behind the queue's heads this cycle
+                if behind is None:
+                    behind = BehindHeads(tree[queue_id].name if queue_id in tree else queue_id, heads)
+                self.behind[workload.id] = behind
         for queue_id, gang_id in self.fronts.items():
             front = fronts.get(queue_id)
             if (front is None or front.id != gang_id) and gang_id in self.class_of_gang:
@@ -249,7 +266,9 @@ class Parking:
                     self._leave(gang_id, found[1])
             for workload in delta.changed:
                 self._join(workload, state, new)
-        else:
+        if delta is None or delta.base is not self.pending or len(self.class_of_gang) != len(pending):
+            # No delta, one made against other gangs, or one that does not add up (a snapshot
+            # copied with its predecessor's delta): compare every gang.
             known = self.class_of_gang
             present: set[str] = set()
             for workload in pending:
@@ -276,7 +295,7 @@ class Parking:
         else:
             if entry.answer.why is not None:
                 self.to_tell[workload.id] = None
-            entry.front = None
+            entry.ordered = None
         entry.members[workload.id] = workload
         self.class_of_gang[workload.id] = (workload, gang)
 
@@ -286,7 +305,7 @@ class Parking:
         self.to_tell.pop(gang_id, None)
         entry = self.classes[gang]
         del entry.members[gang_id]
-        entry.front = None
+        entry.ordered = None
         if not entry.members:
             del self.classes[gang]
 
@@ -333,6 +352,11 @@ class Parking:
         for admission in decision.admissions:
             kept.pop(admission.workload_id, None)
             self.to_tell.pop(admission.workload_id, None)
+        for gang_id, behind in self.behind.items():
+            self.to_tell.pop(gang_id, None)
+            if kept.get(gang_id) != (behind, None):
+                kept[gang_id] = (behind, None)
+                told.append(PendingReason(gang_id, behind))
         for gang_id in self.to_tell:
             found = self.class_of_gang.get(gang_id)
             if found is None:

@@ -127,4 +127,4 @@ def quarantine_queues(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[Workload
             pending.append(workload)
             continue
         held.append((workload, problems[found]))
-    return replace(snapshot, queue_tree=tree, pending=tuple(pending)), held
+    return replace(snapshot, queue_tree=tree, pending=tuple(pending), pending_delta=None), held

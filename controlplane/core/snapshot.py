@@ -100,6 +100,9 @@ class Policy:
     reclaim: bool = True
     # Most gangs evicted in one cycle.
     disruption_budget: int = 16
+    # Of a queue's gangs that its limits let through at the start of a cycle, the first this many
+    # (priority, then FIFO) are decided in that cycle; the rest wait their turn (`parking.py`).
+    heads_per_queue: int = 16
     # A gang at the head of its queue that finds no room holds the nodes it waits for, so smaller
     # work cannot starve it; at most this many such reservations per cycle.
     max_reservations: int = 4

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.core.decision import (
+    BehindHeads,
     BorrowingLimit,
     Eviction,
     EvictionKind,
@@ -92,6 +93,11 @@ def why_text(why: Why) -> str:
             return (
                 f"quota: unusable {what} on {node}; its gangs wait until an admin sets a "
                 f"finite amount between 0 and {MAX_QUOTA_AMOUNT:g}"
+            )
+        case BehindHeads(queue=queue, heads=heads):
+            return (
+                f"behind: waits its turn in queue {queue}; each cycle decides the first {heads} gangs of a queue "
+                "that its limits let through (priority, then submission order)"
             )
         case SchedulingFailed(error_type=error_type, message=message):
             return (

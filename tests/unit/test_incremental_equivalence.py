@@ -115,8 +115,8 @@ def _history(
         before = snapshot
         snapshot = _apply(snapshot, decision, waiting, step)
         snapshot, now = _event(snapshot, event, pick, [replace(w, id=f"{w.id}s{step}") for w in arrivals], now)
-        if step % 2:  # told what changed, as the live snapshot cache tells it; else found by comparing
-            snapshot = _with_delta(before, snapshot)
+        # Told what changed, as the live snapshot cache tells it, or left to find it by comparing.
+        snapshot = _with_delta(before, snapshot) if step % 2 else replace(snapshot, pending_delta=None)
         waiting.update({w.id: w for w in snapshot.pending})
     last = scheduler.decide(snapshot, policy, now)
     _same(last, scheduler, schedule(snapshot, policy, now), "last step")
