@@ -112,8 +112,11 @@ def run_bench(size: BenchSize, profile: Path | None = None, check: bool = False)
     return {
         "pending": pending,
         "admitted": drain_admitted,  # until the fleet was full (the drain)
+        "left_pending": pending - drain_admitted,
         "cycle_seconds": round(cycle_seconds, 4),  # the first cycle
         "first_cycle_admitted": first_admitted,
+        # Pending workloads the first cycle decided (admitted, parked, or given a reason) per second.
+        "decisions_per_second": _rate(pending, cycle_seconds),
         "drain_cycles": drain_cycles,
         "drain_seconds": round(drain_seconds, 3),
         "drain_evicted": drain_evicted,

@@ -22,6 +22,9 @@ KEYS = {
     "incremental_cycle_seconds",
     "incremental_pending",
     "incremental_admitted",
+    "first_cycle_admitted",
+    "drain_cycles",
+    "drain_seconds",
     "peak_rss_mb",
     "clusters",
     "nodes",
@@ -42,7 +45,9 @@ def test_bench_schedule_prints_every_figure_as_json() -> None:
     assert figures["cycle_seconds"] > 0
     assert figures["incremental_cycle_seconds"] > 0
     assert figures["decisions_per_second"] > 0
-    assert figures["decisions_per_second"] >= figures["admitted_per_second"] >= 0
+    assert figures["admitted_per_second"] >= 0
+    assert 0 < figures["first_cycle_admitted"] <= figures["admitted"]
+    assert figures["drain_cycles"] >= 1 and figures["drain_seconds"] >= figures["cycle_seconds"]
     assert figures["incremental_pending"] == figures["pending"] - figures["admitted"] + 5
     assert 0 <= figures["incremental_admitted"] <= figures["incremental_pending"]
     assert figures["peak_rss_mb"] > 0
