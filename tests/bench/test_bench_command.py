@@ -47,7 +47,8 @@ def test_bench_schedule_prints_every_figure_as_json() -> None:
     assert figures["decisions_per_second"] > 0
     assert figures["admitted_per_second"] >= 0
     assert 0 < figures["first_cycle_admitted"] <= figures["admitted"]
-    assert figures["drain_cycles"] >= 1 and figures["drain_seconds"] >= figures["cycle_seconds"]
+    assert figures["drain_cycles"] >= 1
+    assert figures["drain_seconds"] >= figures["cycle_seconds"]
     assert figures["incremental_pending"] == figures["pending"] - figures["admitted"] + 5
     assert 0 <= figures["incremental_admitted"] <= figures["incremental_pending"]
     assert figures["peak_rss_mb"] > 0

@@ -80,16 +80,6 @@ def test_every_decision_of_the_kept_state_equals_the_one_shot_decision(
     policy: Policy,
     events: list[tuple[str, int, list[Workload]]],
 ) -> None:
-    _history(fleet, tree, first, policy, events)
-
-
-def _history(
-    fleet: tuple[tuple[Cluster, ...], tuple[Node, ...]],
-    tree: dict[str, QueueNode],
-    first: list[Workload],
-    policy: Policy,
-    events: list[tuple[str, int, list[Workload]]],
-) -> None:
     clusters, nodes = fleet
     scheduler = IncrementalScheduler()
     snapshot = make_snapshot(clusters, nodes, first, tree=tree)
@@ -234,5 +224,6 @@ def test_the_property_catches_a_missing_wake_rule(monkeypatch: pytest.MonkeyPatc
         _same(scheduler.decide(ended, Policy(), NOW), scheduler, schedule(ended, Policy(), NOW), "ended")
     # and the property's own check, over a history of its events, catches it as well
     first = [running, *waiting]
+    history = test_every_decision_of_the_kept_state_equals_the_one_shot_decision.hypothesis.inner_test
     with pytest.raises(AssertionError, match="admissions"):
-        _history((snapshot.clusters, snapshot.nodes), tree, first, Policy(), [("nothing", 0, []), ("finish", 0, [])])
+        history((snapshot.clusters, snapshot.nodes), tree, first, Policy(), [("nothing", 0, []), ("finish", 0, [])])
