@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from controlplane.core.decision import (
+    BehindHeads,
     BorrowingLimit,
     Eviction,
     EvictionKind,
@@ -38,7 +39,9 @@ EVERY_WHY: list[Why] = [
     NeverFits(1, None),
     IsolationOnlyTimeSliced(),
     FairShareTurn("q1", 0.25, ("a", "b", "c"), 2),
-    QuotaLimit("q1", "gpu-eq", 4.0, 4.0, 1.0),
+    QuotaLimit("q1", "gpu-eq", 4.0, 1.0),
+    QuotaLimit("t1", "gpu-eq", 6.0, 8.0, never=True),
+    BehindHeads("q1", 16),
     BorrowingLimit("team", "H100-80GB", 8.0),
     OutsideGuarantee(),
     OutsideGuarantee(2.5),
@@ -54,6 +57,7 @@ PREFIX = {
     PendingKind.NEVER_FITS: "never-fits: can never fit in this fleet",
     PendingKind.ISOLATION: "isolation:",
     PendingKind.FAIR_SHARE: "fair-share:",
+    PendingKind.BEHIND: "behind: waits its turn in queue",
     PendingKind.ERROR: "error:",
     PendingKind.NOT_CONSIDERED: "error: not considered",
 }
