@@ -143,7 +143,7 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
                 break
             await asyncio.sleep(0.2)
         reason, kind = view["reason"], view["reason_detail"]["kind"]
-        assert reason.startswith("quota: ops-train limit is 4 gpu-eq"), reason
+        assert reason.startswith("quota: never under the current limits: ops-train limit is 4 gpu-eq"), reason
 
         base = f"http://127.0.0.1:{settings.api_port}"
         assert async_playwright is not None
