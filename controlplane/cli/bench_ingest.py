@@ -13,10 +13,8 @@ import logging
 import multiprocessing
 import secrets
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import click
@@ -26,9 +24,7 @@ from sqlalchemy import func, insert, select
 from adapters.dcgm.consumer import JetStreamTelemetrySource, TelemetryDelivery
 from adapters.nats.connection import connect
 from adapters.nats.gateway import InboundGateway
-from adapters.nats.server import NatsServerProcess, free_port
 from adapters.nats.topology import ensure_topology
-from adapters.sql.migrate import upgrade_to_head
 from adapters.sql.tables import (
     ClusterRow,
     PriorityClassRow,
@@ -40,11 +36,9 @@ from adapters.sql.tables import (
 )
 from controlplane.agent.synthetic import FleetSpec, publisher_process, synthetic_runs
 from controlplane.bootstrap import Wiring, utc_now
-from controlplane.config import Settings
+from controlplane.cli.bench_submit import PREFIX, bench_environment
 from controlplane.service.telemetry import BatchResult, Outcome
 from controlplane.workers import telemetry_loop
-
-PREFIX = "bench"
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -237,20 +231,12 @@ def run_bench(
     fetch: int,
     window: int,
     limit: float,
-    workdir: Path,
     prefill: bool = False,
 ) -> dict[str, Any]:
-    url = database_url or f"sqlite:///{workdir / 'bench.db'}"
-    upgrade_to_head(url)
-    server = NatsServerProcess(free_port(), workdir / "nats")
-    server.start()
-    wiring = Wiring(Settings(database_url=url, nats_url=server.url, state_dir=workdir, subject_prefix=PREFIX))
-    try:
-        _register_fleet(wiring, spec)
-        figures = asyncio.run(_consume(wiring, server.url, spec, fetch, window, limit, prefill))
-    finally:
-        wiring.close()
-        server.stop()
+    with bench_environment("ingest", database_url) as env:
+        url = env.url
+        _register_fleet(env.wiring, spec)
+        figures = asyncio.run(_consume(env.wiring, env.nats.url, spec, fetch, window, limit, prefill))
     return {
         **figures,
         "database": url.split(":", 1)[0].split("+", 1)[0],
@@ -307,8 +293,7 @@ def bench_ingest(
     spec = FleetSpec(nodes, gpus_per_node, seconds, sample_interval, clusters, start, seed, PREFIX, run_tag)
     # Reconnect chatter of the bench's own short-lived connections is not a finding.
     logging.getLogger("adapters.nats.connection").setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as tmp:
-        result = run_bench(spec, database_url, fetch, window, timeout, Path(tmp), prefill)
+    result = run_bench(spec, database_url, fetch, window, timeout, prefill)
     if as_json:
         click.echo(json.dumps(result))
         return
