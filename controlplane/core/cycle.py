@@ -29,7 +29,6 @@ from controlplane.core.decision import (
     FairShareTurn,
     NeverFits,
     NoFit,
-    OutsideGuarantee,
     PendingKind,
     PendingReason,
     QuotaLimit,
@@ -126,8 +125,8 @@ class Cycle:
         answers: dict[ParkingClass, Parked] = {}
         candidates: list[Workload] = []
         through: dict[str, list[Workload]] = {}  # queue id -> its gangs the limits let through
-        fronts: dict[str, Workload] = {}  # queue id -> its front blocked gang that may ask
-        parked: list[Workload] = []
+        fronts: dict[str, tuple[Workload, Why]] = {}  # queue id -> its front blocked gang that may ask
+        parked: list[tuple[Workload, Why]] = []
         for workload in self.snapshot.pending:
             try:
                 gang = class_of(self.state, workload)
@@ -140,21 +139,17 @@ class Cycle:
             if answer.why is None:
                 through.setdefault(workload.queue_id, []).append(workload)
                 continue
+            blocked = (workload, answer.why)
             if answer.may_ask:
                 front = fronts.get(workload.queue_id)
-                if front is None:
-                    fronts[workload.queue_id] = workload
-                    continue
-                if queue_order(workload) < queue_order(front):
-                    fronts[workload.queue_id] = workload
-                    parked.append(front)
-                    continue
-            parked.append(workload)
-        parked.sort(key=queue_order)  # the order of the input never shows in the decision
-        for workload in parked:
-            why = answers[class_of(self.state, workload)].why
-            assert why is not None
-            self.pending.append(PendingReason(workload.id, why))
+                if front is None or queue_order(workload) < queue_order(front[0]):
+                    fronts[workload.queue_id] = blocked
+                    if front is None:
+                        continue
+                    blocked = front  # the former front is parked behind the new one, with its reason
+            parked.append(blocked)
+        parked.sort(key=lambda item: queue_order(item[0]))  # the input's order never shows in the decision
+        self.pending.extend(PendingReason(workload.id, why) for workload, why in parked)
         heads = self.policy.heads_per_queue
         for queue_id in sorted(through):
             gangs = sorted(through[queue_id], key=queue_order)
@@ -162,7 +157,7 @@ class Cycle:
             if len(gangs) > heads:
                 behind = BehindHeads(self._queue_name(queue_id), heads)
                 self.pending.extend(PendingReason(workload.id, behind) for workload in gangs[heads:])
-        candidates.extend(fronts.values())
+        candidates.extend(workload for workload, _ in fronts.values())
         return candidates
 
     def _queue_name(self, queue_id: str) -> str:
@@ -200,12 +195,10 @@ class Cycle:
     def _decide(self, workload: Workload) -> Verdict | None:
         ledger = self.state.ledger
         wanted = {GPU_EQ: self.state.facts.least(workload)}
-        limited = ledger.limit_block(workload.queue_id, wanted, least=True)
-        if limited is not None and limited.never:
-            return limited, None  # nothing that ends or is evicted lifts a limit it exceeds alone
-        blocked: Why | None = limited
-        if not workload.preemptible and not ledger.within_guarantee(workload.queue_id, wanted):
-            blocked = blocked or OutsideGuarantee(self.state.unit.gpus(wanted[GPU_EQ]))
+        # The limits and guarantee that block it now: the rule parking reads at the cycle's start.
+        blocked = park(self.state, self.policy, class_of(self.state, workload)).why
+        if isinstance(blocked, QuotaLimit) and blocked.never:
+            return blocked, None  # nothing that ends or is evicted lifts a limit it exceeds alone
         if blocked is None:
             outcome = self.fitter.place(workload)
             if isinstance(outcome, Placement):

@@ -17,7 +17,7 @@ is how a fresh build would see them.
 It also keeps the queue manager's parking (`parking.py`, `Parking` below): every pending gang
 belongs to a class that is either parked, with the reason it waits and the changes that would
 wake it, or a candidate. A cycle asks the parking question again only for classes a change woke
-(usage on their chain, the live runs of their queue, a new class), and decides in order only the
+(usage on their queue chain) and for new classes, and decides in order only the
 candidates: queue heads, new and woken gangs, not the deep backlog parked behind a limit.
 
 Placement answers are parked too, by the placement search (`placement/search.py`): it remembers
@@ -81,6 +81,7 @@ class IncrementalScheduler:
     def __init__(self) -> None:
         self._kept: _Kept | None = None
         self.parking = Parking()
+        self._policy: Policy | None = None  # the policy the parking answers were given under
         self.last_sync = SyncStats(rebuilt=True, runs_released=0, runs_added=0)
 
     def reset(self) -> None:
@@ -96,8 +97,9 @@ class IncrementalScheduler:
         usable, held = quarantine_queues(snapshot)
         try:
             state = self._sync(usable, policy)
-            if self.last_sync.rebuilt:
-                self.parking = Parking()
+            if self.last_sync.rebuilt or policy != self._policy:
+                self.parking = Parking()  # every answer is asked again
+                self._policy = policy
             candidates = self.parking.refresh(usable, state, policy)
         except Exception:
             self.reset()
@@ -193,7 +195,6 @@ class Parking:
         self.classes: dict[ParkingClass, _Class] = {}
         self.class_of_gang: dict[str, tuple[Workload, ParkingClass]] = {}
         self.pending: tuple[Workload, ...] | None = None
-        self.policy: Policy | None = None
         self.usage_seen: dict[str, dict[str, int]] = {}
         self.versions_seen: dict[str, int] = {}
         self.fronts: dict[str, str] = {}  # queue id -> id of its front blocked gang that may ask
@@ -207,12 +208,8 @@ class Parking:
 
     def refresh(self, snapshot: Snapshot, state: CycleState, policy: Policy) -> list[Workload]:
         """The candidates of this cycle, after waking what changed and parking what arrived."""
-        if policy != self.policy:
-            kept = self.kept
-            self.__init__()  # type: ignore[misc]  # a new policy: every answer is asked again
-            self.kept, self.policy = kept, policy
-        woken = self._sync_pending(snapshot, state)
-        woken.extend(self._woken(state))
+        self._sync_pending(snapshot, state)
+        woken = self._woken(state)  # new classes among them: they start as candidates
         self.last_checked = len(woken)
         for gang in woken:
             entry = self.classes[gang]
@@ -252,20 +249,19 @@ class Parking:
         candidates.extend(fronts.values())
         return candidates
 
-    def _sync_pending(self, snapshot: Snapshot, state: CycleState) -> list[ParkingClass]:
-        """New classes (to be asked), after the pending gangs changed: from the snapshot's delta
+    def _sync_pending(self, snapshot: Snapshot, state: CycleState) -> None:
+        """Bring the classes' members up to date with the pending gangs: from the snapshot's delta
         when it was made against the gangs kept here, else by comparing every gang."""
         pending, delta = snapshot.pending, snapshot.pending_delta
         if pending is self.pending:
-            return []
-        new: list[ParkingClass] = []
+            return
         if delta is not None and delta.base is self.pending:
             for gang_id in delta.removed:
                 found = self.class_of_gang.get(gang_id)
                 if found is not None:
                     self._leave(gang_id, found[1])
             for workload in delta.changed:
-                self._join(workload, state, new)
+                self._join(workload, state)
         if delta is None or delta.base is not self.pending or len(self.class_of_gang) != len(pending):
             # No delta, one made against other gangs, or one that does not add up (a snapshot
             # copied with its predecessor's delta): compare every gang.
@@ -273,15 +269,15 @@ class Parking:
             present: set[str] = set()
             for workload in pending:
                 present.add(workload.id)
-                self._join(workload, state, new)
+                self._join(workload, state)
             if len(known) != len(present):
                 for gone in [gang_id for gang_id in known if gang_id not in present]:
                     self._leave(gone, known[gone][1])
         self.pending = pending
-        return new
 
-    def _join(self, workload: Workload, state: CycleState, new: list[ParkingClass]) -> None:
-        """Put the gang in its class (a class seen for the first time is added to `new`)."""
+    def _join(self, workload: Workload, state: CycleState) -> None:
+        """Put the gang in its class. A class seen for the first time starts as a candidate, so the
+        next `_woken` asks it (and its gangs are told if it parks)."""
         found = self.class_of_gang.get(workload.id)
         if found is not None:
             if found[0] is workload or found[0] == workload:
@@ -291,7 +287,6 @@ class Parking:
         entry = self.classes.get(gang)
         if entry is None:
             entry = self.classes[gang] = _Class(CANDIDATE)
-            new.append(gang)  # its gangs are told when it is asked and parks
         else:
             if entry.answer.why is not None:
                 self.to_tell[workload.id] = None
