@@ -19,6 +19,9 @@ from controlplane.service.audit import parse_audit_settings
 from controlplane.service.idle import parse_idle_rules
 
 POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
+# Queue heads a cycle decides per queue (`Policy.heads_per_queue`): at least one, and bounded so a
+# cycle never goes back to deciding the whole backlog.
+MAX_HEADS_PER_QUEUE = 10_000
 # The names `gpufleet up` and a local `gpufleet serve` are reached by (DNS-rebinding defence).
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # A list setting: a YAML list, or one string of comma-separated items (how an environment variable
@@ -156,6 +159,10 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"unknown policy field(s) {', '.join(unknown)}; known: {', '.join(sorted(POLICY_FIELDS))}")
         TypeAdapter(Policy).validate_python(policy)
+        heads = policy.get("heads_per_queue", 1)
+        if not 1 <= heads <= MAX_HEADS_PER_QUEUE:
+            # 0 would decide no queue's gangs at all; a huge value brings back the whole backlog.
+            raise ValueError(f"heads_per_queue must be between 1 and {MAX_HEADS_PER_QUEUE}, not {heads}")
         return policy
 
     # Anti-hoarding: the idle policy (see `controlplane.service.idle.IdleRulesSpec`) and how often
