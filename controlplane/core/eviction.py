@@ -17,8 +17,9 @@ from controlplane.core.fit import Fitter
 from controlplane.core.gang_facts import ShapeId
 from controlplane.core.ordering import FairShare
 from controlplane.core.placement import Placement
+from controlplane.core.prefix_search import shortest_fitting_prefix
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
-from controlplane.core.state import CycleState
+from controlplane.core.state import CycleState, live_key
 from controlplane.domain.model import GPU_EQ, Cluster, Workload
 
 
@@ -43,6 +44,10 @@ class Evictor:
         self.evictions: list[Eviction] = []
         # Attempts that found no victim set: they fail again until capacity grows.
         self.failed: set[tuple[EvictionKind, bool, str, int, ShapeId]] = set()
+        # Per run (by `live_key`), worked out once a cycle: its place in the victim order and
+        # when its minimum runtime stops protecting it. Both depend only on the run and `now`.
+        self._order_keys: dict[str, tuple[bool, int, float, str, str]] = {}
+        self._protection: dict[str, datetime | None] = {}
 
     def forget_failures(self) -> None:
         self.failed.clear()
@@ -71,7 +76,14 @@ class Evictor:
         if attempt in self.failed:
             return None
         if combined:
-            candidates = self._candidates(workload, EvictionKind.PREEMPT) + self._candidates(workload, kind)
+            own = self._candidates(workload, EvictionKind.PREEMPT)
+            if not self._within_guarantee_without(workload, own):
+                # A set with a reclaimed victim must leave the gang within its guarantee, and even
+                # with every run it may preempt gone it would not be; a set without one is the
+                # preemption the cycle tried just before (`Cycle._decide`), which found no room.
+                self.failed.add(attempt)
+                return None
+            candidates = own + self._candidates(workload, kind)
             candidates.sort(key=self._victim_order)
         else:
             candidates = self._candidates(workload, kind)
@@ -79,8 +91,7 @@ class Evictor:
             self.failed.add(attempt)
             return None
         best: list[LiveRun] | None = None
-        for cluster_id in sorted({run.cluster_id for run in candidates}):
-            in_cluster = [r for r in candidates if r.cluster_id == cluster_id]
+        for _, in_cluster in _by_cluster(candidates):
             found = self._victims_in_cluster(workload, kind, in_cluster, combined)
             if found is not None and (best is None or len(found) < len(best)):
                 best = found
@@ -88,12 +99,24 @@ class Evictor:
             self.failed.add(attempt)
             return None
         for victim in best:
-            own = combined and victim.queue_id == workload.queue_id
-            self._evict(victim, workload, EvictionKind.PREEMPT if own else kind)
+            preempted = combined and victim.queue_id == workload.queue_id
+            self._evict(victim, workload, EvictionKind.PREEMPT if preempted else kind)
         self.capacity_grew()  # shapes and attempts that failed may succeed now
         placement = self.fitter.place(workload)
         assert isinstance(placement, Placement), "simulated eviction must make room"
         return placement
+
+    def _within_guarantee_without(self, workload: Workload, own: list[LiveRun]) -> bool:
+        """Whether the gang's least start would be within its (shared) guarantee with all of
+        `own` (its queue's runs) gone: necessary for any victim set that reclaims."""
+        state = self.state
+        trial = state.checkpoint()
+        try:
+            for run in own:
+                state.give_back(run.assignments, run.queue_id)
+            return state.ledger.within_shared_guarantee(workload.queue_id, {GPU_EQ: state.facts.least(workload)})
+        finally:
+            state.rollback(trial)
 
     def _over_limit_without_all(self, workload: Workload, candidates: list[LiveRun]) -> bool:
         """Whether a limit on the gang's chain blocks it even with every candidate gone: then no
@@ -149,8 +172,10 @@ class Evictor:
             candidates = self._candidates(workload, kind, ignore_min_runtime=True)
             if not any(self._protected_until(run) for run in candidates):
                 continue
-            for cluster_id in sorted({run.cluster_id for run in candidates}):
-                found = self._victims_in_cluster(workload, kind, [r for r in candidates if r.cluster_id == cluster_id])
+            for _, in_cluster in _by_cluster(candidates):
+                if not any(self._protected_until(run) for run in in_cluster):
+                    continue  # a set found there would not name a protected run
+                found = self._victims_in_cluster(workload, kind, in_cluster)
                 ends = [(run.workload_id, end) for run in found or () if (end := self._protected_until(run))]
                 if ends:
                     return tuple(sorted(name for name, _ in ends)), max(end for _, end in ends)
@@ -158,11 +183,17 @@ class Evictor:
 
     def _protected_until(self, run: LiveRun) -> datetime | None:
         """When the run's minimum runtime ends, if it still protects the run now."""
+        key = live_key(run)
+        if key in self._protection:
+            return self._protection[key]
         started = run.started_at or run.admitted_at
-        if not run.min_runtime_seconds or started is None:
-            return None
-        until = started + timedelta(seconds=run.min_runtime_seconds)
-        return until if until > self.now else None
+        until = None
+        if run.min_runtime_seconds and started is not None:
+            until = started + timedelta(seconds=run.min_runtime_seconds)
+            if until <= self.now:
+                until = None
+        self._protection[key] = until
+        return until
 
     def _protected_by_runtime(self, run: LiveRun) -> bool:
         return self._protected_until(run) is not None
@@ -215,9 +246,13 @@ class Evictor:
     def _victim_order(self, run: LiveRun) -> tuple[bool, int, float, str, str]:
         """Idle runs first, then the lowest priority, then the most recently admitted (ids settle
         ties, so the order never depends on the order runs were listed in)."""
-        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
-        admitted = -(((run.admitted_at or epoch) - epoch).total_seconds())
-        return (not run.idle, run.priority, admitted, run.run_id, run.workload_id)
+        key = live_key(run)
+        found = self._order_keys.get(key)
+        if found is None:
+            epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
+            admitted = -(((run.admitted_at or epoch) - epoch).total_seconds())
+            found = self._order_keys[key] = (not run.idle, run.priority, admitted, run.run_id, run.workload_id)
+        return found
 
     def _victims_in_cluster(
         self, workload: Workload, kind: EvictionKind, candidates: list[LiveRun], combined: bool = False
@@ -229,22 +264,26 @@ class Evictor:
         limit = state.budget
         if kind is EvictionKind.REBALANCE:
             limit = min(limit, self.policy.rebalance_max_per_cycle - state.rebalanced)
-        chosen: list[LiveRun] = []
         trial = state.checkpoint()
         try:
-            for run in candidates:
-                if len(chosen) >= limit:
-                    return None
-                reclaimed = kind is EvictionKind.RECLAIM and not (combined and run.queue_id == workload.queue_id)
-                if reclaimed and not state.ledger.borrowing_beyond_holder(run.queue_id):
-                    continue  # its queue is back within its guarantee: the rest is not borrowed
-                if kind is EvictionKind.REBALANCE and not state.ledger.borrowing(run.queue_id):
-                    continue
-                state.give_back(run.assignments, run.queue_id)
-                chosen.append(run)
-                if self._room(workload, kind, only, chosen, combined):
-                    break
+            chosen: list[LiveRun] | None
+            if kind in (EvictionKind.PREEMPT, EvictionKind.IDLE) and not combined:
+                # No victim is skipped on the way (those checks read quota the releases change), and
+                # freeing more never takes room away: the shortest prefix is found by bisection.
+                order = candidates[:limit]
+                shortest = shortest_fitting_prefix(
+                    state,
+                    order,
+                    lambda run: state.give_back(run.assignments, run.queue_id),
+                    lambda: True if self._room(workload, kind, only, [], combined) else None,
+                    all_first=True,  # a head of a full fleet asks every cycle and usually finds none
+                )
+                chosen = None if shortest is None else order[: shortest[0]]
+                for run in chosen or ():
+                    state.give_back(run.assignments, run.queue_id)
             else:
+                chosen = self._release_until_room(workload, kind, only, candidates, limit, combined)
+            if chosen is None:
                 return None
             for run in reversed(list(chosen)):  # minimise: drop every victim the gang does not need
                 without = state.checkpoint()
@@ -258,6 +297,34 @@ class Evictor:
             return sorted(chosen, key=lambda r: (r.run_id, r.workload_id))
         finally:
             state.rollback(trial)
+
+    def _release_until_room(
+        self,
+        workload: Workload,
+        kind: EvictionKind,
+        only: tuple[Cluster, ...],
+        candidates: list[LiveRun],
+        limit: int,
+        combined: bool,
+    ) -> list[LiveRun] | None:
+        """Release candidates one at a time, in order, until the gang has room (they stay released);
+        None when `limit` victims or all the candidates are not enough. Whether a reclaim candidate
+        is still borrowed depends on the ones released before it, so this goes one by one."""
+        state = self.state
+        chosen: list[LiveRun] = []
+        for run in candidates:
+            if len(chosen) >= limit:
+                return None
+            reclaimed = kind is EvictionKind.RECLAIM and not (combined and run.queue_id == workload.queue_id)
+            if reclaimed and not state.ledger.borrowing_beyond_holder(run.queue_id):
+                continue  # its queue is back within its guarantee: the rest is not borrowed
+            if kind is EvictionKind.REBALANCE and not state.ledger.borrowing(run.queue_id):
+                continue
+            state.give_back(run.assignments, run.queue_id)
+            chosen.append(run)
+            if self._room(workload, kind, only, chosen, combined):
+                return chosen
+        return None
 
     def _room(
         self,
@@ -314,3 +381,11 @@ class Evictor:
                 victim_priority=victim.priority,
             )
         )
+
+
+def _by_cluster(runs: list[LiveRun]) -> list[tuple[str, list[LiveRun]]]:
+    """The runs of each cluster, clusters by id, each keeping the runs' order."""
+    grouped: dict[str, list[LiveRun]] = {}
+    for run in runs:
+        grouped.setdefault(run.cluster_id, []).append(run)
+    return sorted(grouped.items())

@@ -18,9 +18,10 @@ from datetime import datetime, timedelta
 from controlplane.core.decision import ReservationNote
 from controlplane.core.fit import Fitter
 from controlplane.core.placement import Placement
+from controlplane.core.prefix_search import shortest_fitting_prefix
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState
-from controlplane.domain.model import GPU_EQ, Workload
+from controlplane.domain.model import GPU_EQ, Cluster, Workload
 
 
 @dataclass
@@ -49,31 +50,24 @@ class Reservations:
             return None
         state = self.state
         best: tuple[bool, datetime, int, str, Placement] | None = None
+        orders = self._release_orders()
         for cluster in self.clusters:
-            # A run with no declared end that nothing may evict may hold its capacity forever:
-            # nodes are never held waiting for it.
-            runs = sorted(
-                (r for r in state.live.values() if r.cluster_id == cluster.id and (r.preemptible or r.ends_by())),
-                key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id, r.workload_id),
+            runs = orders.get(cluster.id, [])
+
+            def probe(cluster: Cluster = cluster) -> Placement | None:
+                found = self.fitter.place(workload, clusters=(cluster,))
+                return found if isinstance(found, Placement) else None
+
+            shortest = shortest_fitting_prefix(
+                state, runs, lambda run: state.give_back(run.assignments, run.queue_id, quota=False), probe
             )
-            released: list[LiveRun] = []
-            found = None
-            trial = state.checkpoint()
-            try:
-                for run in runs:
-                    state.give_back(run.assignments, run.queue_id, quota=False)
-                    released.append(run)
-                    found = self.fitter.place(workload, clusters=(cluster,))
-                    if isinstance(found, Placement):
-                        break
-            finally:
-                state.rollback(trial)
-            if not isinstance(found, Placement):
+            if shortest is None:
                 continue
-            ends = [r.ends_by() for r in released]
+            count, found = shortest
+            ends = [r.ends_by() for r in runs[:count]]
             unknown = any(end is None for end in ends)
             due = max((end for end in ends if end is not None), default=self.now)
-            candidate = (unknown, due, len(released), cluster.id, found)
+            candidate = (unknown, due, count, cluster.id, found)
             if best is None or candidate[:4] < best[:4]:
                 best = candidate
         if best is None:
@@ -89,6 +83,17 @@ class Reservations:
         note = ReservationNote(len(nodes), cluster_name, workload.name, None if unknown else due)
         self.by_queue[workload.queue_id] = note
         return note
+
+    def _release_orders(self) -> dict[str, list[LiveRun]]:
+        """Each cluster's live runs in the order they are due to end. A run with no declared end
+        that nothing may evict may hold its capacity forever: nodes are never held waiting for it."""
+        orders: dict[str, list[LiveRun]] = {}
+        for run in self.state.live.values():
+            if run.preemptible or run.ends_by():
+                orders.setdefault(run.cluster_id, []).append(run)
+        for runs in orders.values():
+            runs.sort(key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id, r.workload_id))
+        return orders
 
     def _would_hold_idle_guarantee(self, workload: Workload, nodes: list[str]) -> bool:
         """Whether holding the free capacity of `nodes` for a gang that would borrow leaves less
