@@ -11,6 +11,7 @@ that is rolled back); holding them takes their free capacity out of circulation 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -52,21 +53,27 @@ class Reservations:
         best: tuple[bool, datetime, int, str, Placement] | None = None
         orders = self._release_orders()
         for cluster in self.clusters:
-            runs = orders.get(cluster.id, [])
+            runs, ends = orders.get(cluster.id, ([], []))
+            if best is not None and not best[0]:
+                # Branch and bound: a prefix due later than the best found so far cannot win, and
+                # runs are in the order they are due, so only those due by then are released.
+                runs = runs[: bisect_right(ends, best[1])]
 
             def probe(cluster: Cluster = cluster) -> Placement | None:
                 found = self.fitter.place(workload, clusters=(cluster,))
                 return found if isinstance(found, Placement) else None
 
             shortest = shortest_fitting_prefix(
-                state, runs, lambda run: state.give_back(run.assignments, run.queue_id, quota=False), probe
+                state,
+                runs,
+                lambda run: state.give_back(run.assignments, run.queue_id, quota=False),
+                probe,
             )
             if shortest is None:
                 continue
             count, found = shortest
-            ends = [r.ends_by() for r in runs[:count]]
-            unknown = any(end is None for end in ends)
-            due = max((end for end in ends if end is not None), default=self.now)
+            unknown = count > len(ends)
+            due = ends[min(count, len(ends)) - 1] if ends and count else self.now
             candidate = (unknown, due, count, cluster.id, found)
             if best is None or candidate[:4] < best[:4]:
                 best = candidate
@@ -84,15 +91,23 @@ class Reservations:
         self.by_queue[workload.queue_id] = note
         return note
 
-    def _release_orders(self) -> dict[str, list[LiveRun]]:
-        """Each cluster's live runs in the order they are due to end. A run with no declared end
-        that nothing may evict may hold its capacity forever: nodes are never held waiting for it."""
-        orders: dict[str, list[LiveRun]] = {}
+    def _release_orders(self) -> dict[str, tuple[list[LiveRun], list[datetime]]]:
+        """Each cluster's live runs in the order they are due to end, with the declared ends of
+        those that have one (they come first, ascending). A run with no declared end that nothing
+        may evict may hold its capacity forever: nodes are never held waiting for it."""
+        known: dict[str, list[tuple[datetime, str, str, LiveRun]]] = {}
+        endless: dict[str, list[tuple[str, str, LiveRun]]] = {}
         for run in self.state.live.values():
-            if run.preemptible or run.ends_by():
-                orders.setdefault(run.cluster_id, []).append(run)
-        for runs in orders.values():
-            runs.sort(key=lambda r: (r.ends_by() is None, r.ends_by() or self.now, r.run_id, r.workload_id))
+            end = run.ends_by()
+            if end is not None:
+                known.setdefault(run.cluster_id, []).append((end, run.run_id, run.workload_id, run))
+            elif run.preemptible:
+                endless.setdefault(run.cluster_id, []).append((run.run_id, run.workload_id, run))
+        orders: dict[str, tuple[list[LiveRun], list[datetime]]] = {}
+        for cluster_id in known.keys() | endless.keys():
+            due = sorted(known.get(cluster_id, ()), key=lambda item: item[:3])
+            rest = sorted(endless.get(cluster_id, ()), key=lambda item: item[:2])
+            orders[cluster_id] = ([item[3] for item in due] + [item[2] for item in rest], [item[0] for item in due])
         return orders
 
     def _would_hold_idle_guarantee(self, workload: Workload, nodes: list[str]) -> bool:

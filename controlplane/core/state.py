@@ -153,7 +153,8 @@ class CycleState:
     # -- mutation points -----------------------------------------------------------------------
 
     def take(self, assignments: tuple[PodAssignment, ...], queue_id: str, quota: bool = True) -> Usage:
-        """Take the capacity of `assignments` (and charge their gpu-eq to the queue's quota)."""
+        """Take the capacity of `assignments` (and charge their gpu-eq to the queue's quota: the
+        units charged; none without `quota`)."""
         return self._hold(assignments, queue_id, +1, quota)
 
     def give_back(self, assignments: tuple[PodAssignment, ...], queue_id: str, quota: bool = True) -> Usage:
@@ -197,9 +198,10 @@ class CycleState:
                     if journal is not None:
                         journal.append((_FREE, node_free, key, before))
                     node_free[key] = (before or 0) - sign * amount
+        if not quota:
+            return {}  # capacity only (a what-if of a reservation): no units to work out
         held = self.unit.usage(assignments, self.pool_of_node)
-        if quota:
-            self._charge(queue_id, held, sign)
+        self._charge(queue_id, held, sign)
         return held
 
     def _charge(self, queue_id: str, held: Usage, sign: int) -> None:
