@@ -92,6 +92,10 @@ class Evictor:
             return None
         best: list[LiveRun] | None = None
         for _, in_cluster in _by_cluster(candidates):
+            if combined and not self._within_guarantee_without(
+                workload, [run for run in in_cluster if run.queue_id == workload.queue_id]
+            ):
+                continue  # as above, for the runs it may preempt in this cluster
             found = self._victims_in_cluster(workload, kind, in_cluster, combined)
             if found is not None and (best is None or len(found) < len(best)):
                 best = found
