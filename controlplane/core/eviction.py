@@ -9,7 +9,7 @@ than their class's minimum runtime are never taken; the disruption budget bounds
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from controlplane.core.decision import Eviction, EvictionKind
@@ -48,6 +48,9 @@ class Evictor:
         # when its minimum runtime stops protecting it. Both depend only on the run and `now`.
         self._order_keys: dict[str, tuple[bool, int, float, str, str]] = {}
         self._protection: dict[str, datetime | None] = {}
+        self._sorted: dict[str, list[LiveRun]] = {}  # queue id -> its live runs in the victim order
+        self._idle: list[LiveRun] | None = None  # the live runs idle enough to reclaim, in that order
+        self._merges: dict[tuple[str, ...], list[LiveRun]] = {}  # see `_merged`
 
     def forget_failures(self) -> None:
         self.failed.clear()
@@ -199,26 +202,22 @@ class Evictor:
         self._protection[key] = until
         return until
 
-    def _protected_by_runtime(self, run: LiveRun) -> bool:
-        return self._protected_until(run) is not None
-
     def _candidates(self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool = False) -> list[LiveRun]:
-        live_by_queue, ledger = self.state.live_by_queue, self.state.ledger
+        """The runs `kind` may take for the gang, in the victim order."""
+        ledger = self.state.ledger
         if kind is EvictionKind.PREEMPT:
-            pool = list(live_by_queue.get(workload.queue_id, {}).values())
+            pool: Iterable[LiveRun] = self._in_order(workload.queue_id)
         elif kind is EvictionKind.IDLE:
-            pool = [run for runs in live_by_queue.values() for run in runs.values() if run.idle_reclaimable]
+            pool = self._idle_in_order()
         elif kind is EvictionKind.REBALANCE:
             # Only queues above their guarantee and already ahead of the preemptor's share.
             share = self.fair_share.share
             own_share = share(workload.queue_id)
-            pool = [
-                run
-                for queue_id, runs in live_by_queue.items()
+            pool = self._merged(
+                queue_id
+                for queue_id in self.state.live_by_queue
                 if queue_id != workload.queue_id and ledger.borrowing(queue_id) and share(queue_id) > own_share
-                for run in runs.values()
-                if run.priority <= workload.priority
-            ]
+            )
         else:
             # When a team's or cohort's limit blocks the gang, only borrowers under it can make room.
             wanted = {GPU_EQ: self.state.facts.least(workload)}
@@ -226,26 +225,53 @@ class Evictor:
             # A guarantee a team holds for its queues together is reclaimed from outside the team.
             depth = ledger.guarantee_holder(workload.queue_id)
             holder = ledger.chain(workload.queue_id)[depth].id if depth else None
-            pool = [
-                run
-                for queue_id, runs in live_by_queue.items()
+            pool = self._merged(
+                queue_id
+                for queue_id in self.state.live_by_queue
                 if queue_id != workload.queue_id
                 and ledger.borrowing_beyond_holder(queue_id)
                 and (ancestor is None or ledger.under(queue_id, ancestor))
                 and (holder is None or not ledger.under(queue_id, holder))
-                for run in runs.values()
-            ]
+            )
+        live = self.state.live
         runs = []
         for run in pool:
-            if not run.preemptible or run.workload_id == workload.id:
-                continue
-            if not ignore_min_runtime and self._protected_by_runtime(run):
+            if not run.preemptible or run.workload_id == workload.id or live_key(run) not in live:
+                continue  # (not live: evicted earlier in this cycle)
+            if not ignore_min_runtime and self._protected_until(run) is not None:
                 continue
             if kind is EvictionKind.PREEMPT and run.priority >= workload.priority:
                 continue
+            if kind is EvictionKind.REBALANCE and run.priority > workload.priority:
+                continue
             runs.append(run)
-        runs.sort(key=self._victim_order)
         return runs
+
+    def _in_order(self, queue_id: str) -> list[LiveRun]:
+        """The queue's live runs at the start of the cycle, in the victim order: sorted once a
+        cycle (a run evicted since is filtered out by the caller; nothing joins `live` in a cycle)."""
+        found = self._sorted.get(queue_id)
+        if found is None:
+            runs = self.state.live_by_queue.get(queue_id, {}).values()
+            found = self._sorted[queue_id] = sorted(runs, key=self._victim_order)
+        return found
+
+    def _idle_in_order(self) -> list[LiveRun]:
+        if self._idle is None:
+            idle = (run for runs in self.state.live_by_queue.values() for run in runs.values() if run.idle_reclaimable)
+            self._idle = sorted(idle, key=self._victim_order)
+        return self._idle
+
+    def _merged(self, queue_ids: Iterable[str]) -> list[LiveRun]:
+        """The live runs of these queues in the victim order, remembered for the cycle per set of
+        queues (heads of one cohort ask for the same borrowers again and again)."""
+        key = tuple(queue_ids)
+        found = self._merges.get(key)
+        if found is None:
+            found = [run for queue_id in key for run in self._in_order(queue_id)]
+            found.sort(key=self._victim_order)
+            self._merges[key] = found
+        return found
 
     def _victim_order(self, run: LiveRun) -> tuple[bool, int, float, str, str]:
         """Idle runs first, then the lowest priority, then the most recently admitted (ids settle
