@@ -40,7 +40,7 @@ from controlplane.core.fit import Fitter
 from controlplane.core.fragmentation import workload_mix
 from controlplane.core.gang_facts import ShapeId
 from controlplane.core.ordering import FairShare
-from controlplane.core.parking import Parked, ParkingClass, class_of, park, queue_order
+from controlplane.core.parking import Parked, ParkingClass, class_of, park, queue_order, split_queue
 from controlplane.core.placement import FreeCapacity, Placement, copy_capacity
 from controlplane.core.reservation import Reservations
 from controlplane.core.scoring import Scorer
@@ -124,9 +124,7 @@ class Cycle:
         candidate: the ordered pass sets it aside with its error."""
         answers: dict[ParkingClass, Parked] = {}
         candidates: list[Workload] = []
-        through: dict[str, list[Workload]] = {}  # queue id -> its gangs the limits let through
-        fronts: dict[str, tuple[Workload, Why]] = {}  # queue id -> its front blocked gang that may ask
-        parked: list[tuple[Workload, Why]] = []
+        by_queue: dict[str, list[tuple[Workload, Parked]]] = {}
         for workload in self.snapshot.pending:
             try:
                 gang = class_of(self.state, workload)
@@ -136,28 +134,16 @@ class Cycle:
             except Exception:
                 candidates.append(workload)
                 continue
-            if answer.why is None:
-                through.setdefault(workload.queue_id, []).append(workload)
-                continue
-            blocked = (workload, answer.why)
-            if answer.may_ask:
-                front = fronts.get(workload.queue_id)
-                if front is None or queue_order(workload) < queue_order(front[0]):
-                    fronts[workload.queue_id] = blocked
-                    if front is None:
-                        continue
-                    blocked = front  # the former front is parked behind the new one, with its reason
-            parked.append(blocked)
-        parked.sort(key=lambda item: queue_order(item[0]))  # the input's order never shows in the decision
-        self.pending.extend(PendingReason(workload.id, why) for workload, why in parked)
+            by_queue.setdefault(workload.queue_id, []).append((workload, answer))
         heads = self.policy.heads_per_queue
-        for queue_id in sorted(through):
-            gangs = sorted(through[queue_id], key=queue_order)
-            candidates.extend(gangs[:heads])
-            if len(gangs) > heads:
+        for queue_id in sorted(by_queue):
+            gangs = sorted(by_queue[queue_id], key=lambda item: queue_order(item[0]))
+            split = split_queue(gangs, heads)
+            candidates.extend(split.candidates)
+            self.pending.extend(PendingReason(workload.id, why) for workload, why in split.parked)
+            if split.behind:
                 behind = BehindHeads(self._queue_name(queue_id), heads)
-                self.pending.extend(PendingReason(workload.id, behind) for workload in gangs[heads:])
-        candidates.extend(workload for workload, _ in fronts.values())
+                self.pending.extend(PendingReason(workload.id, behind) for workload in split.behind)
         return candidates
 
     def _queue_name(self, queue_id: str) -> str:

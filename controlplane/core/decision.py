@@ -211,8 +211,9 @@ class UnusableQuota:
 
 @dataclass(frozen=True)
 class BehindHeads:
-    """Its limits let it through, but its queue's first `heads` gangs (in the queue's order) are the
-    ones decided this cycle: it waits its turn behind them."""
+    """It is not among its queue's first `heads` gangs (in the queue's order), which are the ones
+    decided this cycle or told what blocks them: it waits its turn behind them, whatever limit
+    the queue is at (the heads' reasons say that, and this reason does not move with it)."""
 
     kind: ClassVar[PendingKind] = PendingKind.BEHIND
     queue: str  # name

@@ -197,56 +197,67 @@ class Parking:
         self.pending: tuple[Workload, ...] | None = None
         self.usage_seen: dict[str, dict[str, int]] = {}
         self.versions_seen: dict[str, int] = {}
-        self.fronts: dict[str, str] = {}  # queue id -> id of its front blocked gang that may ask
+        # queue id -> ids of its gangs that are not behind its heads this cycle (candidates, and
+        # blocked gangs among its first heads); every other gang of the queue is behind them.
+        self.fronts: dict[str, set[str]] = {}
+        self.front_parked: dict[str, Why] = {}  # blocked gangs among their queue's heads: the reason
+        self.behind_of: dict[str, BehindHeads] = {}  # queue id -> the reason of the gangs behind
         self.kept: dict[str, tuple[Why, ReservationNote | None]] = {}  # workload id -> its reason
-        self.to_tell: dict[str, None] = {}  # parked gangs whose reason may have changed this cycle
-        self.behind: dict[str, BehindHeads] = {}  # gangs behind their queue's heads this cycle
+        self.to_tell: dict[str, None] = {}  # gangs whose reason may have changed this cycle
         self.last_checked = 0
 
     def reasons(self) -> dict[str, PendingReason]:
         return {gang: PendingReason(gang, why, note) for gang, (why, note) in self.kept.items()}
 
     def refresh(self, snapshot: Snapshot, state: CycleState, policy: Policy) -> list[Workload]:
-        """The candidates of this cycle, after waking what changed and parking what arrived."""
+        """The candidates of this cycle, after waking what changed and parking what arrived: the
+        rule of `split_queue`, worked out from each queue's first gangs only (a deep backlog's
+        reason, behind the heads, does not move while its class's block comes and goes)."""
         self._sync_pending(snapshot, state)
         woken = self._woken(state)  # new classes among them: they start as candidates
         self.last_checked = len(woken)
         for gang in woken:
             entry = self.classes[gang]
             answer = park(state, policy, gang)
-            if answer.why != entry.answer.why:
-                self.to_tell.update(dict.fromkeys(entry.members))
+            if (answer.for_good or entry.answer.for_good) and answer.why != entry.answer.why:
+                self.to_tell.update(dict.fromkeys(entry.members))  # parked for good, or no longer
             entry.answer = answer
         self._see(state)
-        candidates: list[Workload] = []
-        fronts: dict[str, Workload] = {}
-        through: dict[str, list[_Class]] = {}
+        per_queue: dict[str, list[_Class]] = {}
         for gang, entry in self.classes.items():
-            answer = entry.answer
-            if answer.why is None:
-                through.setdefault(gang.queue_id, []).append(entry)
-            elif answer.may_ask:
-                first = entry.in_order()[0]
-                front = fronts.get(first.queue_id)
-                if front is None or queue_order(first) < queue_order(front):
-                    fronts[first.queue_id] = first
-        self.behind = {}
+            if not entry.answer.for_good:
+                per_queue.setdefault(gang.queue_id, []).append(entry)
         heads = policy.heads_per_queue
         tree = state.ledger.tree
-        for queue_id, entries in through.items():
-            ordered = heapq.merge(*(entry.in_order() for entry in entries), key=queue_order)
-            candidates.extend(itertools.islice(ordered, heads))
-            behind: BehindHeads | None = None
-            for workload in ordered:  # the rest: behind the queue's heads this cycle
-                if behind is None:
-                    behind = BehindHeads(tree[queue_id].name if queue_id in tree else queue_id, heads)
-                self.behind[workload.id] = behind
-        for queue_id, gang_id in self.fronts.items():
-            front = fronts.get(queue_id)
-            if (front is None or front.id != gang_id) and gang_id in self.class_of_gang:
-                self.to_tell[gang_id] = None  # no longer its queue's front: parked behind the new one
-        self.fronts = {queue_id: first.id for queue_id, first in fronts.items()}
-        candidates.extend(fronts.values())
+        candidates: list[Workload] = []
+        fronts: dict[str, set[str]] = {}
+        self.front_parked = {}
+        for queue_id, entries in per_queue.items():
+            members: set[str] = set()
+            through = [entry.in_order() for entry in entries if entry.answer.why is None]
+            for workload in itertools.islice(heapq.merge(*through, key=queue_order), heads):
+                candidates.append(workload)
+                members.add(workload.id)
+            askers = [entry.in_order()[0] for entry in entries if entry.answer.why is not None and entry.answer.may_ask]
+            if askers:
+                front = min(askers, key=queue_order)
+                candidates.append(front)
+                members.add(front.id)
+            everyone = (entry.in_order() for entry in entries)
+            for workload in itertools.islice(heapq.merge(*everyone, key=queue_order), heads):
+                why = self.classes[self.class_of_gang[workload.id][1]].answer.why
+                if why is not None and workload.id not in members:
+                    self.front_parked[workload.id] = why
+                    members.add(workload.id)
+            fronts[queue_id] = members
+        for queue_id, members in self.fronts.items():
+            now = fronts.get(queue_id, set())
+            self.to_tell.update((gang_id, None) for gang_id in members - now if gang_id in self.class_of_gang)
+        self.fronts = fronts
+        self.behind_of = {
+            queue_id: BehindHeads(tree[queue_id].name if queue_id in tree else queue_id, heads)
+            for queue_id in per_queue
+        }
         return candidates
 
     def _sync_pending(self, snapshot: Snapshot, state: CycleState) -> None:
@@ -288,11 +299,10 @@ class Parking:
         if entry is None:
             entry = self.classes[gang] = _Class(CANDIDATE)
         else:
-            if entry.answer.why is not None:
-                self.to_tell[workload.id] = None
             entry.ordered = None
         entry.members[workload.id] = workload
         self.class_of_gang[workload.id] = (workload, gang)
+        self.to_tell[workload.id] = None  # its reason is worked out at `settle` unless decided
 
     def _leave(self, gang_id: str, gang: ParkingClass) -> None:
         del self.class_of_gang[gang_id]
@@ -338,27 +348,28 @@ class Parking:
         """Keep the decision's reasons; those that differ from what was kept (a delta)."""
         told: list[PendingReason] = []
         kept = self.kept
+        to_tell = self.to_tell
+
+        def tell(gang_id: str, why: Why, note: ReservationNote | None = None) -> None:
+            to_tell.pop(gang_id, None)
+            if kept.get(gang_id) != (why, note):
+                kept[gang_id] = (why, note)
+                told.append(PendingReason(gang_id, why, note))
+
         for reason in decision.pending:
-            value = (reason.why, reason.reservation)
-            if kept.get(reason.workload_id) != value:
-                kept[reason.workload_id] = value
-                told.append(reason)
-            self.to_tell.pop(reason.workload_id, None)
+            tell(reason.workload_id, reason.why, reason.reservation)
         for admission in decision.admissions:
             kept.pop(admission.workload_id, None)
-            self.to_tell.pop(admission.workload_id, None)
-        for gang_id, behind in self.behind.items():
-            self.to_tell.pop(gang_id, None)
-            if kept.get(gang_id) != (behind, None):
-                kept[gang_id] = (behind, None)
-                told.append(PendingReason(gang_id, behind))
-        for gang_id in self.to_tell:
+            to_tell.pop(admission.workload_id, None)
+        for gang_id, why in self.front_parked.items():
+            tell(gang_id, why)
+        for gang_id in list(to_tell):
             found = self.class_of_gang.get(gang_id)
             if found is None:
                 continue
-            why = self.classes[found[1]].answer.why
-            if why is not None and kept.get(gang_id) != (why, None):
-                kept[gang_id] = (why, None)
-                told.append(PendingReason(gang_id, why))
+            answer = self.classes[found[1]].answer
+            tell(
+                gang_id, answer.why if answer.why is not None and answer.for_good else self.behind_of[found[1].queue_id]
+            )
         self.to_tell = {}
         return tuple(told)

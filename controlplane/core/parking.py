@@ -11,7 +11,12 @@ lifts the block. Hence the rule:
 - of a queue's blocked gangs that may ask for evictions, only the *front* one (in the queue's
   own order: priority, then FIFO) is decided in the order and may ask; the others are parked
   behind it with their reason (Kueue considers queue heads the same way);
-- every other gang is a *candidate*, decided in the fair-share order (`cycle.py`).
+- of a queue's gangs the limits let through, the first `heads_per_queue` are *candidates*,
+  decided in the fair-share order (`cycle.py`);
+- every gang beyond the queue's first `heads_per_queue` (counting all but those parked for good)
+  that is not a candidate waits *behind* the heads, whatever blocks it: a deep backlog keeps one
+  reason while its queue's limit fills and frees, and only the heads' reasons move
+  (`split_queue`).
 
 The block depends only on the start-of-cycle ledger and a few facts of the gang, gathered in its
 *class* (`ParkingClass`), so every gang of a class gets the same answer. A scheduler that keeps its
@@ -22,9 +27,11 @@ unblock from the next cycle on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from controlplane.core.decision import OutsideGuarantee, Why
+from controlplane.core.decision import OutsideGuarantee, QuotaLimit, Why
 from controlplane.core.snapshot import Policy
 from controlplane.core.state import CycleState
 from controlplane.domain.model import GPU_EQ, Workload
@@ -66,8 +73,59 @@ class Parked:
     watch_any: tuple[str, ...] = ()  # node ids: any usage change wakes it
     watch_drop: tuple[tuple[str, str], ...] = ()  # (node id, key): a drop of that usage wakes it
 
+    @property
+    def for_good(self) -> bool:
+        """Parked until a limit changes (it needs more than one allows on its own), wherever it
+        stands in its queue."""
+        return isinstance(self.why, QuotaLimit) and self.why.never
+
 
 CANDIDATE = Parked(None)
+
+Gang = TypeVar("Gang")
+
+
+@dataclass
+class QueueSplit(Generic[Gang]):
+    """What a cycle does with one queue's gangs (`split_queue`)."""
+
+    candidates: list[Gang] = field(default_factory=list)
+    parked: list[tuple[Gang, Why]] = field(default_factory=list)  # with the reason of their block
+    behind: list[Gang] = field(default_factory=list)  # waiting behind the queue's heads
+
+
+def split_queue(gangs: Iterable[tuple[Gang, Parked]], heads: int) -> QueueSplit[Gang]:
+    """Split one queue's gangs, given in the queue's order with their parking answers:
+
+    - parked for good (`Parked.for_good`): parked with that reason, and not counted below;
+    - the first `heads` the limits let through: candidates; the rest of those: behind;
+    - the first blocked gang that may ask for evictions: a candidate (the queue's front);
+    - another blocked gang among the first `heads`: parked with its reason; beyond them: behind.
+    """
+    split: QueueSplit[Gang] = QueueSplit()
+    position = through = 0
+    front_taken = False
+    for gang, answer in gangs:
+        why = answer.why
+        if why is not None and answer.for_good:
+            split.parked.append((gang, why))
+            continue
+        in_front = position < heads
+        position += 1
+        if why is None:
+            if through < heads:
+                through += 1
+                split.candidates.append(gang)
+            else:
+                split.behind.append(gang)
+        elif answer.may_ask and not front_taken:
+            front_taken = True
+            split.candidates.append(gang)
+        elif in_front:
+            split.parked.append((gang, why))
+        else:
+            split.behind.append(gang)
+    return split
 
 
 def park(state: CycleState, policy: Policy, gang: ParkingClass) -> Parked:

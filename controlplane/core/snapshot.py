@@ -101,7 +101,8 @@ class Policy:
     # Most gangs evicted in one cycle.
     disruption_budget: int = 16
     # Of a queue's gangs that its limits let through at the start of a cycle, the first this many
-    # (priority, then FIFO) are decided in that cycle; the rest wait their turn (`parking.py`).
+    # (priority, then FIFO) are decided in that cycle; a blocked gang among its queue's first this
+    # many is told what blocks it; the rest wait their turn behind them (`parking.py`).
     heads_per_queue: int = 16
     # A gang at the head of its queue that finds no room holds the nodes it waits for, so smaller
     # work cannot starve it; at most this many such reservations per cycle.

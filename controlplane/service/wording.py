@@ -96,8 +96,8 @@ def why_text(why: Why) -> str:
             )
         case BehindHeads(queue=queue, heads=heads):
             return (
-                f"behind: waits its turn in queue {queue}; each cycle decides the first {heads} gangs of a queue "
-                "that its limits let through (priority, then submission order)"
+                f"behind: waits its turn in queue {queue}; each cycle decides a queue's first {heads} gangs "
+                "(priority, then submission order), and their reasons say what the queue waits on"
             )
         case SchedulingFailed(error_type=error_type, message=message):
             return (

@@ -44,6 +44,10 @@ POLICIES = (
     Policy(fair_share=False),
     Policy(rebalance=True, rebalance_interval_seconds=0.0),
     Policy(max_reservations=1, disruption_budget=1),
+    # Few heads: most gangs of a queue wait behind them, and the split of a queue (candidates,
+    # blocked heads, the rest behind) moves as gangs arrive, are admitted and limits fill.
+    Policy(heads_per_queue=1),
+    Policy(heads_per_queue=2, disruption_budget=1),
 )
 EVENTS = ("finish", "arrive", "cancel", "idle", "cordon", "quota", "guarantee", "nothing")
 
