@@ -51,6 +51,7 @@ class Evictor:
         self._sorted: dict[str, list[LiveRun]] = {}  # queue id -> its live runs in the victim order
         self._idle: list[LiveRun] | None = None  # the live runs idle enough to reclaim, in that order
         self._merges: dict[tuple[str, ...], list[LiveRun]] = {}  # see `_merged`
+        self._eligible_of: dict[tuple[int, bool], tuple[list[LiveRun], list[LiveRun]]] = {}  # see `_eligible`
 
     def forget_failures(self) -> None:
         self.failed.clear()
@@ -177,10 +178,9 @@ class Evictor:
             return None
         for kind in kinds:
             candidates = self._candidates(workload, kind, ignore_min_runtime=True)
-            if not any(self._protected_until(run) for run in candidates):
-                continue
-            for _, in_cluster in _by_cluster(candidates):
-                if not any(self._protected_until(run) for run in in_cluster):
+            protected = {run.cluster_id for run in candidates if self._protected_until(run)}
+            for cluster_id, in_cluster in _by_cluster(candidates):
+                if cluster_id not in protected:
                     continue  # a set found there would not name a protected run
                 found = self._victims_in_cluster(workload, kind, in_cluster)
                 ends = [(run.workload_id, end) for run in found or () if (end := self._protected_until(run))]
@@ -206,7 +206,7 @@ class Evictor:
         """The runs `kind` may take for the gang, in the victim order."""
         ledger = self.state.ledger
         if kind is EvictionKind.PREEMPT:
-            pool: Iterable[LiveRun] = self._in_order(workload.queue_id)
+            pool = self._in_order(workload.queue_id)
         elif kind is EvictionKind.IDLE:
             pool = self._idle_in_order()
         elif kind is EvictionKind.REBALANCE:
@@ -233,19 +233,31 @@ class Evictor:
                 and (ancestor is None or ledger.under(queue_id, ancestor))
                 and (holder is None or not ledger.under(queue_id, holder))
             )
+        eligible = self._eligible(pool, ignore_min_runtime)
+        if kind is EvictionKind.PREEMPT:
+            return [run for run in eligible if run.priority < workload.priority and run.workload_id != workload.id]
+        if kind is EvictionKind.REBALANCE:
+            return [run for run in eligible if run.priority <= workload.priority and run.workload_id != workload.id]
+        return [run for run in eligible if run.workload_id != workload.id]
+
+    def _eligible(self, pool: list[LiveRun], ignore_min_runtime: bool) -> list[LiveRun]:
+        """The runs of `pool` (one of the ordered lists above) that may be evicted at all: live,
+        preemptible and (unless ignored) past their minimum runtime. Remembered per list until
+        an eviction."""
+        key = (id(pool), ignore_min_runtime)
+        found = self._eligible_of.get(key)
+        if found is not None and found[0] is pool:
+            return found[1]
         live = self.state.live
-        runs = []
-        for run in pool:
-            if not run.preemptible or run.workload_id == workload.id or live_key(run) not in live:
-                continue  # (not live: evicted earlier in this cycle)
-            if not ignore_min_runtime and self._protected_until(run) is not None:
-                continue
-            if kind is EvictionKind.PREEMPT and run.priority >= workload.priority:
-                continue
-            if kind is EvictionKind.REBALANCE and run.priority > workload.priority:
-                continue
-            runs.append(run)
-        return runs
+        eligible = [
+            run
+            for run in pool
+            if run.preemptible
+            and live_key(run) in live
+            and (ignore_min_runtime or self._protected_until(run) is None)
+        ]
+        self._eligible_of[key] = (pool, eligible)
+        return eligible
 
     def _in_order(self, queue_id: str) -> list[LiveRun]:
         """The queue's live runs at the start of the cycle, in the victim order: sorted once a
@@ -390,6 +402,7 @@ class Evictor:
 
     def _evict(self, victim: LiveRun, beneficiary: Workload, kind: EvictionKind) -> None:
         state = self.state
+        self._eligible_of.clear()  # it is no longer live
         state.give_back(victim.assignments, victim.queue_id)
         state.drop_live(victim)
         state.budget -= 1

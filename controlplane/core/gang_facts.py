@@ -40,6 +40,7 @@ class GangFacts:
         self.unit = unit
         self.models = models  # the fleet's GPU models
         self._ids: dict[Shape, ShapeId] = {}
+        self._least: list[int] = []  # shape id -> its least units
         # id(workload) -> [workload, shape id, least units, allowed models or None]; the workload
         # is kept so its id is not reused while remembered
         self._facts: dict[int, list[object]] = {}
@@ -48,8 +49,12 @@ class GangFacts:
         found = self._facts.get(id(workload))
         if found is None or found[0] is not workload:
             shape = shape_of(workload)
-            shape_id = self._ids.setdefault(shape, len(self._ids))
-            found = self._facts[id(workload)] = [workload, shape_id, self.unit.least(workload), None]
+            shape_id = self._ids.get(shape)
+            if shape_id is None:  # least reads only pod sets and min_available: one per shape
+                least = self.unit.least(workload)  # may raise (a gang the cycle sets aside): first
+                shape_id = self._ids[shape] = len(self._least)
+                self._least.append(least)
+            found = self._facts[id(workload)] = [workload, shape_id, self._least[shape_id], None]
         return found
 
     def shape_id(self, workload: Workload) -> ShapeId:
