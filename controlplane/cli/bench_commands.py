@@ -65,12 +65,16 @@ DRAIN_DONE_SHARE = 0.05
 MAX_DRAIN_CYCLES = 25
 
 
-def run_bench(size: BenchSize, profile: Path | None = None, check: bool = False) -> dict[str, Any]:
+def run_bench(
+    size: BenchSize, profile: Path | None = None, check: bool = False, steady_cycles: int = 0
+) -> dict[str, Any]:
     """Build the fleet and time, on the state the scheduler keeps (`IncrementalScheduler`): the
     first cycle; the drain (cycles, each on the last one's outcome, until one admits nothing: the
     backlog admitted per second until the fleet is full); then two cycles after a handful of
     changes each. With `check`, one-shot `schedule()` is also timed on the first of those and its
-    decision compared."""
+    decision compared. With `steady_cycles`, that many more cycles with nothing changed but what
+    the scheduler itself decides: a full fleet's steady state, where the queue heads find no room
+    and ask for evictions and reservations every cycle."""
     build_start = time.perf_counter()
     fleet = SyntheticFleet(size, BENCH_NOW)
     snapshot = fleet.snapshot()
@@ -99,6 +103,22 @@ def run_bench(size: BenchSize, profile: Path | None = None, check: bool = False)
     second_reasons = scheduler.pending_reasons() if check else {}
     third_snapshot = fleet.next_snapshot(follow_up, second, finished=5, arrivals=5)
     third, third_seconds = _timed(scheduler, third_snapshot, policy, profiler)
+    steady: list[float] = []
+    steady_snapshot, steady_decision = third_snapshot, third
+    for _ in range(steady_cycles):
+        steady_snapshot = fleet.next_snapshot(steady_snapshot, steady_decision, finished=0, arrivals=0)
+        steady_decision, seconds = _timed(scheduler, steady_snapshot, policy, None)
+        steady.append(seconds)
+    steady_figures: dict[str, Any] = {}
+    if steady:
+        steady_figures = {
+            "steady_cycles": len(steady),
+            "steady_last_cycle_seconds": round(steady[-1], 4),
+            "steady_max_cycle_seconds": round(max(steady), 4),
+            "steady_last_candidates": scheduler.last_sync.candidates,
+            "steady_last_admitted": len(steady_decision.admissions),
+            "steady_last_evicted": len(steady_decision.evictions),
+        }
     if profiler is not None and profile is not None:
         profiler.dump_stats(str(profile))
     checked: dict[str, Any] = {}
@@ -132,6 +152,7 @@ def run_bench(size: BenchSize, profile: Path | None = None, check: bool = False)
         "third_cycle_seconds": round(third_seconds, 4),
         "third_admitted": len(third.admissions),
         **checked,
+        **steady_figures,
         "peak_rss_mb": _peak_rss_mb(),
         "build_seconds": round(build_seconds, 3),
         "clusters": len(first_snapshot.clusters),
@@ -172,6 +193,13 @@ def bench() -> None:
     help="write cProfile stats of both cycles to this file (slows the cycles down)",
 )
 @click.option("--check", is_flag=True, help="also time one-shot schedule() on the second cycle and compare decisions")
+@click.option(
+    "--steady-cycles",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 200),
+    help="then this many cycles with nothing but the scheduler's own decisions applied (a full fleet's steady state)",
+)
 def bench_schedule(
     pending: int,
     clusters: int,
@@ -182,12 +210,13 @@ def bench_schedule(
     as_json: bool,
     profile: Path | None,
     check: bool,
+    steady_cycles: int,
 ) -> None:
     """Time one full scheduling cycle, then one after a handful of changes."""
     if nodes < clusters:
         raise click.BadParameter("needs at least one node per cluster", param_hint="--nodes")
     size = BenchSize(pending=pending, clusters=clusters, nodes=nodes, queues=queues, seed=seed, occupancy=occupancy)
-    result = run_bench(size, profile, check)
+    result = run_bench(size, profile, check, steady_cycles)
     if as_json:
         click.echo(json.dumps(result))
         return

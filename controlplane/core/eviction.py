@@ -252,9 +252,7 @@ class Evictor:
         eligible = [
             run
             for run in pool
-            if run.preemptible
-            and live_key(run) in live
-            and (ignore_min_runtime or self._protected_until(run) is None)
+            if run.preemptible and live_key(run) in live and (ignore_min_runtime or self._protected_until(run) is None)
         ]
         self._eligible_of[key] = (pool, eligible)
         return eligible

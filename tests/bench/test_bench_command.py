@@ -54,6 +54,17 @@ def test_bench_schedule_prints_every_figure_as_json() -> None:
     assert figures["peak_rss_mb"] > 0
 
 
+def test_steady_cycles_are_reported_when_asked() -> None:
+    result = CliRunner().invoke(main, [*TINY, "--steady-cycles", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert figures["steady_cycles"] == 3
+    assert 0 < figures["steady_last_cycle_seconds"] <= figures["steady_max_cycle_seconds"]
+    assert figures["steady_last_candidates"] >= 0
+    without = json.loads(CliRunner().invoke(main, [*TINY, "--json"]).output)
+    assert "steady_cycles" not in without
+
+
 def test_the_same_seed_admits_the_same_number() -> None:
     runs = [json.loads(CliRunner().invoke(main, [*TINY, "--json"]).output) for _ in range(2)]
     assert runs[0]["admitted"] == runs[1]["admitted"]
