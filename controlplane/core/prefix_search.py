@@ -36,10 +36,12 @@ def shortest_fitting_prefix(
     try:
         if all_first:
             everything = state.checkpoint()
-            for item in items:
-                release(item)
-            enough = bool(items) and probe() is not None
-            state.rollback(everything)
+            try:
+                for item in items:
+                    release(item)
+                enough = bool(items) and probe() is not None
+            finally:
+                state.rollback(everything)
             if not enough:
                 return None
         released = 0  # items[:released] are released on the state now, and probing there failed
@@ -48,30 +50,39 @@ def shortest_fitting_prefix(
             upto = min(len(items), max(size, released + 1))
             if upto <= released:
                 return None
-            batch = state.checkpoint()
-            for item in items[released:upto]:
-                release(item)
-            answer = probe()
+            answer = _probe_further(state, items[released:upto], release, probe)
             if answer is None:
-                state.keep(batch)
-                released = upto
-                size *= 2
+                released, size = upto, size * 2
             else:
-                state.rollback(batch)
                 found = (upto, answer)
         fits_at, answer = found
         while fits_at - released > 1:  # bisecting (released, fits_at]: the first is known to fail
             middle = (released + fits_at) // 2
-            batch = state.checkpoint()
-            for item in items[released:middle]:
-                release(item)
-            shorter = probe()
+            shorter = _probe_further(state, items[released:middle], release, probe)
             if shorter is None:
-                state.keep(batch)
                 released = middle
             else:
-                state.rollback(batch)
                 fits_at, answer = middle, shorter
         return fits_at, answer
     finally:
         state.rollback(outer)
+
+
+def _probe_further(
+    state: CycleState, more: Sequence[Item], release: Callable[[Item], object], probe: Callable[[], Found | None]
+) -> Found | None:
+    """Release `more` on top of what is released and probe: on no answer they stay released (the
+    search goes on from there), on an answer they are taken back."""
+    batch = state.checkpoint()
+    try:
+        for item in more:
+            release(item)
+        answer = probe()
+    except BaseException:
+        state.rollback(batch)  # closes its checkpoint too: the caller's rollback then closes its own
+        raise
+    if answer is None:
+        state.keep(batch)
+    else:
+        state.rollback(batch)
+    return answer
