@@ -115,14 +115,18 @@ class Evictor:
         return placement
 
     def _within_guarantee_without(self, workload: Workload, own: list[LiveRun]) -> bool:
-        """Whether the gang's least start would be within its (shared) guarantee with all of
-        `own` (its queue's runs) gone: necessary for any victim set that reclaims."""
+        """Whether the gang's least start would be within the guarantee of its holder (its queue,
+        or the team or cohort that holds one for it) with all of `own` (its queue's runs) gone:
+        necessary for any victim set that reclaims. Only the holder is asked: reclaimed victims
+        run outside it, so nothing but `own` lowers its usage, while an ancestor above it may get
+        usage back from them."""
         state = self.state
         trial = state.checkpoint()
         try:
             for run in own:
                 state.give_back(run.assignments, run.queue_id)
-            return state.ledger.within_shared_guarantee(workload.queue_id, {GPU_EQ: state.facts.least(workload)})
+            least = {GPU_EQ: state.facts.least(workload)}
+            return state.ledger.within_shared_guarantee(workload.queue_id, least, holder_only=True)
         finally:
             state.rollback(trial)
 
