@@ -1,9 +1,10 @@
 """The indexed placement gives exactly the results of the plain per-pod scan it replaced.
 
 The reference below is the scan as it was before the indexes (best fit, every node for every
-pod), copied verbatim. Random small fleets with random used capacity are placed by both, then
-placements are applied to (and some released from) the capacity in place, the way the scheduler
-does between calls, so the change tracking and the remembered results are exercised too.
+pod), copied verbatim, plus the one rule the search gained since (`ref_gpu_pods_first`). Random
+small fleets with random used capacity are placed by both, then placements are applied to (and
+some released from) the capacity in place, the way the scheduler does between calls, so the change
+tracking and the remembered results are exercised too.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def ref_placements_in_cluster(
         single = [ref_place_gang(workload, cluster, [pool], nodes_by_pool, free) for pool in pools]
         fits = sorted((p for p in single if isinstance(p, Placement)), key=lambda p: p.leftover_gpu_slots)
     spread = ref_place_gang(workload, cluster, pools, nodes_by_pool, free)
+    if isinstance(spread, Miss) and not fits:
+        spread = ref_gpu_pods_first(workload, cluster, pools, nodes_by_pool, free) or spread
     if isinstance(spread, Miss):
         return fits or spread
     if not fits:
@@ -123,6 +126,32 @@ def ref_placements_in_cluster(
     if not any(p.assignments == spread.assignments for p in fits):
         fits.append(replace(spread, spread=True))
     return fits
+
+
+def ref_gpu_pods_first(
+    workload: Workload,
+    cluster: Cluster,
+    pools: list[NodePool],
+    nodes_by_pool: Mapping[str, list[Node]],
+    free: FreeCapacity,
+) -> Placement | None:
+    """The rule the search gained after the scan above was copied: when the spread misses (and no
+    single pool fits), a CPU-only launcher placed first may have taken the CPU its GPU workers
+    needed on their only node, so the GPU pod sets are placed first, once; the assignments keep
+    the gang's pod-set order."""
+    order = sorted(range(len(workload.pod_sets)), key=lambda i: not ref_needs_gpu(workload.pod_sets[i]))
+    if order == sorted(order):
+        return None
+    reordered = replace(workload, pod_sets=tuple(workload.pod_sets[i] for i in order))
+    found = ref_place_gang(reordered, cluster, pools, nodes_by_pool, free)
+    if isinstance(found, Miss):
+        return None
+    rank = {pod_set.name: i for i, pod_set in enumerate(workload.pod_sets)}
+    return replace(found, assignments=tuple(sorted(found.assignments, key=lambda a: (rank[a.pod_set], a.index))))
+
+
+def ref_needs_gpu(pod_set: PodSet) -> bool:
+    return bool(pod_set.gpus or pod_set.mig_profile or pod_set.gpu_fraction)
 
 
 # --- random fleets, used capacity and gangs -------------------------------------------------------
