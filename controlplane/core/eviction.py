@@ -319,7 +319,7 @@ class Evictor:
                     state,
                     order,
                     lambda run: state.give_back(run.assignments, run.queue_id),
-                    lambda: True if self._room(workload, kind, only, [], combined) else None,
+                    lambda: True if self._room(workload, kind, only, []) else None,
                     all_first=True,  # a head of a full fleet asks every cycle and usually finds none
                 )
                 chosen = None if shortest is None else order[: shortest[0]]

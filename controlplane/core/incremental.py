@@ -42,7 +42,7 @@ from datetime import datetime
 
 from controlplane.core.cycle import Cycle
 from controlplane.core.decision import BehindHeads, Decision, PendingReason, ReservationNote, Why
-from controlplane.core.parking import CANDIDATE, Parked, ParkingClass, class_of, park, queue_order
+from controlplane.core.parking import CANDIDATE, Parked, ParkingClass, class_of, park, queue_order, split_queue
 from controlplane.core.schedule import decision_of, quarantine_queues, schedule
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState, live_key
@@ -233,23 +233,10 @@ class Parking:
         fronts: dict[str, set[str]] = {}
         self.front_parked = {}
         for queue_id, entries in per_queue.items():
-            members: set[str] = set()
-            through = [entry.in_order() for entry in entries if entry.answer.why is None]
-            for workload in itertools.islice(heapq.merge(*through, key=queue_order), heads):
-                candidates.append(workload)
-                members.add(workload.id)
-            askers = [entry.in_order()[0] for entry in entries if entry.answer.why is not None and entry.answer.may_ask]
-            if askers:
-                front = min(askers, key=queue_order)
-                candidates.append(front)
-                members.add(front.id)
-            everyone = (entry.in_order() for entry in entries)
-            for workload in itertools.islice(heapq.merge(*everyone, key=queue_order), heads):
-                why = self.classes[self.class_of_gang[workload.id][1]].answer.why
-                if why is not None and workload.id not in members:
-                    self.front_parked[workload.id] = why
-                    members.add(workload.id)
-            fronts[queue_id] = members
+            split = split_queue(self._front_gangs(entries, heads), heads)
+            candidates.extend(split.candidates)
+            self.front_parked.update((workload.id, why) for workload, why in split.parked)
+            fronts[queue_id] = {w.id for w in split.candidates} | {w.id for w, _ in split.parked}
         for queue_id, members in self.fronts.items():
             now = fronts.get(queue_id, set())
             self.to_tell.update((gang_id, None) for gang_id in members - now if gang_id in self.class_of_gang)
@@ -259,6 +246,22 @@ class Parking:
             for queue_id in per_queue
         }
         return candidates
+
+    def _front_gangs(self, entries: list[_Class], heads: int) -> list[tuple[Workload, Parked]]:
+        """The gangs of one queue (its classes not parked for good) that `split_queue` does not
+        send behind, with their answers, in the queue's order: its first `heads`, the first
+        `heads` the limits let through, and the front blocked gang that may ask. Split alone,
+        they split as they do among all the queue's gangs (every gang ahead of one of them is
+        among them), so a deep backlog is never walked."""
+        first = heapq.merge(*(entry.in_order() for entry in entries), key=queue_order)
+        through = heapq.merge(*(entry.in_order() for entry in entries if entry.answer.why is None), key=queue_order)
+        chosen = {w.id: w for w in itertools.chain(itertools.islice(first, heads), itertools.islice(through, heads))}
+        askers = [entry.in_order()[0] for entry in entries if entry.answer.why is not None and entry.answer.may_ask]
+        if askers:
+            front = min(askers, key=queue_order)
+            chosen[front.id] = front
+        classes, class_of_gang = self.classes, self.class_of_gang
+        return [(w, classes[class_of_gang[w.id][1]].answer) for w in sorted(chosen.values(), key=queue_order)]
 
     def _sync_pending(self, snapshot: Snapshot, state: CycleState) -> None:
         """Bring the classes' members up to date with the pending gangs: from the snapshot's delta

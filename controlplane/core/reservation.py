@@ -73,7 +73,7 @@ class Reservations:
                 continue
             count, found = shortest
             unknown = count > len(ends)
-            due = ends[min(count, len(ends)) - 1] if ends and count else self.now
+            due = ends[min(count, len(ends)) - 1] if ends else self.now  # count is at least 1
             candidate = (unknown, due, count, cluster.id, found)
             if best is None or candidate[:4] < best[:4]:
                 best = candidate
