@@ -33,9 +33,15 @@ class Reservation:
     due: datetime | None  # when the work it waits for has declared it will be gone
 
 
+# cluster id -> its live runs in the order they are due to end, and the declared ends of the first
+DueOrder = dict[str, tuple[list[LiveRun], list[datetime]]]
+
+
 class Reservations:
     def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime, state: CycleState, fitter: Fitter) -> None:
         self.clusters = snapshot.clusters
+        self.by_id = {cluster.id: cluster for cluster in snapshot.clusters}
+        self._order: tuple[int, DueOrder] | None = None  # (the state's live changes, the order then)
         self.policy = policy
         self.now = now
         self.state = state
@@ -44,20 +50,28 @@ class Reservations:
         self.by_queue: dict[str, ReservationNote] = {}  # queue id -> the reservation its head holds
 
     def reserve(self, workload: Workload) -> ReservationNote | None:
-        """The reservation the gang holds (or its queue's head holds) after this, if any."""
+        """The reservation the gang holds (or its queue's head holds) after this, if any.
+
+        The nodes held are those of the cluster where the gang fits soonest as runs end in the
+        order they are due: the earliest declared end; failing that (it waits for runs with no
+        declared end too), the fewest runs waited for; then the cluster id. Clusters are searched
+        by branch and bound: once one answers, another is asked only with the runs that could
+        still beat it released, and one probe with all of those says whether it can."""
         if workload.queue_id in self.by_queue:
             return self.by_queue[workload.queue_id]
         if len(self.held) >= self.policy.max_reservations:
             return None
         state = self.state
+        order = self._due_order()
         best: tuple[bool, datetime, int, str, Placement] | None = None
-        orders = self._release_orders()
         for cluster in self.clusters:
-            runs, ends = orders.get(cluster.id, ([], []))
-            if best is not None and not best[0]:
-                # Branch and bound: a prefix due later than the best found so far cannot win, and
-                # runs are in the order they are due, so only those due by then are released.
-                runs = runs[: bisect_right(ends, best[1])]
+            runs, ends = order.get(cluster.id, ([], []))
+            if best is not None:
+                unknown, due, count, cluster_id, _ = best
+                if not unknown:
+                    runs = runs[: bisect_right(ends, due)]  # only those due by then may beat it
+                else:  # any declared end beats it, or fewer runs waited for (the same: a lower id)
+                    runs = runs[: max(len(ends), count if cluster.id < cluster_id else count - 1)]
 
             def probe(cluster: Cluster = cluster) -> Placement | None:
                 found = self.fitter.place(workload, clusters=(cluster,))
@@ -68,13 +82,13 @@ class Reservations:
                 runs,
                 lambda run: state.give_back(run.assignments, run.queue_id, quota=False),
                 probe,
+                all_first=True,  # most clusters cannot win: one probe says so
             )
             if shortest is None:
                 continue
             count, found = shortest
             unknown = count > len(ends)
-            due = ends[min(count, len(ends)) - 1] if ends else self.now  # count is at least 1
-            candidate = (unknown, due, count, cluster.id, found)
+            candidate = (unknown, self.now if unknown else ends[count - 1], count, cluster.id, found)
             if best is None or candidate[:4] < best[:4]:
                 best = candidate
         if best is None:
@@ -91,24 +105,32 @@ class Reservations:
         self.by_queue[workload.queue_id] = note
         return note
 
-    def _release_orders(self) -> dict[str, tuple[list[LiveRun], list[datetime]]]:
+    def _due_order(self) -> DueOrder:
         """Each cluster's live runs in the order they are due to end, with the declared ends of
-        those that have one (they come first, ascending). A run with no declared end that nothing
-        may evict may hold its capacity forever: nodes are never held waiting for it."""
+        those that have one (they come first, ascending). A run with no declared end that nothing may evict may hold its
+        capacity forever: nodes are never held waiting for it. Worked out again only when the
+        live runs change (an eviction in the cycle)."""
+        changes = self.state.live_changes
+        if self._order is not None and self._order[0] == changes:
+            return self._order[1]
         known: dict[str, list[tuple[datetime, str, str, LiveRun]]] = {}
         endless: dict[str, list[tuple[str, str, LiveRun]]] = {}
         for run in self.state.live.values():
+            if run.cluster_id not in self.by_id:
+                continue
             end = run.ends_by()
             if end is not None:
                 known.setdefault(run.cluster_id, []).append((end, run.run_id, run.workload_id, run))
             elif run.preemptible:
                 endless.setdefault(run.cluster_id, []).append((run.run_id, run.workload_id, run))
-        orders: dict[str, tuple[list[LiveRun], list[datetime]]] = {}
+        per_cluster: DueOrder = {}
         for cluster_id in known.keys() | endless.keys():
             due = sorted(known.get(cluster_id, ()), key=lambda item: item[:3])
             rest = sorted(endless.get(cluster_id, ()), key=lambda item: item[:2])
-            orders[cluster_id] = ([item[3] for item in due] + [item[2] for item in rest], [item[0] for item in due])
-        return orders
+            runs = [item[3] for item in due] + [item[2] for item in rest]
+            per_cluster[cluster_id] = (runs, [item[0] for item in due])
+        self._order = (changes, per_cluster)
+        return per_cluster
 
     def _would_hold_idle_guarantee(self, workload: Workload, nodes: list[str]) -> bool:
         """Whether holding the free capacity of `nodes` for a gang that would borrow leaves less

@@ -89,6 +89,9 @@ class CycleState:
         self.ledger = Ledger(snapshot.queue_tree, self.unit)
         self.live: dict[str, LiveRun] = {}
         self.live_by_queue: dict[str, dict[str, LiveRun]] = {}
+        # Bumped whenever the set of live runs changes: what is worked out from it (the order runs
+        # are due in, for reservations) holds while it stays.
+        self.live_changes = 0
         for run in snapshot.live_runs:
             self.live[live_key(run)] = run
             self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
@@ -146,6 +149,7 @@ class CycleState:
         """List the live runs in this order (the snapshot's), as a fresh build does."""
         self.live = {}
         self.live_by_queue = {}
+        self.live_changes += 1
         for run in runs:
             self.live[live_key(run)] = run
             self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
@@ -165,6 +169,7 @@ class CycleState:
         """Forget a live run (its capacity is given back separately)."""
         del self.live[live_key(run)]
         del self.live_by_queue[run.queue_id][live_key(run)]
+        self.live_changes += 1
         if self._open:
             self._journal.append((_LIVE, run, None, None))
 
@@ -267,6 +272,7 @@ class CycleState:
                     self.free_eq[key] = self.free_eq.get(key, ZERO) + third * value
             else:
                 run: LiveRun = first
+                self.live_changes += 1
                 self.live[live_key(run)] = run
                 self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
         self._close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -309,6 +310,28 @@ def test_no_fit_reason_names_the_gang_size_and_the_cluster_with_most_room_now() 
         == "no-fit: needs 3 pods placed at once in one cluster; best cluster west has room for 2; "
         "reservation: 3 node(s) of cluster west held for w, due when running work ends"
     )
+
+
+def test_a_reservation_holds_the_cluster_that_frees_up_soonest() -> None:
+    """A declared end beats runs with none; among runs with none, the fewest to wait for. Each
+    cluster of three has two 8-GPU nodes; the gang needs both nodes of one."""
+    pools = [make_pool(f"p{i}", f"c{i}", gpus_per_node=8) for i in (1, 2, 3)]
+    names = ("east", "west", "north")
+    clusters = tuple(make_cluster(p.cluster_id, p, name=name) for p, name in zip(pools, names, strict=True))
+    nodes = tuple(n for p in pools for n in make_nodes(p, 2))
+    # east: both nodes busy; west: one; north: both, with runs that declare when they end.
+    busy = [n for n in nodes if n.pool_id != "p2" or n.id.endswith("n0")]
+    fillers = [make_workload(f"f{i}", gpus(8), seq=i) for i in range(len(busy))]
+    placed = run_schedule(make_snapshot(clusters, busy, fillers)).admissions
+    endless = [live_run_of(a, w) for a, w in zip(placed, fillers, strict=True)]
+    declared = [
+        replace(run, admitted_at=NOW, max_runtime_seconds=3600) if run.cluster_id == "c3" else run for run in endless
+    ]
+    gang = make_workload("w", gpus(8, 2), seq=100)
+    soonest = run_schedule(make_snapshot(clusters, nodes, [gang], live=declared))
+    assert "2 node(s) of cluster north held for w, due by" in reason_of(soonest, "w")
+    fewest = run_schedule(make_snapshot(clusters, nodes, [gang], live=endless))
+    assert "2 node(s) of cluster west held for w, due when running work ends" in reason_of(fewest, "w")
 
 
 def test_no_fit_reason_on_an_empty_fleet() -> None:
