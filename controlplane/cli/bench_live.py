@@ -79,8 +79,9 @@ def _leader_cycle(wiring: Wiring, policy: Policy, settings: Settings, holder: st
         raise click.ClickException("another holder has the scheduler lease; use an empty database")
     leased = time.perf_counter()
     now, ttl = utc_now(), settings.lease_ttl
-    result = run_cycle(wiring.uow, holder, epoch, policy, PREFIX, now, ttl, after_full_read=settle_long_lived_objects)
+    result = run_cycle(wiring.uow, holder, epoch, policy, PREFIX, now, ttl)
     done = time.perf_counter()
+    settle_long_lived_objects()  # as the scheduler loop does after a full read, once the cycle is done
     release_leadership(wiring.uow, holder, epoch)
     return {
         "lease_seconds": round(leased - started, 3),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -119,10 +119,12 @@ def _pending_records(decision: Decision) -> list[PendingRecord]:
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a cycle builds large acyclic data (the snapshot
-    read, the records it writes): each full collection walks every object alive, and a read of
-    100,000 gangs triggers many of them (about 1 s of the read and 1 s of the apply at 100,000
-    queued). Reference counting still frees what is dropped; cyclic garbage waits until after."""
+    """Pause the cyclic garbage collector for a cycle: it builds large acyclic data (the snapshot
+    read, the core's fleet state and indexes when rebuilt, the records it writes), and each full
+    collection walks every object alive; at 100,000 queued a read triggered many of them (about
+    1 s of the read, 1 s of the apply, and 0.6 s of a rebuilt state's first decision). Reference
+    counting still frees what is dropped; cyclic garbage waits until after the cycle, when the
+    caller also settles what a full read built (`SnapshotCache.last_refresh_was_full`)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -144,29 +146,28 @@ def run_cycle(
     metrics: Metrics = NO_METRICS,
     cache: SnapshotCache | None = None,
     scheduler: IncrementalScheduler | None = None,
-    after_full_read: Callable[[], None] | None = None,
 ) -> CycleResult:
     """One cycle. With the leadership term's `cache` the snapshot is refreshed from what changed
     since the last cycle; without one it is loaded in full (a throwaway cache). With the term's
     `scheduler` the core decides on the fleet state it kept from the last cycle; without one,
-    one-shot `schedule()` (the same decision, built from scratch). `after_full_read` is called when
-    the snapshot was read in full, before the core decides (the process settles its memory)."""
+    one-shot `schedule()` (the same decision, built from scratch). The cyclic garbage collector is
+    paused for the whole cycle (`_collector_paused`)."""
     cache = cache if cache is not None else SnapshotCache()
     try:
-        return _cycle(
-            uow_factory,
-            holder,
-            epoch,
-            policy,
-            prefix,
-            now,
-            ttl,
-            check_invariants,
-            metrics,
-            cache,
-            scheduler,
-            after_full_read,
-        )
+        with _collector_paused():
+            return _cycle(
+                uow_factory,
+                holder,
+                epoch,
+                policy,
+                prefix,
+                now,
+                ttl,
+                check_invariants,
+                metrics,
+                cache,
+                scheduler,
+            )
     except BaseException:
         # The decision may or may not have landed, the cache's view may be torn: rebuild next cycle.
         cache.invalidate()
@@ -187,7 +188,6 @@ def _cycle(
     metrics: Metrics,
     cache: SnapshotCache,
     scheduler: IncrementalScheduler | None,
-    after_full_read: Callable[[], None] | None,
 ) -> CycleResult:
     started = mark = time.perf_counter()
     phases: list[tuple[CyclePhase, float]] = []
@@ -200,10 +200,7 @@ def _cycle(
     since = None
     if policy.usage_history_weight > 0:
         since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
-    with _collector_paused():
-        snapshot = cache.refresh(uow_factory, epoch, now, history_since=since, last_rebalance=policy.rebalance)
-    if after_full_read is not None and cache.last_refresh_was_full:
-        after_full_read()
+    snapshot = cache.refresh(uow_factory, epoch, now, history_since=since, last_rebalance=policy.rebalance)
     phase_done(CyclePhase.SNAPSHOT)
     decision = scheduler.decide(snapshot, policy, now) if scheduler is not None else schedule(snapshot, policy, now)
     phase_done(CyclePhase.SCHEDULE)
@@ -213,7 +210,7 @@ def _cycle(
     admitted = 0
     evictions_done: list[Eviction] = []
     admitted_waits: list[tuple[str, float | None]] = []
-    with _collector_paused(), uow_factory() as uow:
+    with uow_factory() as uow:
         evicted = 0
         for eviction in decision.evictions:
             # The run may have finished since the snapshot; then there is nothing to evict.
@@ -294,8 +291,7 @@ def _cycle(
         if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
             raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
         uow.commit()
-    with _collector_paused():
-        cache.pending_written(records)
+    cache.pending_written(records)
     phase_done(CyclePhase.APPLY)
     # Reported once the decision has landed: a deposed leader's cycle counts nothing.
     for phase, seconds in phases:

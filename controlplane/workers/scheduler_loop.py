@@ -111,12 +111,13 @@ async def scheduler_loop(
                     metrics,
                     cache,
                     scheduler,
-                    settle_long_lived_objects,
                 )
                 if result.admitted:
                     log.info("cycle: admitted %d, %d pending", result.admitted, result.pending, extra={"epoch": epoch})
-                if scheduler.last_sync.rebuilt:
-                    settle_long_lived_objects()  # the state and indexes it built are long-lived too
+                if cache.last_refresh_was_full or scheduler.last_sync.rebuilt:
+                    # What the full read and the rebuilt state hold is long-lived (settled after
+                    # the cycle, so the first decision of a term does not wait for it).
+                    settle_long_lived_objects()
         except LostLeadership as exc:
             log.warning("%s", exc, extra={"epoch": term.epoch})
             term.lose()
