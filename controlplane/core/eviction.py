@@ -52,6 +52,11 @@ class Evictor:
         self._idle: list[LiveRun] | None = None  # the live runs idle enough to reclaim, in that order
         self._merges: dict[tuple[str, ...], list[LiveRun]] = {}  # see `_merged`
         self._eligible_of: dict[tuple[int, bool], tuple[list[LiveRun], list[LiveRun]]] = {}  # see `_eligible`
+        # Until an eviction: candidates per what they depend on (`_candidates`), and per candidate
+        # list (by identity, the list kept alive) its runs per cluster and the clusters where a
+        # minimum runtime protects one of them.
+        self._candidates_of: dict[tuple[object, ...], tuple[list[LiveRun], frozenset[str]]] = {}
+        self._grouped: dict[int, tuple[list[LiveRun], list[tuple[str, list[LiveRun]]], set[str] | None]] = {}
 
     def forget_failures(self) -> None:
         self.failed.clear()
@@ -95,7 +100,7 @@ class Evictor:
             self.failed.add(attempt)
             return None
         best: list[LiveRun] | None = None
-        for _, in_cluster in _by_cluster(candidates):
+        for _, in_cluster in _by_cluster(candidates) if combined else self._per_cluster(candidates)[0]:
             if combined and not self._within_guarantee_without(
                 workload, [run for run in in_cluster if run.queue_id == workload.queue_id]
             ):
@@ -119,16 +124,14 @@ class Evictor:
         or the team or cohort that holds one for it) with all of `own` (its queue's runs) gone:
         necessary for any victim set that reclaims. Only the holder is asked: reclaimed victims
         run outside it, so nothing but `own` lowers its usage, while an ancestor above it may get
-        usage back from them."""
+        usage back from them. Worked out on the units `own` hold, without releasing them."""
         state = self.state
-        trial = state.checkpoint()
-        try:
-            for run in own:
-                state.give_back(run.assignments, run.queue_id)
-            least = {GPU_EQ: state.facts.least(workload)}
-            return state.ledger.within_shared_guarantee(workload.queue_id, least, holder_only=True)
-        finally:
-            state.rollback(trial)
+        given_back: dict[str, int] = {}
+        for run in own:
+            for key, amount in state.run_units(run).items():
+                given_back[key] = given_back.get(key, 0) + amount
+        least = {GPU_EQ: state.facts.least(workload)}
+        return state.ledger.within_shared_guarantee(workload.queue_id, least, holder_only=True, given_back=given_back)
 
     def _over_limit_without_all(self, workload: Workload, candidates: list[LiveRun]) -> bool:
         """Whether a limit on the gang's chain blocks it even with every candidate gone: then no
@@ -182,8 +185,8 @@ class Evictor:
             return None
         for kind in kinds:
             candidates = self._candidates(workload, kind, ignore_min_runtime=True)
-            protected = {run.cluster_id for run in candidates if self._protected_until(run)}
-            for cluster_id, in_cluster in _by_cluster(candidates):
+            grouped, protected = self._per_cluster(candidates, protected=True)
+            for cluster_id, in_cluster in grouped:
                 if cluster_id not in protected:
                     continue  # a set found there would not name a protected run
                 found = self._victims_in_cluster(workload, kind, in_cluster)
@@ -191,6 +194,20 @@ class Evictor:
                 if ends:
                     return tuple(sorted(name for name, _ in ends)), max(end for _, end in ends)
         return None
+
+    def _per_cluster(
+        self, candidates: list[LiveRun], protected: bool = False
+    ) -> tuple[list[tuple[str, list[LiveRun]]], set[str]]:
+        """`_by_cluster` of a list `_candidates` returned, remembered with it until an eviction;
+        with `protected`, also the clusters where a minimum runtime protects one of them."""
+        found = self._grouped.get(id(candidates))
+        if found is None or found[0] is not candidates:
+            found = self._grouped[id(candidates)] = (candidates, _by_cluster(candidates), None)
+        clusters = found[2]
+        if protected and clusters is None:
+            clusters = {run.cluster_id for run in candidates if self._protected_until(run)}
+            self._grouped[id(candidates)] = (candidates, found[1], clusters)
+        return found[1], clusters or set()
 
     def _protected_until(self, run: LiveRun) -> datetime | None:
         """When the run's minimum runtime ends, if it still protects the run now."""
@@ -207,21 +224,17 @@ class Evictor:
         return until
 
     def _candidates(self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool = False) -> list[LiveRun]:
-        """The runs `kind` may take for the gang, in the victim order."""
+        """The runs `kind` may take for the gang, in the victim order. Remembered until an
+        eviction per what they depend on (queue and priority, or the set of queues they come
+        from); rebalancing's are not: the fair shares they compare move with every admission."""
         ledger = self.state.ledger
+        key: tuple[object, ...] | None
         if kind is EvictionKind.PREEMPT:
-            pool = self._in_order(workload.queue_id)
+            key = (kind, ignore_min_runtime, workload.queue_id, workload.priority)
         elif kind is EvictionKind.IDLE:
-            pool = self._idle_in_order()
+            key = (kind, ignore_min_runtime)
         elif kind is EvictionKind.REBALANCE:
-            # Only queues above their guarantee and already ahead of the preemptor's share.
-            share = self.fair_share.share
-            own_share = share(workload.queue_id)
-            pool = self._merged(
-                queue_id
-                for queue_id in self.state.live_by_queue
-                if queue_id != workload.queue_id and ledger.borrowing(queue_id) and share(queue_id) > own_share
-            )
+            key = None
         else:
             # When a team's or cohort's limit blocks the gang, only borrowers under it can make room.
             wanted = {GPU_EQ: self.state.facts.least(workload)}
@@ -229,20 +242,55 @@ class Evictor:
             # A guarantee a team holds for its queues together is reclaimed from outside the team.
             depth = ledger.guarantee_holder(workload.queue_id)
             holder = ledger.chain(workload.queue_id)[depth].id if depth else None
+            key = (
+                kind,
+                ignore_min_runtime,
+                *(
+                    queue_id
+                    for queue_id in self.state.live_by_queue
+                    if queue_id != workload.queue_id
+                    and ledger.borrowing_beyond_holder(queue_id)
+                    and (ancestor is None or ledger.under(queue_id, ancestor))
+                    and (holder is None or not ledger.under(queue_id, holder))
+                ),
+            )
+        found = self._candidates_of.get(key) if key is not None else None
+        if found is None:
+            found = self._work_out_candidates(workload, kind, ignore_min_runtime, key)
+            if key is not None:
+                self._candidates_of[key] = found
+        runs, workload_ids = found
+        if workload.id in workload_ids:  # its own run, still live (never a victim for itself)
+            return [run for run in runs if run.workload_id != workload.id]
+        return runs
+
+    def _work_out_candidates(
+        self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool, key: tuple[object, ...] | None
+    ) -> tuple[list[LiveRun], frozenset[str]]:
+        if kind is EvictionKind.PREEMPT:
+            pool = self._in_order(workload.queue_id)
+        elif kind is EvictionKind.IDLE:
+            pool = self._idle_in_order()
+        elif kind is EvictionKind.REBALANCE:
+            # Only queues above their guarantee and already ahead of the preemptor's share.
+            ledger, share = self.state.ledger, self.fair_share.share
+            own_share = share(workload.queue_id)
             pool = self._merged(
                 queue_id
                 for queue_id in self.state.live_by_queue
-                if queue_id != workload.queue_id
-                and ledger.borrowing_beyond_holder(queue_id)
-                and (ancestor is None or ledger.under(queue_id, ancestor))
-                and (holder is None or not ledger.under(queue_id, holder))
+                if queue_id != workload.queue_id and ledger.borrowing(queue_id) and share(queue_id) > own_share
             )
+        else:
+            assert key is not None
+            pool = self._merged(key[2:])  # type: ignore[arg-type]  # the queue ids of the key
         eligible = self._eligible(pool, ignore_min_runtime)
         if kind is EvictionKind.PREEMPT:
-            return [run for run in eligible if run.priority < workload.priority and run.workload_id != workload.id]
-        if kind is EvictionKind.REBALANCE:
-            return [run for run in eligible if run.priority <= workload.priority and run.workload_id != workload.id]
-        return [run for run in eligible if run.workload_id != workload.id]
+            runs = [run for run in eligible if run.priority < workload.priority]
+        elif kind is EvictionKind.REBALANCE:
+            runs = [run for run in eligible if run.priority <= workload.priority]
+        else:
+            runs = eligible
+        return runs, frozenset(run.workload_id for run in runs)
 
     def _eligible(self, pool: list[LiveRun], ignore_min_runtime: bool) -> list[LiveRun]:
         """The runs of `pool` (one of the ordered lists above) that may be evicted at all: live,
@@ -405,6 +453,8 @@ class Evictor:
     def _evict(self, victim: LiveRun, beneficiary: Workload, kind: EvictionKind) -> None:
         state = self.state
         self._eligible_of.clear()  # it is no longer live
+        self._candidates_of.clear()
+        self._grouped.clear()
         state.give_back(victim.assignments, victim.queue_id)
         state.drop_live(victim)
         state.budget -= 1

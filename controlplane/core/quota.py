@@ -157,20 +157,29 @@ class Ledger:
                 return depth
         return None
 
-    def within_shared_guarantee(self, queue_id: str, amounts: Mapping[str, int], holder_only: bool = False) -> bool:
+    def within_shared_guarantee(
+        self,
+        queue_id: str,
+        amounts: Mapping[str, int],
+        holder_only: bool = False,
+        given_back: Mapping[str, int] | None = None,
+    ) -> bool:
         """`within_guarantee` where a queue without a guarantee of its own counts on the one its
         nearest team or cohort holds: that holder and every ancestor above it that declares one
-        must cover `amounts` on top of their usage (only the holder with `holder_only`)."""
+        must cover `amounts` on top of their usage (only the holder with `holder_only`).
+        `given_back`: usage of the queue's own runs counted as gone (it leaves its whole chain),
+        the what-if of evicting them, asked without touching the ledger."""
         depth = self.guarantee_holder(queue_id)
         if depth is None:
             return False
         chain = self.chain(queue_id)[depth:]
         if not _covers_any(chain[0], amounts):
             return False
+        less = given_back or {}
         for node in chain[:1] if holder_only else chain:
             for key, bound in self.guarantees[node.id].items():
                 want = amounts.get(key, ZERO)
-                if want and self.used(node.id, key) + want > bound:
+                if want and self.used(node.id, key) - less.get(key, ZERO) + want > bound:
                     return False
         return True
 
