@@ -361,14 +361,16 @@ class Evictor:
             chosen: list[LiveRun] | None
             if kind in (EvictionKind.PREEMPT, EvictionKind.IDLE) and not combined:
                 # No victim is skipped on the way (those checks read quota the releases change), and
-                # freeing more never takes room away: the shortest prefix is found by bisection.
+                # freeing more never takes room away: the shortest prefix is found by bisection,
+                # once one probe with all of them released found room.
                 order = candidates[:limit]
+                if not self._room_without_all(workload, kind, only[0], order):
+                    return None
                 shortest = shortest_fitting_prefix(
                     state,
                     order,
                     lambda run: state.give_back(run.assignments, run.queue_id),
                     lambda: True if self._room(workload, kind, only, []) else None,
-                    all_first=True,  # a head of a full fleet asks every cycle and usually finds none
                 )
                 chosen = None if shortest is None else order[: shortest[0]]
                 for run in chosen or ():
@@ -387,6 +389,42 @@ class Evictor:
                     state.rollback(without)
                     chosen.append(run)
             return sorted(chosen, key=lambda r: (r.run_id, r.workload_id))
+        finally:
+            state.rollback(trial)
+
+    def _room_without_all(self, workload: Workload, kind: EvictionKind, cluster: Cluster, order: list[LiveRun]) -> bool:
+        """Whether the gang has room on the cluster with every run of `order` (all on it) gone. A
+        head of a full fleet asks every cycle and usually finds none: when capacity alone says
+        no, that is remembered with the state (`CycleState.capacity_misses`) for as long as the
+        cluster's free capacity is what it was, so the trial is not made again."""
+        state = self.state
+        miss = (
+            state.facts.shape_id(workload),
+            self.policy.prefer_same_pool,
+            cluster.id,
+            state.stamps.get(cluster.id, 0),
+            tuple(live_key(run) for run in order),
+        )
+        if miss in state.capacity_misses:
+            return False
+        # Quota first (cheap: no capacity released, no placement searched): a rule that blocks
+        # even the gang's least start with every run of `order` gone blocks every placement (each
+        # holds at least that much, and every rule only tightens with more held).
+        trial = state.checkpoint()
+        try:
+            state.give_back_quota(order)
+            if self.fitter.quota_block(workload, {GPU_EQ: state.facts.least(workload)}) is not None:
+                return False
+        finally:
+            state.rollback(trial)
+        trial = state.checkpoint()
+        try:
+            for run in order:
+                state.give_back(run.assignments, run.queue_id)
+            if not self.fitter.has_room(workload, cluster):
+                state.remember_capacity_miss(miss)
+                return False
+            return self._room(workload, kind, (cluster,), [])
         finally:
             state.rollback(trial)
 

@@ -62,6 +62,15 @@ class Fitter:
     def capacity_grew(self) -> None:
         self.unplaceable.clear()
 
+    def has_room(self, workload: Workload, cluster: Cluster) -> bool:
+        """Whether the gang has a placement on the cluster's free capacity, quota aside (the
+        capacity half of `place`: it depends on that cluster's free capacity alone)."""
+        state = self.state
+        answer = fits(
+            workload, (cluster,), state.nodes_by_pool, state.pool_of_node, state.free, self.policy.prefer_same_pool
+        )
+        return bool(answer.placements)
+
     def place(
         self,
         workload: Workload,

@@ -27,6 +27,10 @@ from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment
 _FREE = 0  # (_FREE, node dict, key, previous value or None when the key was absent)
 _QUOTA = 1  # (_QUOTA, queue id, usage, sign charged)
 _LIVE = 2  # (_LIVE, run, None, None): the run was dropped
+_STAMP = 3  # (_STAMP, cluster id, its stamp before, None)
+
+# Capacity misses remembered (`CycleState.capacity_misses`) before the memo starts again.
+CAPACITY_MISSES_LIMIT = 100_000
 _Entry = tuple[int, Any, Any, Any]
 
 
@@ -66,6 +70,18 @@ class CycleState:
         self.nodes_by_pool: dict[str, list[Node]] = fleet.nodes_by_pool
         self.nodes_by_cluster: dict[str, list[str]] = fleet.nodes_by_cluster
         self.free: FreeCapacity = fleet.free
+        self.cluster_of_node = {node_id: pool.cluster_id for node_id, pool in fleet.pool_of_node.items()}
+        # cluster id -> the stamp of its free capacity: a new one (never given before) on every
+        # change, the one before restored with a rollback; so a stamp names one content of the
+        # cluster's free capacity for the state's lifetime, and what was worked out from that
+        # content alone holds while the stamp is the same (`capacity_misses`).
+        self.stamps: dict[str, int] = {}
+        self._stamps_given = 0
+        # (shape id, prefer same pool, cluster id, its stamp, live keys of the runs released) of
+        # victim sets after whose release the gang still has no room on that cluster's capacity,
+        # whatever quota says: asked again, such a trial is skipped (`Evictor`). Kept across
+        # cycles with the state; started again past CAPACITY_MISSES_LIMIT.
+        self.capacity_misses: set[tuple[object, ...]] = set()
         self._clusters, self._nodes = snapshot.clusters, snapshot.nodes
         self._empty: FleetCapacity | None = None
         # prefer_same_pool -> shape id -> why no cluster could hold it empty (None: one could); for `Fitter`.
@@ -136,6 +152,7 @@ class CycleState:
             for a in run.assignments:
                 node_free = free.get(a.node_id)
                 if node_free is not None:
+                    self._stamp(self.cluster_of_node[a.node_id])
                     for resource, amount in a.demand.items():
                         node_free[resource] = node_free.get(resource, 0) + amount
             totals = per_queue.setdefault(run.queue_id, {})
@@ -165,6 +182,18 @@ class CycleState:
         """Free the capacity of `assignments` (and refund their gpu-eq to the queue's quota)."""
         return self._hold(assignments, queue_id, -1, quota)
 
+    def give_back_quota(self, runs: Iterable[LiveRun]) -> None:
+        """Refund the runs' units to their queues' quota, their capacity left held: the quota half
+        of `give_back`, for a what-if that asks quota alone (inside a checkpoint)."""
+        per_queue: dict[str, Usage] = {}
+        for run in runs:
+            totals = per_queue.setdefault(run.queue_id, {})
+            for key, amount in self.run_units(run).items():
+                totals[key] = totals.get(key, 0) + amount
+        for queue_id, totals in per_queue.items():
+            if any(totals.values()):
+                self._charge(queue_id, totals, -1)
+
     def drop_live(self, run: LiveRun) -> None:
         """Forget a live run (its capacity is given back separately)."""
         del self.live[live_key(run)]
@@ -176,6 +205,7 @@ class CycleState:
     def hold_node(self, node_id: str) -> dict[str, int]:
         """Take everything free on a node out of circulation (a reservation); returns what was taken."""
         node_free = self.free[node_id]
+        self._stamp(self.cluster_of_node[node_id])
         held = dict(node_free)
         for key in held:
             self._set(node_free, key, 0)
@@ -184,8 +214,21 @@ class CycleState:
     def unhold_node(self, node_id: str, held: dict[str, int]) -> None:
         """Put what a reservation held on a node back into circulation."""
         node_free = self.free[node_id]
+        self._stamp(self.cluster_of_node[node_id])
         for key, amount in held.items():
             self._set(node_free, key, node_free[key] + amount)
+
+    def _stamp(self, cluster_id: str) -> None:
+        """A new stamp for the cluster's free capacity (journaled: a rollback restores the old)."""
+        if self._open:
+            self._journal.append((_STAMP, cluster_id, self.stamps.get(cluster_id, 0), None))
+        self._stamps_given += 1
+        self.stamps[cluster_id] = self._stamps_given
+
+    def remember_capacity_miss(self, key: tuple[object, ...]) -> None:
+        if len(self.capacity_misses) >= CAPACITY_MISSES_LIMIT:
+            self.capacity_misses = set()
+        self.capacity_misses.add(key)
 
     def _set(self, node_free: dict[str, int], key: str, value: int) -> None:
         if self._open:
@@ -194,10 +237,15 @@ class CycleState:
 
     def _hold(self, assignments: tuple[PodAssignment, ...], queue_id: str, sign: int, quota: bool) -> Usage:
         journal = self._journal if self._open else None
-        free = self.free
+        free, cluster_of = self.free, self.cluster_of_node
+        stamped = None
         for a in assignments:
             node_free = free.get(a.node_id)
             if node_free is not None:
+                cluster_id = cluster_of[a.node_id]
+                if cluster_id != stamped:  # a run's pods share one cluster: stamped once
+                    self._stamp(cluster_id)
+                    stamped = cluster_id
                 for key, amount in a.demand.items():
                     before = node_free.get(key)
                     if journal is not None:
@@ -230,6 +278,7 @@ class CycleState:
                 demand = a.demand
                 node_free = free.get(a.node_id)
                 if node_free is not None:
+                    self._stamp(self.cluster_of_node[a.node_id])
                     for key, amount in demand.items():
                         node_free[key] = node_free.get(key, 0) - amount
                 pool = pool_of_node[a.node_id]
@@ -270,6 +319,8 @@ class CycleState:
                 self.ledger.charge(first, second, -third)
                 for key, value in second.items():
                     self.free_eq[key] = self.free_eq.get(key, ZERO) + third * value
+            elif what == _STAMP:
+                self.stamps[first] = second
             else:
                 run: LiveRun = first
                 self.live_changes += 1
