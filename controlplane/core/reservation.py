@@ -63,8 +63,14 @@ class Reservations:
             return None
         state = self.state
         order = self._due_order()
+        shape = state.facts.shape_id(workload)
+        # The answer does not depend on the order clusters are searched in (ties go by cluster
+        # id), but the bound prunes more once a good one is found: the cluster where this shape's
+        # last search ended is asked first.
+        last = state.reservation_clusters.get(shape)
+        clusters = sorted(self.clusters, key=lambda cluster: cluster.id != last) if last else self.clusters
         best: tuple[bool, datetime, int, str, Placement] | None = None
-        for cluster in self.clusters:
+        for cluster in clusters:
             runs, ends = order.get(cluster.id, ([], []))
             if best is not None:
                 unknown, due, count, cluster_id, _ = best
@@ -82,7 +88,8 @@ class Reservations:
                 runs,
                 lambda run: state.give_back(run.assignments, run.queue_id, quota=False),
                 probe,
-                all_first=True,  # most clusters cannot win: one probe says so
+                # Once one answered, most clusters cannot beat it: one probe says so.
+                all_first=best is not None,
             )
             if shortest is None:
                 continue
@@ -94,6 +101,7 @@ class Reservations:
         if best is None:
             return None
         unknown, due, _, cluster_id, placement = best
+        state.reservation_clusters[shape] = cluster_id
         nodes = sorted({a.node_id for a in placement.assignments})
         if self._would_hold_idle_guarantee(workload, nodes):
             return None

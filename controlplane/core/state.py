@@ -82,6 +82,8 @@ class CycleState:
         # whatever quota says: asked again, such a trial is skipped (`Evictor`). Kept across
         # cycles with the state; started again past CAPACITY_MISSES_LIMIT.
         self.capacity_misses: set[tuple[object, ...]] = set()
+        # shape id -> the cluster its last reservation was found on: asked first next time.
+        self.reservation_clusters: dict[ShapeId, str] = {}
         self._clusters, self._nodes = snapshot.clusters, snapshot.nodes
         self._empty: FleetCapacity | None = None
         # prefer_same_pool -> shape id -> why no cluster could hold it empty (None: one could); for `Fitter`.
