@@ -26,7 +26,7 @@ from controlplane.core.parking import Parked, ParkingClass, park
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, LiveRun, PendingDelta, Policy, Snapshot
 from controlplane.core.state import CycleState
-from controlplane.domain.model import Cluster, Node, QueueNode, Quota, Workload
+from controlplane.domain.model import Cluster, Node, PodAssignment, QueueNode, Quota, Workload
 from tests.unit.builders import (
     NOW,
     gpus,
@@ -231,3 +231,37 @@ def test_the_property_catches_a_missing_wake_rule(monkeypatch: pytest.MonkeyPatc
     history = test_every_decision_of_the_kept_state_equals_the_one_shot_decision.hypothesis.inner_test
     with pytest.raises(AssertionError, match="admissions"):
         history((snapshot.clusters, snapshot.nodes), tree, first, Policy(), [("nothing", 0, []), ("finish", 0, [])])
+
+
+def _run(name: str, node: str, gpu_count: int, priority: int) -> LiveRun:
+    demand = {"cpu": 1000, "mem": 4096, "gpu": gpu_count}
+    return LiveRun(name, "q1", "c", priority, (PodAssignment("worker", 0, node, demand),), run_id=f"{name}-r")
+
+
+def test_a_capacity_miss_is_remembered_only_while_the_cluster_is_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preemption trial that found no room on a cluster's capacity is not made again while
+    that capacity is unchanged (`CycleState.capacity_misses`), and is made again once a run
+    there ends. Without the cluster's stamp moving, the kept state would not see the room."""
+    pool = make_pool("p", "c", gpus_per_node=8)
+    nodes = make_nodes(pool, 2)
+    gang = make_workload("gang", gpus(8), priority=50)
+    # p-n0 is full with work the gang may not preempt; on p-n1 a low-priority run it may preempt
+    # shares the node with one it may not: releasing the first leaves 4 GPUs, not 8.
+    high, low, other = _run("high", "p-n0", 8, 100), _run("low", "p-n1", 4, 0), _run("other", "p-n1", 4, 100)
+    full = make_snapshot([make_cluster("c", pool)], nodes, [gang], live=[high, low, other])
+    ended = replace(full, live_runs=(high, low))  # `other` ended: preempting `low` makes room now
+
+    scheduler = IncrementalScheduler()
+    before = scheduler.decide(full, Policy(), NOW)
+    _same(before, scheduler, schedule(full, Policy(), NOW), "full")
+    assert not before.admissions
+    assert not before.evictions
+    after = scheduler.decide(ended, Policy(), NOW)
+    _same(after, scheduler, schedule(ended, Policy(), NOW), "ended")
+    assert [a.workload_id for a in after.admissions] == ["gang"]
+    assert [e.workload_id for e in after.evictions] == ["low"]
+    # With the stamp frozen, the miss outlives the change and the kept state decides wrong.
+    monkeypatch.setattr(CycleState, "_stamp", lambda self, cluster_id: None)
+    frozen = IncrementalScheduler()
+    frozen.decide(full, Policy(), NOW)
+    assert not frozen.decide(ended, Policy(), NOW).admissions
