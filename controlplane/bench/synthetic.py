@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from controlplane.core.snapshot import Decision, LiveRun, Snapshot
+from controlplane.core.snapshot import Decision, LiveRun, PendingDelta, Snapshot
 from controlplane.domain.model import (
     CPU,
     GPU,
@@ -355,7 +355,8 @@ class SyntheticFleet:
     def next_snapshot(self, snapshot: Snapshot, decision: Decision, finished: int = 5, arrivals: int = 5) -> Snapshot:
         """The snapshot of the following cycle: the decision's admissions are live runs, its
         evictions are gone, a few runs finished, a few workloads arrived. (An evicted gang would
-        queue again; the bench leaves that out, a handful among the whole backlog.)"""
+        queue again; the bench leaves that out, a handful among the whole backlog.) It carries the
+        pending gangs' delta, as the live snapshot cache's snapshots do."""
         by_id = {w.id: w for w in snapshot.pending}
         admitted = {a.workload_id for a in decision.admissions}
         evicted = {e.run_id or e.workload_id for e in decision.evictions}
@@ -376,8 +377,12 @@ class SyntheticFleet:
         live.extend(new_runs)
         for index in sorted(self.rng.sample(range(len(live)), min(finished, len(live))), reverse=True):
             del live[index]
-        pending = tuple(w for w in snapshot.pending if w.id not in admitted) + tuple(self.workloads(arrivals))
-        return Snapshot(snapshot.clusters, snapshot.nodes, snapshot.queue_tree, pending, tuple(live))
+        arrived = tuple(self.workloads(arrivals))
+        pending = tuple(w for w in snapshot.pending if w.id not in admitted) + arrived
+        # What changed in the pending gangs, as the live snapshot cache tells the scheduler.
+        delta = PendingDelta(snapshot.pending, arrived, frozenset(admitted))
+        tree = snapshot.queue_tree
+        return Snapshot(snapshot.clusters, snapshot.nodes, tree, pending, tuple(live), pending_delta=delta)
 
 
 def build_bench(size: BenchSize, now: datetime) -> tuple[SyntheticFleet, Snapshot]:
