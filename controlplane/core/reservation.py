@@ -21,7 +21,7 @@ from controlplane.core.fit import Fitter
 from controlplane.core.placement import Placement
 from controlplane.core.prefix_search import shortest_fitting_prefix
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
-from controlplane.core.state import CycleState
+from controlplane.core.state import CycleState, live_key
 from controlplane.domain.model import GPU_EQ, Cluster, Workload
 
 
@@ -41,7 +41,10 @@ class Reservations:
     def __init__(self, snapshot: Snapshot, policy: Policy, now: datetime, state: CycleState, fitter: Fitter) -> None:
         self.clusters = snapshot.clusters
         self.by_id = {cluster.id: cluster for cluster in snapshot.clusters}
-        self._order: tuple[int, DueOrder] | None = None  # (the state's live changes, the order then)
+        # (the state's listing of live runs, the order then), and (its live changes, the order
+        # of the runs still live then)
+        self._order: tuple[int, DueOrder] | None = None
+        self._live_order: tuple[int, DueOrder] = (-1, {})
         self.policy = policy
         self.now = now
         self.state = state
@@ -115,12 +118,25 @@ class Reservations:
 
     def _due_order(self) -> DueOrder:
         """Each cluster's live runs in the order they are due to end, with the declared ends of
-        those that have one (they come first, ascending). A run with no declared end that nothing may evict may hold its
-        capacity forever: nodes are never held waiting for it. Worked out again only when the
-        live runs change (an eviction in the cycle)."""
-        changes = self.state.live_changes
-        if self._order is not None and self._order[0] == changes:
-            return self._order[1]
+        those that have one (they come first, ascending). A run with no declared end that nothing
+        may evict may hold its capacity forever: nodes are never held waiting for it.
+
+        Sorted once per listing of the live runs (a cycle); a run evicted since (nothing joins
+        them within a cycle) is left out on the way."""
+        state = self.state
+        if self._order is None or self._order[0] != state.live_listed:
+            self._order = (state.live_listed, self._sorted_due_order())
+            self._live_order = (state.live_changes, self._order[1])
+        if self._live_order[0] != state.live_changes:
+            live, kept = state.live, {}
+            for cluster_id, (runs, ends) in self._order[1].items():
+                known = [(run, end) for run, end in zip(runs, ends, strict=False) if live_key(run) in live]
+                rest = [run for run in runs[len(ends) :] if live_key(run) in live]
+                kept[cluster_id] = ([run for run, _ in known] + rest, [end for _, end in known])
+            self._live_order = (state.live_changes, kept)
+        return self._live_order[1]
+
+    def _sorted_due_order(self) -> DueOrder:
         known: dict[str, list[tuple[datetime, str, str, LiveRun]]] = {}
         endless: dict[str, list[tuple[str, str, LiveRun]]] = {}
         for run in self.state.live.values():
@@ -137,7 +153,6 @@ class Reservations:
             rest = sorted(endless.get(cluster_id, ()), key=lambda item: item[:2])
             runs = [item[3] for item in due] + [item[2] for item in rest]
             per_cluster[cluster_id] = (runs, [item[0] for item in due])
-        self._order = (changes, per_cluster)
         return per_cluster
 
     def _would_hold_idle_guarantee(self, workload: Workload, nodes: list[str]) -> bool:

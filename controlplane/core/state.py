@@ -110,6 +110,7 @@ class CycleState:
         # Bumped whenever the set of live runs changes: what is worked out from it (the order runs
         # are due in, for reservations) holds while it stays.
         self.live_changes = 0
+        self.live_listed = 0  # bumped when the live runs are listed anew (`relist_live`): once a cycle
         for run in snapshot.live_runs:
             self.live[live_key(run)] = run
             self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
@@ -169,6 +170,7 @@ class CycleState:
         self.live = {}
         self.live_by_queue = {}
         self.live_changes += 1
+        self.live_listed += 1
         for run in runs:
             self.live[live_key(run)] = run
             self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
