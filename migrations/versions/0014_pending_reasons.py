@@ -2,7 +2,7 @@
 
 Revision ID: 0014
 Revises: 0013
-Create Date: 2026-12-06 09:00:00.000000
+Create Date: 2026-12-05 14:00:00.000000
 
 A deep backlog's first cycle writes a reason for almost every queued gang (97,522 at 100,000).
 Written into the wide `workloads` rows that UPDATE is not HOT (every index of the table is
