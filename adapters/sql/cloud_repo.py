@@ -13,6 +13,7 @@ from adapters.sql.tables import (
     ClusterRow,
     NodePoolRow,
     NodeRow,
+    PendingReasonRow,
     QueueRow,
     RunAssignmentRow,
     RunRow,
@@ -257,7 +258,11 @@ class SqlCloudRepository:
         )
 
     def pending_kinds(self) -> dict[str, str]:
-        rows = self.s.execute(select(WorkloadRow.id, WorkloadRow.reason_kind).where(WorkloadRow.state == "queued"))
+        rows = self.s.execute(
+            select(WorkloadRow.id, PendingReasonRow.kind)
+            .outerjoin(PendingReasonRow, PendingReasonRow.workload_id == WorkloadRow.id)
+            .where(WorkloadRow.state == "queued")
+        )
         return {wid: kind or "" for wid, kind in rows}
 
     def stalled_runs(self, dispatched_before: datetime) -> list[StalledRun]:

@@ -28,6 +28,7 @@ from adapters.sql.tables import (
     NodePoolRow,
     NodeRow,
     OutboxRow,
+    PendingReasonRow,
     QueueRow,
     RunAssignmentRow,
     RunRow,
@@ -158,11 +159,13 @@ class SqlFleetGauges:
 
     @staticmethod
     def _pending(s: Session, queues: Mapping[str, tuple[str, str]]) -> dict[tuple[str, str], int]:
-        """Queued gangs by queue and the kind of their pending reason (`workloads.reason_kind`)."""
+        """Queued gangs by queue and the kind of their pending reason (`pending_reasons.kind`;
+        none, "": not decided on since it was queued)."""
         rows = s.execute(
-            select(WorkloadRow.queue_id, WorkloadRow.reason_kind, func.count())
+            select(WorkloadRow.queue_id, PendingReasonRow.kind, func.count())
+            .outerjoin(PendingReasonRow, PendingReasonRow.workload_id == WorkloadRow.id)
             .where(WorkloadRow.state == "queued")
-            .group_by(WorkloadRow.queue_id, WorkloadRow.reason_kind)
+            .group_by(WorkloadRow.queue_id, PendingReasonRow.kind)
             .limit(MAX_ROWS)
         )
         counts: dict[tuple[str, str], int] = defaultdict(int)

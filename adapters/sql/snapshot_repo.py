@@ -18,6 +18,7 @@ from adapters.sql.tables import (
     IdleFindingRow,
     NodePoolRow,
     NodeRow,
+    PendingReasonRow,
     PodSetRow,
     PriorityClassRow,
     QueueRow,
@@ -186,14 +187,19 @@ class SqlSnapshotReader:
         )
 
     def stored_reasons(self) -> dict[str, tuple[str, str]]:
-        """The pending reason and kind stored for each queued workload (plain tuples)."""
+        """The reason and kind stored for each queued workload (plain tuples): its pending row's,
+        or its own reason and kind "" when the scheduler has not decided it since it was queued."""
         return {
             workload_id: (reason, kind)
             for workload_id, reason, kind in self.s.connection()
             .execute(
-                select(WorkloadRow.id, WorkloadRow.reason, WorkloadRow.reason_kind).where(
-                    WorkloadRow.state == WorkloadState.QUEUED
+                select(
+                    WorkloadRow.id,
+                    func.coalesce(PendingReasonRow.reason, WorkloadRow.reason),
+                    func.coalesce(PendingReasonRow.kind, ""),
                 )
+                .outerjoin(PendingReasonRow, PendingReasonRow.workload_id == WorkloadRow.id)
+                .where(WorkloadRow.state == WorkloadState.QUEUED)
             )
             .all()
         }

@@ -197,11 +197,10 @@ class WorkloadRow(Base):
     # SHA-256 of the submitted request: a retry must repeat it, a different one under the same key is refused.
     request_fingerprint: Mapped[str] = mapped_column(String(64), default="")
     state: Mapped[str] = mapped_column(String(20))
+    # The text of its last transition: "waiting for the next cycle" at submit, a cancel or an
+    # eviction reason, "admitted", a failure. The scheduler's pending reason of a queued gang lives
+    # in `pending_reasons` (migration 0014) and is shown instead while the gang is queued.
     reason: Mapped[str] = mapped_column(Text, default="")
-    # The pending reason's kind (controlplane.core.decision.PendingKind) and structured fields, next
-    # to the sentence in `reason` (migration 0007); "" and None when not pending.
-    reason_kind: Mapped[str] = mapped_column(String(30), default="")
-    reason_detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # An inference workload's declared serving signal (controlplane.service.serving.ServingSpec), or
     # NULL (migration 0011). none_as_null: a bulk insert gives every row the key, None meaning none.
     serving: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
@@ -229,6 +228,27 @@ class PodSetRow(Base):
     gpu_models: Mapped[list[Any]] = mapped_column(default=list)
     # The fewest replicas the gang may start with; NULL: all of them (migration 0008).
     min_replicas: Mapped[int | None] = mapped_column(Integer)
+
+
+class PendingReasonRow(Base):
+    """The scheduler's pending reason of a queued gang it has decided on (migration 0014).
+
+    A narrow table, not columns of `workloads`: a deep backlog's first cycle writes about 97,000
+    reasons, and an UPDATE of the wide rows rewrites every one of the table's indexes. Readers show
+    it only while the workload is `queued` (else `workloads.reason`, kind "", no detail); every
+    change of a workload's state deletes it (adapters/sql/workload_repo.py), so a requeued gang
+    shows its eviction text until the scheduler decides it again. Not watched by the change log:
+    the scheduling snapshot reads no reasons."""
+
+    __tablename__ = "pending_reasons"
+    workload_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True
+    )
+    reason: Mapped[str] = mapped_column(Text)
+    # controlplane.core.decision.PendingKind
+    kind: Mapped[str] = mapped_column(String(30))
+    # The reason's structured fields (the API's `reason_detail`).
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class RunRow(Base):

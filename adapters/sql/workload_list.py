@@ -15,7 +15,16 @@ from sqlalchemy.orm import Session
 
 from adapters.sql.convert import pod_set_dict
 from adapters.sql.queue_positions import positions_of
-from adapters.sql.tables import ClusterRow, PodSetRow, QueueRow, RunAssignmentRow, RunRow, TeamRow, WorkloadRow
+from adapters.sql.tables import (
+    ClusterRow,
+    PendingReasonRow,
+    PodSetRow,
+    QueueRow,
+    RunAssignmentRow,
+    RunRow,
+    TeamRow,
+    WorkloadRow,
+)
 from controlplane.domain.model import WorkloadState
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.views import Listed, WorkloadSummary
@@ -31,7 +40,9 @@ _COLUMNS = (
     W.kind,
     W.state,
     W.reason,
-    W.reason_kind,
+    # The scheduler's pending reason (rule in workload_views.view): joined only while queued.
+    PendingReasonRow.reason.label("pending_reason"),
+    PendingReasonRow.kind.label("pending_kind"),
     W.min_available,
     W.requires_isolation,
     W.duration_seconds,
@@ -49,7 +60,9 @@ _COLUMNS = (
 
 def list_summaries(s: Session, flt: WorkloadFilter) -> list[Listed]:
     """The workloads `flt` selects, newest first (the id breaks ties), after `flt.after` if set."""
-    query = select(*_COLUMNS)
+    query = select(*_COLUMNS).outerjoin(
+        PendingReasonRow, and_(PendingReasonRow.workload_id == W.id, W.state == WorkloadState.QUEUED)
+    )
     if flt.team_id:
         query = query.where(W.team_id == flt.team_id)
     if flt.queue:
@@ -114,7 +127,9 @@ def _summaries(s: Session, rows: Sequence[Row[Any]]) -> list[Listed]:
         else {}
     )
     # A position once the scheduler has decided the gang (it has a reason kind), as the view shows it.
-    positions = positions_of(s, [(r.id, r.queue_id) for r in rows if r.state == WorkloadState.QUEUED and r.reason_kind])
+    positions = positions_of(
+        s, [(r.id, r.queue_id) for r in rows if r.state == WorkloadState.QUEUED and r.pending_kind]
+    )
     listed = []
     for r in rows:
         run = latest.get(r.id)
@@ -129,7 +144,7 @@ def _summaries(s: Session, rows: Sequence[Row[Any]]) -> list[Listed]:
             priority=r.priority,
             kind=r.kind,
             state=r.state,
-            reason=r.reason,
+            reason=r.pending_reason if r.pending_reason is not None else r.reason,
             queue_position=positions.get(r.id),
             min_available=r.min_available,
             pods=sum(int(p["replicas"]) for p in sets),

@@ -6,12 +6,13 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy import Table, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from adapters.sql.insert_or_skip import insert_or_skip
 from adapters.sql.pending_reasons import write_pending
 from adapters.sql.tables import (
+    PendingReasonRow,
     PodSetRow,
     QueueRow,
     RunAssignmentRow,
@@ -100,8 +101,6 @@ class SqlWorkloadRepository(SqlWorkloadViews):
         values: dict[str, Any] = {
             "state": to_state,
             "reason": reason,
-            "reason_kind": "",  # a pending kind describes only the reason the scheduler wrote
-            "reason_detail": None,
             "updated_at": now,
             "version": WorkloadRow.version + 1,
         }
@@ -113,7 +112,17 @@ class SqlWorkloadRepository(SqlWorkloadViews):
             .values(**values)
             .execution_options(synchronize_session=False)
         )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        moved = bool(result.rowcount)  # type: ignore[attr-defined]
+        if moved and WorkloadState.QUEUED in from_states:
+            # A pending reason describes only the queued gang the scheduler decided on; it goes with
+            # the state (a gang requeued later shows this transition's text until decided again).
+            # Only a queued workload can have one (the writer checks), hence the condition.
+            self.s.execute(
+                delete(PendingReasonRow)
+                .where(PendingReasonRow.workload_id == workload_id)
+                .execution_options(synchronize_session=False)
+            )
+        return moved
 
     def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:
         admitted: dict[str, str] = {}
@@ -136,6 +145,12 @@ class SqlWorkloadRepository(SqlWorkloadViews):
             )
             if not moved:
                 continue
+            # Admitted: their pending reasons go (set-based, as the update above).
+            self.s.execute(
+                delete(PendingReasonRow)
+                .where(PendingReasonRow.workload_id.in_(moved))
+                .execution_options(synchronize_session=False)
+            )
             attempts = dict(
                 self.s.execute(
                     select(RunRow.workload_id, func.max(RunRow.attempt))
@@ -257,8 +272,6 @@ def _workload_row(new: NewWorkload, now: datetime) -> dict[str, Any]:
         "request_fingerprint": new.fingerprint,
         "state": WorkloadState.QUEUED.value,
         "reason": QUEUED_REASON,
-        "reason_kind": "",
-        # (reason_detail left out: a JSON column given None would store JSON null, not SQL NULL)
         "version": 1,
         "created_seq": workload.created_seq,
         "created_at": now,

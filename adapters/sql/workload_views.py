@@ -18,6 +18,7 @@ from adapters.sql.tables import (
     IdleFindingRow,
     NodePoolRow,
     NodeRow,
+    PendingReasonRow,
     QueueRow,
     RunAssignmentRow,
     RunRow,
@@ -116,6 +117,17 @@ class SqlWorkloadViews:
         ]
         current = run_views[-1] if run_views and row.state != WorkloadState.QUEUED else None
         nodes, node_count = self._nodes(current.id) if current else ([], 0)
+        # While queued, the scheduler's pending reason if it has decided the gang since it was
+        # queued; else the text of the workload's last transition.
+        pending = (
+            s.execute(
+                select(PendingReasonRow.reason, PendingReasonRow.kind, PendingReasonRow.detail).where(
+                    PendingReasonRow.workload_id == row.id
+                )
+            ).first()
+            if row.state == WorkloadState.QUEUED
+            else None
+        )
         return WorkloadView(
             id=row.id,
             name=row.name,
@@ -125,10 +137,10 @@ class SqlWorkloadViews:
             priority=row.priority,
             kind=row.kind,
             state=row.state,
-            reason=row.reason,
+            reason=pending.reason if pending is not None else row.reason,
             queue_position=(
                 position_of(s, row.id, row.queue_id, row.priority, row.created_seq)
-                if row.state == WorkloadState.QUEUED and row.reason_kind  # decided once: it waits in order
+                if pending is not None and pending.kind  # decided once: it waits in order
                 else None
             ),
             min_available=row.min_available,
@@ -146,7 +158,7 @@ class SqlWorkloadViews:
             cluster=current.cluster if current else None,
             nodes=nodes,
             runs=run_views,
-            reason_detail=row.reason_detail if row.state == WorkloadState.QUEUED else None,
+            reason_detail=pending.detail if pending is not None else None,
             serving=row.serving,
             node_count=node_count,
             attempts=attempts,

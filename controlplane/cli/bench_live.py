@@ -30,7 +30,7 @@ import click
 from sqlalchemy import func, select
 
 from adapters.sql.migrate import upgrade_to_head
-from adapters.sql.tables import WorkloadRow
+from adapters.sql.tables import PendingReasonRow, WorkloadRow
 from controlplane.bench.synthetic import BenchSize
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.cli.bench_live_seed import seed_database
@@ -51,7 +51,6 @@ from controlplane.workers.scheduler_loop import scheduler_loop, settle_long_live
 
 PREFIX = "bench"
 WARM_UP_TIMEOUT = 600.0  # seconds the warm-up probe may wait for the new leader's first cycle
-WAITING = "waiting for the next cycle"  # the reason a submit writes; the scheduler replaces it
 
 
 def _peak_rss_mb() -> float:
@@ -161,9 +160,14 @@ def _wait_for_leader(wiring: Wiring, timeout: float) -> None:
 
 
 def _decided(wiring: Wiring, workload_id: str) -> bool:
+    """The scheduler has decided on it: admitted (or otherwise moved on), or given a pending reason."""
     with wiring.engine.connect() as conn:
-        row = conn.execute(select(WorkloadRow.state, WorkloadRow.reason).where(WorkloadRow.id == workload_id)).one()
-    return bool(row.state != "queued" or row.reason != WAITING)
+        row = conn.execute(
+            select(WorkloadRow.state, PendingReasonRow.workload_id)
+            .outerjoin(PendingReasonRow, PendingReasonRow.workload_id == WorkloadRow.id)
+            .where(WorkloadRow.id == workload_id)
+        ).one()
+    return bool(row.state != "queued" or row.workload_id is not None)
 
 
 def _submit_latency(wiring: Wiring, settings: Settings, submits: int, timeout: float) -> dict[str, Any]:

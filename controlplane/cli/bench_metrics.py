@@ -31,6 +31,7 @@ from adapters.sql.tables import (
     NodePoolRow,
     NodeRow,
     OutboxRow,
+    PendingReasonRow,
     PriorityClassRow,
     QueueRow,
     RunAssignmentRow,
@@ -42,7 +43,8 @@ from adapters.sql.tables import (
 from controlplane.bootstrap import utc_now
 
 GPUS_PER_NODE = 8
-# (kind stored in workloads.reason_kind, the sentence people read): the gauges group on the kind.
+# (kind stored in pending_reasons.kind, the sentence people read): the gauges group on the kind; a
+# gang of kind "" has no pending row (the scheduler has not decided it), only its own reason.
 REASONS = (
     ("no-fit", "no-fit: needs {n} pods placed at once in one cluster; best: {c} fits {m}"),
     ("quota-limit", "quota: team-{n} limit is {m} gpu-eq, {n} in use"),
@@ -54,9 +56,9 @@ REASONS = (
 STAGES = ("none", "notify", "deprioritize", "reclaim")
 
 
-def _reason(rng: random.Random) -> dict[str, str]:
+def _reason(rng: random.Random) -> tuple[str, str]:
     kind, text = rng.choice(REASONS)
-    return {"reason_kind": kind, "reason": text.format(n=rng.randint(1, 64), m=rng.randint(1, 999), c="cluster-0")}
+    return kind, text.format(n=rng.randint(1, 64), m=rng.randint(1, 999), c="cluster-0")
 
 
 def populate(engine: Engine, clusters: int, nodes: int, queues: int, queued: int, live: int, seed: int) -> None:
@@ -108,6 +110,7 @@ def populate(engine: Engine, clusters: int, nodes: int, queues: int, queued: int
             conn.execute(insert(NodeRow), rows)
             node_ids += [(f"c{c}", row["id"]) for row in rows]
         workload = {"priority_class": "bench", "priority": 0, "kind": "training", "min_available": 2}
+        reasons = [_reason(rng) for _ in range(queued)]
         conn.execute(
             insert(WorkloadRow),
             [
@@ -118,7 +121,7 @@ def populate(engine: Engine, clusters: int, nodes: int, queues: int, queued: int
                     "queue_id": f"q{i % queues}",
                     "name": f"queued-{i}",
                     "state": "queued",
-                    **_reason(rng),
+                    "reason": reasons[i][1],
                     "created_seq": i,
                     "created_at": now,
                     "updated_at": now,
@@ -126,6 +129,11 @@ def populate(engine: Engine, clusters: int, nodes: int, queues: int, queued: int
                 for i in range(queued)
             ],
         )
+        pending = [
+            {"workload_id": f"wq{i}", "reason": text, "kind": kind} for i, (kind, text) in enumerate(reasons) if kind
+        ]
+        for start in range(0, len(pending), 5000):
+            conn.execute(insert(PendingReasonRow), pending[start : start + 5000])
         runs: list[dict[str, Any]] = []
         assignments: list[dict[str, Any]] = []
         findings: list[dict[str, Any]] = []

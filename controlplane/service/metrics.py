@@ -51,8 +51,8 @@ class ClusterOperation(StrEnum):
 EVICTION_KINDS = tuple(str(kind) for kind in EvictionKind)
 
 # A queued gang's reason kind is the scheduler's typed `PendingKind` (stored as
-# `workloads.reason_kind`), a bounded set; a gang the scheduler has not decided on since it was
-# submitted or requeued has none ("unscheduled"). Anything else counts as "other".
+# `pending_reasons.kind`), a bounded set; a gang the scheduler has not decided on since it was
+# submitted or requeued has no pending row ("unscheduled"). Anything else counts as "other".
 PENDING_REASON_KINDS = tuple(str(kind) for kind in PendingKind)
 UNSCHEDULED = "unscheduled"
 OTHER = "other"

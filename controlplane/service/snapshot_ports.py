@@ -76,8 +76,9 @@ class SnapshotReader(Protocol):
         ...
 
     def stored_reasons(self) -> Mapping[str, tuple[str, str]]:
-        """(reason, kind, queue position) as stored, per queued workload: call beside `load` in the
-        same unit of work, so the scheduler's first decision of a term writes only what differs."""
+        """(reason, kind) as stored, per queued workload (its pending reason, or its own reason
+        and kind "" while the scheduler has not decided it): call beside `load` in the same unit
+        of work, so the scheduler's first decision of a term writes only what differs."""
         ...
 
     def usage_by_run(self, since: datetime) -> Mapping[str, UsageInterval | None]:

@@ -14,14 +14,15 @@ from sqlalchemy import create_engine, select, text
 
 from adapters.sql.tables import Base, NodeRow, SnapshotChangeRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
+from controlplane.service.ports import PendingRecord
 from controlplane.service.snapshot_cache import SnapshotCache
 from tests.integration.fleet import Tenant, gang
 
 # Columns no scheduling snapshot reads: their writes are deliberately not logged.
 IGNORED = {
     "workloads": {
-        "container", "labels", "idempotency_key", "request_fingerprint", "reason", "reason_kind",
-        "reason_detail", "version", "created_at", "updated_at", "finished_at",
+        "container", "labels", "idempotency_key", "request_fingerprint", "reason", "version",
+        "created_at", "updated_at", "finished_at",
         "serving",  # the inference signal declaration (0011): written once at submit, never read by the scheduler
     },
     "runs": {"attempt", "epoch", "dispatch_state", "message", "dispatched_at"},
@@ -36,6 +37,11 @@ IGNORED = {
         "min_size", "max_size", "instance_type", "cloud_pool_id", "scale_target", "scale_requested_at", "idle_since",
     },
 }  # fmt: skip
+# Tables no scheduling snapshot reads at all, so not watched: `pending_reasons` (0014) holds the
+# scheduler's own output, written every cycle; logging it would make the next refresh re-read the
+# gangs it just decided. A queued gang's state change, which deletes its row, is logged on
+# `workloads`.
+UNWATCHED = {"pending_reasons"}
 
 
 @pytest.fixture
@@ -51,6 +57,21 @@ def test_every_column_of_a_watched_table_is_watched_or_deliberately_ignored() ->
             continue  # every update is logged
         assert set(watched) | IGNORED.get(table, set()) == columns, table
         assert not set(watched) & IGNORED.get(table, set()), table
+    assert set(Base.metadata.tables) >= UNWATCHED
+    assert not UNWATCHED & set(migration.WATCHED)
+
+
+def test_writing_pending_reasons_logs_no_snapshot_change(wiring: Wiring, client: TestClient, tenant: Tenant) -> None:
+    r = client.post("/v1/workloads", json=gang("waits", tenant.queue), headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    workload_id = r.json()["id"]
+    with wiring.uow() as uow:
+        before = uow.snapshots.latest_change()
+        record = PendingRecord(workload_id, "no-fit: nothing free", "no-fit", {"kind": "no-fit"})
+        assert uow.workloads.record_pending([record]) == 1
+        uow.commit()
+    with wiring.uow() as uow:
+        assert uow.snapshots.latest_change() == before
 
 
 def test_a_change_committed_after_a_later_one_was_read_is_still_seen(

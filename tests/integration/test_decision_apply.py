@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from adapters.sql.pending_reasons import write_pending
-from adapters.sql.tables import WorkloadRow
+from adapters.sql.tables import PendingReasonRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
 from controlplane.service.errors import LostLeadership
@@ -23,7 +23,8 @@ from controlplane.service.snapshot_cache import SnapshotCache
 from controlplane.workers.scheduler_loop import wait_for_next_cycle
 from tests.integration.fleet import Tenant, gang
 
-Stored = dict[str, tuple[str, str, Any, int | None, str]]
+# workload id -> (its own reason, its pending row's reason, kind and detail or None, its state)
+Stored = dict[str, tuple[str, str | None, str | None, Any, str]]
 
 
 def _stored(wiring: Wiring) -> Stored:
@@ -32,10 +33,11 @@ def _stored(wiring: Wiring) -> Stored:
             select(
                 WorkloadRow.id,
                 WorkloadRow.reason,
-                WorkloadRow.reason_kind,
-                WorkloadRow.reason_detail,
+                PendingReasonRow.reason,
+                PendingReasonRow.kind,
+                PendingReasonRow.detail,
                 WorkloadRow.state,
-            )
+            ).outerjoin(PendingReasonRow, PendingReasonRow.workload_id == WorkloadRow.id)
         ).all()
     return {row[0]: tuple(row[1:]) for row in rows}
 
@@ -51,13 +53,15 @@ def _submit(client: TestClient, tenant: Tenant, count: int, replicas: int = 2) -
 
 
 def _row_by_row(before: Stored, records: list[PendingRecord]) -> tuple[Stored, int]:
-    """What writing each record alone would leave: a queued workload whose reason or kind differs
-    gets all three fields; anything else keeps its row."""
+    """What writing each record alone would leave: a queued workload whose shown reason or kind
+    (its pending row's, else its own reason and kind "") differs gets a pending row with all three
+    fields; anything else keeps what it has."""
     after, written = dict(before), 0
     for r in records:
-        reason, kind, _, state = before[r.workload_id]
-        if state == "queued" and (reason, kind) != (r.text, r.kind):
-            after[r.workload_id] = (r.text, r.kind, dict(r.detail), state)
+        own, reason, kind, _, state = before[r.workload_id]
+        shown = (own, "") if reason is None else (reason, kind)
+        if state == "queued" and shown != (r.text, r.kind):
+            after[r.workload_id] = (own, r.text, r.kind, dict(r.detail), state)
             written += 1
     return after, written
 

@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 
 from adapters.sql import snapshot_changes
 from adapters.sql.queue_positions import positions_of
-from adapters.sql.tables import ClusterRow, NodeRow, RunRow, WorkloadRow
+from adapters.sql.tables import ClusterRow, NodeRow, PendingReasonRow, RunRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.decision import EndCause
 from controlplane.core.snapshot import Policy, Snapshot
@@ -269,10 +269,12 @@ def test_cycles_with_a_cache_admit_and_write_only_changed_reasons(
     with wiring.uow() as uow:
         session = uow.session  # type: ignore[attr-defined]
         stored = session.execute(
-            select(WorkloadRow.id, WorkloadRow.queue_id, WorkloadRow.reason_kind).where(WorkloadRow.state == "queued")
+            select(WorkloadRow.id, WorkloadRow.queue_id, PendingReasonRow.kind)
+            .outerjoin(PendingReasonRow, PendingReasonRow.workload_id == WorkloadRow.id)
+            .where(WorkloadRow.state == "queued")
         ).all()
         positions = positions_of(session, [(row.id, row.queue_id) for row in stored])
-    assert sorted((row.reason_kind, positions[row.id]) for row in stored) == [("no-fit", p) for p in range(1, 6)]
+    assert sorted((row.kind, positions[row.id]) for row in stored) == [("no-fit", p) for p in range(1, 6)]
     acquire_leadership(wiring.uow, "other", utc_now() + timedelta(hours=2), 3600.0)
     with pytest.raises(LostLeadership):
         cycle()
