@@ -96,7 +96,7 @@ class Eviction:
 
 
 class PendingKind(StrEnum):
-    """The kind of reason a gang is left pending (also stored as `workloads.reason_kind`)."""
+    """The kind of reason a gang is left pending (also stored as `pending_reasons.kind`)."""
 
     NO_FIT = "no-fit"  # no cluster has room for it now
     NEVER_FITS = "never-fits"  # no cluster could hold it even empty, as the fleet stands
