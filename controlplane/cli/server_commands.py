@@ -365,24 +365,44 @@ def up(
             waiting_token = demo.ensure_waiting_team(wiring, state / "vision.token")
             extra.append(demo.generate(settings, team_token, stop, waiting_token))
         wiring.close()
-        click.echo(f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)")
-        click.echo(f"  dashboard   http://127.0.0.1:{port}/ui   (log in with the admin token below, or a team's token)")
-        click.echo(f"  metrics     http://127.0.0.1:{port}/metrics   (Authorization: Bearer <the admin token>)")
-        click.echo(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
-        click.echo(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
-        click.echo(f"  database    {settings.effective_database_url}")
+        banner = [f"gpufleet is up: API http://127.0.0.1:{port}  (OpenAPI at /openapi.json)"]
+        banner.append(
+            f"  dashboard   http://127.0.0.1:{port}/ui   (log in with the admin token below, or a team's token)"
+        )
+        banner.append(f"  metrics     http://127.0.0.1:{port}/metrics   (Authorization: Bearer <the admin token>)")
+        banner.append(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
+        banner.append(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
+        banner.append(f"  database    {settings.effective_database_url}")
         if added:
-            click.echo(f"  registered {added} simulated clusters: eks, aks, gke and oke flavours")
+            banner.append(f"  registered {added} simulated clusters: eks, aks, gke and oke flavours")
         exports = client_env.export_line(port, state)
         if exports:
-            click.echo("  the client (`gpufleet list`, `submit`, …) finds this API and its token after:")
-            click.echo(f"    {exports}")
-        click.echo("Ctrl-C stops everything; running `gpufleet up` again resumes where it stopped.")
+            banner.append("  the client (`gpufleet list`, `submit`, …) finds this API and its token after:")
+            banner.append(f"    {exports}")
+        banner.append("Ctrl-C stops everything; running `gpufleet up` again resumes where it stopped.")
+        # Said once the API answers, so the export line it prints works at once.
+        extra.append(_announce_when_listening(port, banner, stop))
         _run_until_signal(bootstrap.run_components(settings, bootstrap.COMPONENTS, stop, extra), stop)
     finally:
         nats.stop()
         lock.close()
         click.echo("gpufleet stopped")
+
+
+async def _announce_when_listening(port: int, lines: list[str], stop: asyncio.Event) -> None:
+    """Print the banner once the API on 127.0.0.1:`port` accepts connections (it starts with
+    the other components, after the banner's facts are known)."""
+    while not stop.is_set():
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        for line in lines:
+            click.echo(line)
+        return
 
 
 # One command per component, importable by name (the lazy `gpufleet` group loads them one by one).
