@@ -4,18 +4,14 @@ prefixes written before it, on PostgreSQL and SQLite, and its downgrade drops th
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import JSON, Boolean, DateTime, Engine, Float, Integer, MetaData, select, text
+from sqlalchemy import Engine, MetaData, select, text
 
 from adapters.sql.migrate import alembic_config
-from tests.integration.migration_db import database_at, engine_of
-
-NOW = datetime(2026, 12, 1, tzinfo=UTC)
+from tests.integration.migration_db import database_at, engine_of, filled_row, seed_queue_tree
 
 RUNS = {  # run id -> (state, message, expected end cause)
     "r-idle": ("preempted", "reclaimed-idle: the idle policy found this run's GPUs idle and ...", "reclaimed-idle"),
@@ -51,42 +47,19 @@ def url_at_0006(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         yield url
 
 
-def _row(table: Any, **given: object) -> dict[str, object]:
-    """`given`, plus a plain value for every other NOT NULL column without a default."""
-    row = dict(given)
-    for column in table.columns:
-        if column.name in row or column.nullable or column.server_default is not None or column.autoincrement is True:
-            continue
-        kind = column.type
-        if isinstance(kind, DateTime):
-            row[column.name] = NOW
-        elif isinstance(kind, Boolean):
-            row[column.name] = False
-        elif isinstance(kind, (Integer, Float)):
-            row[column.name] = 1
-        elif isinstance(kind, JSON):
-            row[column.name] = {}
-        else:
-            row[column.name] = f"{column.name}-x"[: getattr(kind, "length", None) or 40]
-    return row
-
-
 def _seed(engine: Engine) -> None:
     meta = MetaData()
     meta.reflect(engine)
     t = meta.tables
     with engine.begin() as conn:
-        conn.execute(t["cohorts"].insert(), [_row(t["cohorts"], id="co", name="co")])
-        conn.execute(t["teams"].insert(), [_row(t["teams"], id="te", name="te", cohort_id="co")])
-        conn.execute(t["queues"].insert(), [_row(t["queues"], id="qu", name="qu", team_id="te")])
-        conn.execute(t["priority_classes"].insert(), [_row(t["priority_classes"], name="pc")])
-        conn.execute(t["clusters"].insert(), [_row(t["clusters"], id="cl", name="cl")])
+        seed_queue_tree(conn, t)
+        conn.execute(t["clusters"].insert(), [filled_row(t["clusters"], id="cl", name="cl")])
         workloads = [(wid, "queued", reason) for wid, (reason, _) in QUEUED.items()]
         workloads += [(f"w-{rid}", "queued", "") for rid in RUNS]
         conn.execute(
             t["workloads"].insert(),
             [
-                _row(
+                filled_row(
                     t["workloads"],
                     id=wid,
                     name=wid,
@@ -104,7 +77,7 @@ def _seed(engine: Engine) -> None:
         conn.execute(
             t["runs"].insert(),
             [
-                _row(
+                filled_row(
                     t["runs"],
                     id=rid,
                     workload_id=f"w-{rid}",

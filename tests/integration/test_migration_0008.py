@@ -12,8 +12,7 @@ from alembic import command
 from sqlalchemy import MetaData, text
 
 from adapters.sql.migrate import alembic_config
-from tests.integration.migration_db import database_at, engine_of
-from tests.integration.test_migration_0007 import _row
+from tests.integration.migration_db import database_at, engine_of, filled_row, seed_queue_tree
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -28,17 +27,17 @@ def test_upgrade_adds_a_nullable_minimum_and_downgrade_drops_it(url_at_0007: str
     meta.reflect(engine)
     t = meta.tables
     with engine.begin() as conn:
-        conn.execute(t["cohorts"].insert(), [_row(t["cohorts"], id="co", name="co")])
-        conn.execute(t["teams"].insert(), [_row(t["teams"], id="te", name="te", cohort_id="co")])
-        conn.execute(t["queues"].insert(), [_row(t["queues"], id="qu", name="qu", team_id="te")])
-        conn.execute(t["priority_classes"].insert(), [_row(t["priority_classes"], name="pc")])
+        seed_queue_tree(conn, t)
         conn.execute(
             t["workloads"].insert(),
-            [_row(t["workloads"], id="w", name="w", team_id="te", queue_id="qu", priority_class="pc")],
+            [filled_row(t["workloads"], id="w", name="w", team_id="te", queue_id="qu", priority_class="pc")],
         )
         conn.execute(
             t["pod_sets"].insert(),
-            [_row(t["pod_sets"], workload_id="w", ordinal=i, name=name, gpu_models=[]) for i, name in enumerate("ab")],
+            [
+                filled_row(t["pod_sets"], workload_id="w", ordinal=i, name=name, gpu_models=[])
+                for i, name in enumerate("ab")
+            ],
         )
 
     command.upgrade(alembic_config(url_at_0007), "0008")

@@ -14,8 +14,7 @@ from sqlalchemy import Engine, MetaData, func, select, text
 
 from adapters.sql.engine import make_engine
 from adapters.sql.migrate import alembic_config
-from tests.integration.migration_db import database_at
-from tests.integration.test_migration_0007 import _row
+from tests.integration.migration_db import database_at, filled_row, seed_queue_tree
 
 WORKLOADS = {  # workload id -> (state, reason, reason kind, reason detail)
     "w-nofit": ("queued", "no-fit: needs 2 pods", "no-fit", {"kind": "no-fit", "pods": 2}),
@@ -41,15 +40,12 @@ def _seed(engine: Engine) -> None:
     meta.reflect(engine)
     t = meta.tables
     with engine.begin() as conn:
-        conn.execute(t["cohorts"].insert(), [_row(t["cohorts"], id="co", name="co")])
-        conn.execute(t["teams"].insert(), [_row(t["teams"], id="te", name="te", cohort_id="co")])
-        conn.execute(t["queues"].insert(), [_row(t["queues"], id="qu", name="qu", team_id="te")])
-        conn.execute(t["priority_classes"].insert(), [_row(t["priority_classes"], name="pc")])
-        conn.execute(t["clusters"].insert(), [_row(t["clusters"], id="cl", name="cl")])
+        seed_queue_tree(conn, t)
+        conn.execute(t["clusters"].insert(), [filled_row(t["clusters"], id="cl", name="cl")])
         conn.execute(
             t["workloads"].insert(),
             [
-                _row(
+                filled_row(
                     t["workloads"],
                     id=wid,
                     name=wid,
@@ -68,11 +64,15 @@ def _seed(engine: Engine) -> None:
         )
         conn.execute(
             t["pod_sets"].insert(),
-            [_row(t["pod_sets"], workload_id=wid, ordinal=0, name="main", mig_profile=None) for wid in WORKLOADS],
+            [filled_row(t["pod_sets"], workload_id=wid, ordinal=0, name="main", mig_profile=None) for wid in WORKLOADS],
         )
         conn.execute(
             t["runs"].insert(),
-            [_row(t["runs"], id="r-running", workload_id="w-running", attempt=1, cluster_id="cl", state="running")],
+            [
+                filled_row(
+                    t["runs"], id="r-running", workload_id="w-running", attempt=1, cluster_id="cl", state="running"
+                )
+            ],
         )
 
 
