@@ -96,3 +96,44 @@ def test_placement_indexes_follow_a_rollback() -> None:
     assert isinstance(found[0], Placement)
     state.rollback(mark)
     assert not isinstance(placements_in_cluster(eight, cluster, state.nodes_by_pool, state.free), list)
+
+
+def test_a_cluster_stamp_is_new_on_every_change_and_restored_by_a_rollback() -> None:
+    """A stamp names one content of a cluster's free capacity: what was worked out from that
+    content holds while the stamp is the same (`CycleState.capacity_misses`)."""
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    run_a, _ = snapshot.live_runs
+    cluster = run_a.cluster_id
+    first = state.stamps[cluster]
+    mark = state.checkpoint()
+    state.give_back(run_a.assignments, run_a.queue_id)
+    released = state.stamps[cluster]
+    assert released != first
+    state.rollback(mark)
+    assert state.stamps[cluster] == first  # the same content again
+    mark = state.checkpoint()
+    state.give_back(run_a.assignments, run_a.queue_id, quota=False)
+    assert state.stamps[cluster] not in (first, released)  # never given twice
+    held = state.stamps[cluster]
+    state.hold_node(run_a.assignments[0].node_id)
+    assert state.stamps[cluster] != held
+    state.rollback(mark)
+    assert state.stamps[cluster] == first
+
+
+def test_giving_back_quota_alone_is_the_quota_half_of_give_back() -> None:
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    runs = list(snapshot.live_runs)
+    free = {node: dict(amounts) for node, amounts in state.free.items()}
+    mark = state.checkpoint()
+    for run in runs:
+        state.give_back(run.assignments, run.queue_id)
+    both = (copy.deepcopy(state.ledger.usage), dict(state.free_eq))
+    state.rollback(mark)
+    mark = state.checkpoint()
+    state.give_back_quota(runs)
+    assert (copy.deepcopy(state.ledger.usage), dict(state.free_eq)) == both
+    assert {node: dict(amounts) for node, amounts in state.free.items()} == free  # capacity still held
+    state.rollback(mark)
