@@ -229,6 +229,7 @@ class Evictor:
         from); rebalancing's are not: the fair shares they compare move with every admission."""
         ledger = self.state.ledger
         key: tuple[object, ...] | None
+        sources: tuple[str, ...] = ()  # reclaim: the queues its candidates come from
         if kind is EvictionKind.PREEMPT:
             key = (kind, ignore_min_runtime, workload.queue_id, workload.priority)
         elif kind is EvictionKind.IDLE:
@@ -242,21 +243,18 @@ class Evictor:
             # A guarantee a team holds for its queues together is reclaimed from outside the team.
             depth = ledger.guarantee_holder(workload.queue_id)
             holder = ledger.chain(workload.queue_id)[depth].id if depth else None
-            key = (
-                kind,
-                ignore_min_runtime,
-                *(
-                    queue_id
-                    for queue_id in self.state.live_by_queue
-                    if queue_id != workload.queue_id
-                    and ledger.borrowing_beyond_holder(queue_id)
-                    and (ancestor is None or ledger.under(queue_id, ancestor))
-                    and (holder is None or not ledger.under(queue_id, holder))
-                ),
+            sources = tuple(
+                queue_id
+                for queue_id in self.state.live_by_queue
+                if queue_id != workload.queue_id
+                and ledger.borrowing_beyond_holder(queue_id)
+                and (ancestor is None or ledger.under(queue_id, ancestor))
+                and (holder is None or not ledger.under(queue_id, holder))
             )
+            key = (kind, ignore_min_runtime, sources)
         found = self._candidates_of.get(key) if key is not None else None
         if found is None:
-            found = self._work_out_candidates(workload, kind, ignore_min_runtime, key)
+            found = self._work_out_candidates(workload, kind, ignore_min_runtime, sources)
             if key is not None:
                 self._candidates_of[key] = found
         runs, workload_ids = found
@@ -265,7 +263,7 @@ class Evictor:
         return runs
 
     def _work_out_candidates(
-        self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool, key: tuple[object, ...] | None
+        self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool, sources: tuple[str, ...]
     ) -> tuple[list[LiveRun], frozenset[str]]:
         if kind is EvictionKind.PREEMPT:
             pool = self._in_order(workload.queue_id)
@@ -281,8 +279,7 @@ class Evictor:
                 if queue_id != workload.queue_id and ledger.borrowing(queue_id) and share(queue_id) > own_share
             )
         else:
-            assert key is not None
-            pool = self._merged(key[2:])  # type: ignore[arg-type]  # the queue ids of the key
+            pool = self._merged(sources)
         eligible = self._eligible(pool, ignore_min_runtime)
         if kind is EvictionKind.PREEMPT:
             runs = [run for run in eligible if run.priority < workload.priority]

@@ -152,10 +152,11 @@ class CycleState:
         per_queue: dict[str, Usage] = {}
         free = self.free
         for run in runs:
+            stamped = None
             for a in run.assignments:
                 node_free = free.get(a.node_id)
                 if node_free is not None:
-                    self._stamp(self.cluster_of_node[a.node_id])
+                    stamped = self._stamp_once(a.node_id, stamped)
                     for resource, amount in a.demand.items():
                         node_free[resource] = node_free.get(resource, 0) + amount
             totals = per_queue.setdefault(run.queue_id, {})
@@ -229,6 +230,14 @@ class CycleState:
         self._stamps_given += 1
         self.stamps[cluster_id] = self._stamps_given
 
+    def _stamp_once(self, node_id: str, stamped: str | None) -> str:
+        """Stamp the node's cluster unless it is `stamped` already (a run's pods share one
+        cluster: one stamp per run); returns the cluster stamped."""
+        cluster_id = self.cluster_of_node[node_id]
+        if cluster_id != stamped:
+            self._stamp(cluster_id)
+        return cluster_id
+
     def remember_capacity_miss(self, key: tuple[object, ...]) -> None:
         if len(self.capacity_misses) >= CAPACITY_MISSES_LIMIT:
             self.capacity_misses = set()
@@ -241,15 +250,12 @@ class CycleState:
 
     def _hold(self, assignments: tuple[PodAssignment, ...], queue_id: str, sign: int, quota: bool) -> Usage:
         journal = self._journal if self._open else None
-        free, cluster_of = self.free, self.cluster_of_node
+        free = self.free
         stamped = None
         for a in assignments:
             node_free = free.get(a.node_id)
             if node_free is not None:
-                cluster_id = cluster_of[a.node_id]
-                if cluster_id != stamped:  # a run's pods share one cluster: stamped once
-                    self._stamp(cluster_id)
-                    stamped = cluster_id
+                stamped = self._stamp_once(a.node_id, stamped)
                 for key, amount in a.demand.items():
                     before = node_free.get(key)
                     if journal is not None:
@@ -278,11 +284,12 @@ class CycleState:
         per_queue: dict[str, Usage] = {}
         for run in runs:
             totals = per_queue.setdefault(run.queue_id, {})
+            stamped = None
             for a in run.assignments:
                 demand = a.demand
                 node_free = free.get(a.node_id)
                 if node_free is not None:
-                    self._stamp(self.cluster_of_node[a.node_id])
+                    stamped = self._stamp_once(a.node_id, stamped)
                     for key, amount in demand.items():
                         node_free[key] = node_free.get(key, 0) - amount
                 pool = pool_of_node[a.node_id]
