@@ -16,11 +16,14 @@ its own reason). A cancel racing this write (it commits while the statement runs
 behind for its now cancelled workload: a finished workload is never queued again, so no reader
 shows it.
 
-PostgreSQL: per chunk, one UPDATE of the stored rows that differ and one INSERT ... ON CONFLICT DO
-NOTHING of the new ones, both reading the records from json_to_recordset(one JSON text)
-(executemany would pay one round trip per row, and array parameters are adapted element by
-element). Unchanged rows are neither written nor locked. SQLite, in-process: one executemany
-of a one-row upsert with the same comparison and the same queued check.
+PostgreSQL: the records are streamed with COPY into a temporary table of the session
+(`pending_reasons_batch`, created once per connection, emptied at every commit), then one UPDATE of
+the stored rows that differ and one INSERT ... ON CONFLICT DO NOTHING of the new ones read it.
+COPY costs about 0.5 µs a record; the JSON text this replaced cost twice that to build and, parsed
+by `json_to_recordset` in each of the two statements, 0.4 s per statement at 97,000 records (a
+fresh backlog's first cycle wrote its reasons in 2.7 s, now in 0.85 s, most of it the inserts and
+their foreign-key checks). Unchanged rows are neither written nor locked. SQLite, in-process: one
+executemany of a one-row upsert with the same comparison and the same queued check.
 """
 
 from __future__ import annotations
@@ -36,27 +39,31 @@ from adapters.sql.tables import PendingReasonRow
 from controlplane.domain.model import WorkloadState
 from controlplane.service.ports import PendingRecord
 
-# Gangs per statement: bounded statements however deep the backlog.
-CHUNK = 50_000
-
+# The session's batch table: temporary (never logged, private to the connection), emptied by every
+# commit, so a pooled connection reuses it and a rolled-back cycle leaves nothing in it.
+_BATCH_TABLE = text(
+    "CREATE TEMPORARY TABLE IF NOT EXISTS pending_reasons_batch"
+    " (workload_id text, reason text, kind text, detail json) ON COMMIT DELETE ROWS"
+)
+_COPY_BATCH = "COPY pending_reasons_batch (workload_id, reason, kind, detail) FROM STDIN"
 # Two statements, neither of which reads the table it writes: changed rows are updated, new ones
 # inserted (a row that exists is left to the first: DO NOTHING takes no lock). One upsert that
 # also left out unchanged rows by a join on pending_reasons was planned, once ANALYZE had seen the
 # table empty, as a sequential scan of it per record while the insert filled it: 22 s for the
 # first 97,522 reasons instead of under 2.
 _POSTGRESQL_UPDATE = text(
-    "UPDATE pending_reasons AS p SET reason = v.r, kind = v.k, detail = v.d"
-    " FROM json_to_recordset(CAST(:rows AS json)) AS v(i text, r text, k text, d json), workloads AS w"
-    " WHERE p.workload_id = v.i AND w.id = v.i AND w.state = :queued"
-    " AND (p.reason IS DISTINCT FROM v.r OR p.kind IS DISTINCT FROM v.k)"
+    "UPDATE pending_reasons AS p SET reason = v.reason, kind = v.kind, detail = v.detail"
+    " FROM pending_reasons_batch AS v, workloads AS w"
+    " WHERE p.workload_id = v.workload_id AND w.id = v.workload_id AND w.state = :queued"
+    " AND (p.reason IS DISTINCT FROM v.reason OR p.kind IS DISTINCT FROM v.kind)"
 )
 _POSTGRESQL_INSERT = text(
     "INSERT INTO pending_reasons (workload_id, reason, kind, detail)"
-    " SELECT v.i, v.r, v.k, v.d"
-    " FROM json_to_recordset(CAST(:rows AS json)) AS v(i text, r text, k text, d json)"
-    " JOIN workloads AS w ON w.id = v.i AND w.state = :queued"
+    " SELECT v.workload_id, v.reason, v.kind, v.detail FROM pending_reasons_batch AS v"
+    " JOIN workloads AS w ON w.id = v.workload_id AND w.state = :queued"
     " ON CONFLICT (workload_id) DO NOTHING"
 )
+_EMPTY_BATCH = text("TRUNCATE pending_reasons_batch")
 
 # `WHERE EXISTS` also settles SQLite's parsing ambiguity of INSERT ... SELECT ... ON CONFLICT.
 _SQLITE = text(
@@ -74,31 +81,30 @@ def write_pending(session: Session, records: Sequence[PendingRecord]) -> int:
     if not records:
         return 0
     if session.get_bind().dialect.name == "postgresql":
-        return sum(_postgresql(session, records[i : i + CHUNK]) for i in range(0, len(records), CHUNK))
+        return _postgresql(session, records)
     return _sqlite(session, records)
 
 
 def _postgresql(session: Session, records: Sequence[PendingRecord]) -> int:
-    # One JSON text for the whole chunk: psycopg adapts a Python list element by element (about
-    # 60 µs a gang for five text[] parameters, 5 s at 90,000), a single string costs nothing. It is
-    # built from fragments: look-alike gangs share their reason's text and detail objects, so each
-    # is serialised once (an id is not reused while `records` holds them).
+    connection = session.connection()
+    connection.execute(_BATCH_TABLE)
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    # Look-alike gangs share their reason's detail object: each is serialised once (an id is not
+    # reused while `records` holds them).
     dumped: dict[int, str] = {}
-
-    def dump(value: object) -> str:
-        found = dumped.get(id(value))
-        if found is None:
-            found = dumped[id(value)] = json.dumps(value)
-        return found
-
-    rows = ",".join(
-        f'{{"i":{json.dumps(r.workload_id)},"r":{dump(r.text)},"k":{dump(r.kind)},"d":{dump(r.detail)}}}'
-        for r in records
-    )
-    parameters = {"rows": f"[{rows}]", "queued": WorkloadState.QUEUED.value}
-    updated = session.execute(_POSTGRESQL_UPDATE, parameters)
-    inserted = session.execute(_POSTGRESQL_INSERT, parameters)
-    return int(updated.rowcount or 0) + int(inserted.rowcount or 0)  # type: ignore[attr-defined]
+    with driver.cursor() as cursor, cursor.copy(_COPY_BATCH) as copy:
+        for r in records:
+            found = dumped.get(id(r.detail))
+            if found is None:
+                found = dumped[id(r.detail)] = json.dumps(r.detail)
+            copy.write_row((r.workload_id, r.text, r.kind, found))
+    parameters = {"queued": WorkloadState.QUEUED.value}
+    updated = connection.execute(_POSTGRESQL_UPDATE, parameters)
+    inserted = connection.execute(_POSTGRESQL_INSERT, parameters)
+    # Emptied now too, not only at commit: a second write in the same transaction starts empty.
+    connection.execute(_EMPTY_BATCH)
+    return int(updated.rowcount or 0) + int(inserted.rowcount or 0)
 
 
 def _sqlite(session: Session, records: Sequence[PendingRecord]) -> int:

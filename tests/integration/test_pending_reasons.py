@@ -129,3 +129,31 @@ def test_the_pending_row_is_shown_while_queued_and_goes_with_every_change_of_sta
     assert _listed(client, tenant)[waiter_id]["reason"] == cancelled["reason"]
     states = _states(wiring)
     assert all(states[w] == "queued" for w in _pending_rows(wiring))  # rows only for queued gangs
+
+
+def test_writes_in_one_transaction_and_after_a_rollback_see_only_their_own_records(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    # PostgreSQL stages the records in a session table emptied at commit: a second write in the
+    # same transaction, or the next one after a rolled-back write, must not re-apply earlier ones.
+    ids = [
+        client.post("/v1/workloads", json=gang(f"w{i}", tenant.queue), headers=tenant.headers).json()["id"]
+        for i in range(3)
+    ]
+    first = [PendingRecord(w, f"no-fit: {w} first", "no-fit", {"kind": "no-fit"}) for w in ids]
+    with wiring.uow() as uow:
+        assert uow.workloads.record_pending(first) == 3
+        # Rolled back: nothing stays, in the table or in the batch.
+    assert _pending_rows(wiring) == {}
+    with wiring.uow() as uow:
+        assert uow.workloads.record_pending(first[:1]) == 1
+        assert uow.workloads.record_pending([PendingRecord(ids[0], "no-fit: again", "no-fit", {})]) == 1
+        second = [PendingRecord(ids[1], "behind: the heads", "behind-heads", {"kind": "behind-heads"})]
+        assert uow.workloads.record_pending(second) == 1  # the first record is not applied again
+        uow.commit()
+    assert _pending_rows(wiring) == {
+        ids[0]: ("no-fit: again", "no-fit"),
+        ids[1]: ("behind: the heads", "behind-heads"),
+    }
+    assert _record(wiring, [PendingRecord(ids[2], "no-fit: later", "no-fit", {"kind": "no-fit"})]) == 1
+    assert set(_pending_rows(wiring)) == set(ids)
