@@ -25,7 +25,7 @@ from controlplane.cli import bench_ingest, bench_live, bench_metrics, bench_read
 from controlplane.core.incremental import IncrementalScheduler, same_decision
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, Policy, Snapshot
-from controlplane.workers.scheduler_loop import settle_long_lived_objects
+from controlplane.service.scheduling import settle_long_lived_objects
 
 # A fixed `now`: the decision must not depend on when the bench runs.
 BENCH_NOW = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

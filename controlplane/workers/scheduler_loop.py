@@ -13,7 +13,6 @@ the state it made, finds nothing new, and the loop waits again)."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 
@@ -56,19 +55,6 @@ async def wait_for_next_cycle(
             except Exception:  # the poll is only a hint: the database is down, the cycle will say so
                 seen = None
         await sleep_or_stop(stop, min(CHANGE_POLL, left) if seen is not None else left)
-
-
-def settle_long_lived_objects() -> None:
-    """Move every object alive now out of the cyclic garbage collector's reach (`gc.freeze`).
-
-    After a full snapshot read and a state rebuild the process holds millions of long-lived
-    objects (every queued gang, node and live run, the placement indexes); each full collection
-    walked them all, about 40 % of a cycle at 100,000 queued gangs. They are acyclic and freed by
-    reference counting when the next snapshot replaces them, which freezing does not prevent; what
-    freezing does cost is that cyclic garbage alive at this instant (another thread's unit of
-    work, say) is never collected: a bounded amount once per rebuild (every few minutes)."""
-    gc.collect()
-    gc.freeze()
 
 
 async def scheduler_loop(
@@ -114,10 +100,6 @@ async def scheduler_loop(
                 )
                 if result.admitted:
                     log.info("cycle: admitted %d, %d pending", result.admitted, result.pending, extra={"epoch": epoch})
-                if cache.last_refresh_was_full or scheduler.last_sync.rebuilt:
-                    # What the full read and the rebuilt state hold is long-lived (settled after
-                    # the cycle, so the first decision of a term does not wait for it).
-                    settle_long_lived_objects()
         except LostLeadership as exc:
             log.warning("%s", exc, extra={"epoch": term.epoch})
             term.lose()
