@@ -22,8 +22,9 @@ the stored rows that differ and one INSERT ... ON CONFLICT DO NOTHING of the new
 COPY costs about 0.5 µs a record; the JSON text this replaced cost twice that to build and, parsed
 by `json_to_recordset` in each of the two statements, 0.4 s per statement at 97,000 records (a
 fresh backlog's first cycle wrote its reasons in 2.7 s, now in about 0.6 s: the inserts; the
-table's foreign key, which looked up each row's workload a second time, went in migration 0015). Unchanged rows are neither written nor locked. SQLite, in-process: one
-executemany of a one-row upsert with the same comparison and the same queued check.
+table's foreign key, which looked up each row's workload a second time, went in migration 0015).
+Unchanged rows are neither written nor locked. SQLite, in-process: one executemany of a one-row
+upsert with the same comparison and the same queued check.
 """
 
 from __future__ import annotations

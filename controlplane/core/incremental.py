@@ -82,18 +82,26 @@ class IncrementalScheduler:
         self._kept: _Kept | None = None
         self.parking = Parking()
         self._policy: Policy | None = None  # the policy the parking answers were given under
+        self._parked: _Parked | None = None  # `park`'s outcome, until `decide` on its snapshot
         self.last_sync = SyncStats(rebuilt=True, runs_released=0, runs_added=0)
 
     def reset(self) -> None:
         """Forget the kept state: the next call rebuilds it (a new leadership term, an error)."""
         self._kept = None
+        self._parked = None
         self.parking = Parking()
 
     def pending_reasons(self) -> dict[str, PendingReason]:
         """Every pending gang's reason as of the last decision (what `schedule()` lists)."""
         return self.parking.reasons()
 
-    def decide(self, snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
+    def park(self, snapshot: Snapshot, policy: Policy) -> tuple[PendingReason, ...]:
+        """The first part of `decide`: bring the kept state and the parking up to date with the
+        snapshot and pick the candidates. Returns the reasons, among those that changed, of the
+        gangs parking leaves pending (behind their queue's heads, blocked among them, parked for
+        good): the ordered pass cannot change them, so a caller may store them at once, and a new
+        gang behind its queue's heads learns so without waiting for that pass. `decide` on the same
+        snapshot and policy then returns only the rest of the decision."""
         usable, held = quarantine_queues(snapshot)
         try:
             state = self._sync(usable, policy)
@@ -101,12 +109,25 @@ class IncrementalScheduler:
                 self.parking = Parking()  # every answer is asked again
                 self._policy = policy
             candidates = self.parking.refresh(usable, state, policy)
+            told = self.parking.settle_parked(candidates)
         except Exception:
             self.reset()
             raise
+        self._parked = _Parked(snapshot, policy, usable, held, state, candidates)
+        return told
+
+    def decide(self, snapshot: Snapshot, policy: Policy, now: datetime) -> Decision:
+        parked = self._parked
+        early: tuple[PendingReason, ...] = ()
+        if parked is None or parked.snapshot is not snapshot or parked.policy != policy:
+            early = self.park(snapshot, policy)
+            parked = self._parked
+            assert parked is not None
+        self._parked = None
+        state = parked.state
         mark = state.checkpoint()
         try:
-            cycle = Cycle(usable, policy, now, state, candidates=candidates)
+            cycle = Cycle(parked.usable, policy, now, state, candidates=parked.candidates)
             failure = cycle.run()
         except Exception:
             self._kept = None
@@ -121,9 +142,11 @@ class IncrementalScheduler:
             full = schedule(snapshot, policy, now)
             self.parking.kept = {p.workload_id: (p.why, p.reservation) for p in full.pending}
             return full
-        decision = decision_of(cycle, usable, held, {})
-        self.last_sync = replace(self.last_sync, classes_checked=self.parking.last_checked, candidates=len(candidates))
-        return replace(decision, pending=self.parking.settle(decision))
+        decision = decision_of(cycle, parked.usable, parked.held, {})
+        self.last_sync = replace(
+            self.last_sync, classes_checked=self.parking.last_checked, candidates=len(parked.candidates)
+        )
+        return replace(decision, pending=early + self.parking.settle(decision))
 
     def _sync(self, snapshot: Snapshot, policy: Policy) -> CycleState:
         kept = self._kept
@@ -151,6 +174,18 @@ class IncrementalScheduler:
         kept.cycles += 1
         self.last_sync = SyncStats(rebuilt=False, runs_released=len(released), runs_added=len(added))
         return state
+
+
+@dataclass
+class _Parked:
+    """What `IncrementalScheduler.park` worked out for one snapshot, for `decide` on it."""
+
+    snapshot: Snapshot
+    policy: Policy
+    usable: Snapshot  # without the gangs of quarantined queues
+    held: list[tuple[Workload, Why]]  # those gangs, with their reason
+    state: CycleState
+    candidates: list[Workload]
 
 
 def same_decision(full: Decision, delta: Decision, reasons: dict[str, PendingReason]) -> bool:
@@ -347,32 +382,38 @@ class Parking:
                 self.versions_seen[node] = version
                 self.usage_seen[node] = dict(ledger.usage.get(node, {}))
 
-    def settle(self, decision: Decision) -> tuple[PendingReason, ...]:
-        """Keep the decision's reasons; those that differ from what was kept (a delta)."""
+    def settle_parked(self, candidates: list[Workload]) -> tuple[PendingReason, ...]:
+        """Keep the reasons of the gangs this cycle leaves parked (blocked among their queue's
+        heads, behind them, parked for good); those that differ from what was kept. What is left
+        to tell is the candidates' (`settle`)."""
         told: list[PendingReason] = []
-        kept = self.kept
-        to_tell = self.to_tell
-
-        def tell(gang_id: str, why: Why, note: ReservationNote | None = None) -> None:
-            to_tell.pop(gang_id, None)
-            if kept.get(gang_id) != (why, note):
-                kept[gang_id] = (why, note)
-                told.append(PendingReason(gang_id, why, note))
-
-        for reason in decision.pending:
-            tell(reason.workload_id, reason.why, reason.reservation)
-        for admission in decision.admissions:
-            kept.pop(admission.workload_id, None)
-            to_tell.pop(admission.workload_id, None)
         for gang_id, why in self.front_parked.items():
-            tell(gang_id, why)
-        for gang_id in list(to_tell):
+            self._tell(told, gang_id, why, None)
+        deciding = {workload.id for workload in candidates}
+        for gang_id in [gang_id for gang_id in self.to_tell if gang_id not in deciding]:
             found = self.class_of_gang.get(gang_id)
             if found is None:
+                del self.to_tell[gang_id]
                 continue
             answer = self.classes[found[1]].answer
-            tell(
-                gang_id, answer.why if answer.why is not None and answer.for_good else self.behind_of[found[1].queue_id]
-            )
-        self.to_tell = {}
+            why = answer.why if answer.why is not None and answer.for_good else self.behind_of[found[1].queue_id]
+            self._tell(told, gang_id, why, None)
         return tuple(told)
+
+    def settle(self, decision: Decision) -> tuple[PendingReason, ...]:
+        """Keep the decision's reasons (after `settle_parked`); those that differ from what was
+        kept (a delta)."""
+        told: list[PendingReason] = []
+        for reason in decision.pending:
+            self._tell(told, reason.workload_id, reason.why, reason.reservation)
+        for admission in decision.admissions:
+            self.kept.pop(admission.workload_id, None)
+            self.to_tell.pop(admission.workload_id, None)
+        self.to_tell = {}  # every candidate was admitted or left pending with a reason
+        return tuple(told)
+
+    def _tell(self, told: list[PendingReason], gang_id: str, why: Why, note: ReservationNote | None) -> None:
+        self.to_tell.pop(gang_id, None)
+        if self.kept.get(gang_id) != (why, note):
+            self.kept[gang_id] = (why, note)
+            told.append(PendingReason(gang_id, why, note))

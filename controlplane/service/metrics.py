@@ -31,7 +31,8 @@ class CyclePhase(StrEnum):
     """The parts of one scheduling cycle, timed separately (`gpufleet_scheduler_cycle_seconds`)."""
 
     SNAPSHOT = "snapshot"  # read the fleet, queues and workloads in one read transaction
-    SCHEDULE = "schedule"  # the pure core decides
+    PARK = "park"  # the kept state parks what waits and stores those reasons (not one-shot)
+    SCHEDULE = "schedule"  # the pure core decides the rest
     CHECK = "check"  # invariant check of the decision (only when `check_invariants` is on)
     APPLY = "apply"  # write evictions, admissions and pending reasons under the epoch
 

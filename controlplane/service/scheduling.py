@@ -5,13 +5,13 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controlplane.core.decision import Decision, Eviction, EvictionKind
+from controlplane.core.decision import Eviction, EvictionKind, PendingReason
 from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
@@ -95,7 +95,7 @@ def release_leadership(uow_factory: UnitOfWorkFactory, holder: str, epoch: int, 
         uow.commit()
 
 
-def _pending_records(decision: Decision) -> list[PendingRecord]:
+def _pending_records(reasons: Sequence[PendingReason]) -> list[PendingRecord]:
     """The pending reasons as stored. Waiting gangs share reasons (90,000 gangs, 20,000 reason
     objects, under 2,000 distinct values at 100,000 queued), so each distinct value is worded once
     and its record parts shared; the writer then serialises each distinct detail once. Looked up by
@@ -104,7 +104,7 @@ def _pending_records(decision: Decision) -> list[PendingRecord]:
     by_identity: dict[tuple[int, int], tuple[str, str, dict[str, Any]]] = {}
     by_value: dict[tuple[object, object], tuple[str, str, dict[str, Any]]] = {}
     records = []
-    for p in decision.pending:
+    for p in reasons:
         key = (id(p.why), id(p.reservation))
         found = by_identity.get(key)
         if found is None:
@@ -198,6 +198,30 @@ def run_cycle(
         raise
 
 
+def _store_reasons(
+    uow_factory: UnitOfWorkFactory,
+    holder: str,
+    epoch: int,
+    now: datetime,
+    ttl: float,
+    cache: SnapshotCache,
+    reasons: Sequence[PendingReason],
+) -> int:
+    """Store these pending reasons in their own transaction, under the epoch as every decision;
+    how many rows were written."""
+    records = _pending_records(reasons)
+    to_write = cache.pending_to_write(records)
+    if not to_write:
+        return 0
+    with uow_factory() as uow:
+        written = uow.workloads.record_pending(to_write)
+        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
+            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
+        uow.commit()
+    cache.pending_written(records)
+    return written
+
+
 def _cycle(
     uow_factory: UnitOfWorkFactory,
     holder: str,
@@ -224,6 +248,13 @@ def _cycle(
         since = now - timedelta(seconds=policy.usage_half_life_seconds * HISTORY_HALF_LIVES)
     snapshot = cache.refresh(uow_factory, epoch, now, history_since=since, last_rebalance=policy.rebalance)
     phase_done(CyclePhase.SNAPSHOT)
+    parked_written = 0
+    if scheduler is not None:
+        # What waits (behind its queue's heads, or parked) is known before any gang is decided in
+        # order, and stored at once: a new gang behind its queue's heads learns so in a few
+        # hundredths of a second, not after the ordered pass (0.3 to 1 s at 100,000 queued).
+        parked_written = _store_reasons(uow_factory, holder, epoch, now, ttl, cache, scheduler.park(snapshot, policy))
+        phase_done(CyclePhase.PARK)
     decision = scheduler.decide(snapshot, policy, now) if scheduler is not None else schedule(snapshot, policy, now)
     phase_done(CyclePhase.SCHEDULE)
     if check_invariants:
@@ -304,8 +335,8 @@ def _cycle(
             admitted += 1
             admitted_waits.append((queue, seconds_between(submitted.get(workload_id), now)))
         emit_many(uow, prefix, "admitted", list(queues.items()), now, epoch=epoch)
-        records = _pending_records(decision)
-        written = uow.workloads.record_pending(cache.pending_to_write(records))
+        records = _pending_records(decision.pending)
+        written = parked_written + uow.workloads.record_pending(cache.pending_to_write(records))
         # The epoch check and every write of this decision share one transaction: a deposed
         # leader's decision can never land. Checked last, so the lease row is locked only for
         # the commit, never while the decision is written (the background renewal and a standby

@@ -156,7 +156,7 @@ async def test_api_and_worker_metrics_move_with_the_work(settings: Settings) -> 
 
             await _until(relayed_and_measured, 60)
         # the worker process: scheduler, dispatcher, ingest, relay, leases
-        for phase in ("snapshot", "schedule", "check", "apply"):
+        for phase in ("snapshot", "park", "schedule", "check", "apply"):
             assert value(work, "gpufleet_scheduler_cycle_phase_seconds_count", phase=phase) > 0, phase
         assert value(work, "gpufleet_scheduler_cycle_seconds_count") > 0
         assert value(work, "gpufleet_scheduler_last_cycle_timestamp_seconds") > 0

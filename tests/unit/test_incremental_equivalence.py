@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.core import incremental
+from controlplane.core.decision import PendingReason
 from controlplane.core.incremental import IncrementalScheduler, SyncStats, same_decision
 from controlplane.core.parking import Parked, ParkingClass, park
 from controlplane.core.schedule import schedule
@@ -89,10 +90,15 @@ def test_every_decision_of_the_kept_state_equals_the_one_shot_decision(
     snapshot = make_snapshot(clusters, nodes, first, tree=tree)
     waiting = {w.id: w for w in first}  # every workload ever submitted, for requeues
     now = NOW
+    stored: dict[str, PendingReason] = {}  # the reasons told so far, as the live scheduler stores them
     for step, (event, pick, arrivals) in enumerate(events):
+        # Every other cycle parks first, as the live scheduler does (it stores those reasons at once).
+        early = scheduler.park(snapshot, policy) if step % 2 == 0 else ()
         decision = scheduler.decide(snapshot, policy, now)
         where = f"step {step}, events {[e[0] for e in events[:step]]}"
-        _same(decision, scheduler, schedule(snapshot, policy, now), where)
+        one_shot = schedule(snapshot, policy, now)
+        _same(decision, scheduler, one_shot, where)
+        _told_in_parts(stored, early, decision, snapshot, one_shot, where)
         before = snapshot
         snapshot = _apply(snapshot, decision, waiting, step)
         snapshot, now = _event(snapshot, event, pick, [replace(w, id=f"{w.id}s{step}") for w in arrivals], now)
@@ -101,6 +107,25 @@ def test_every_decision_of_the_kept_state_equals_the_one_shot_decision(
         waiting.update({w.id: w for w in snapshot.pending})
     last = scheduler.decide(snapshot, policy, now)
     _same(last, scheduler, schedule(snapshot, policy, now), "last step")
+
+
+def _told_in_parts(
+    stored: dict[str, PendingReason],
+    early: tuple[PendingReason, ...],
+    decision: Decision,
+    snapshot: Snapshot,
+    one_shot: Decision,
+    where: str,
+) -> None:
+    """The reasons `park` told and those `decide` told after it never name the same gang (what was
+    stored early holds), and, applied to what was told before, they are every reason of the
+    one-shot decision."""
+    assert not {p.workload_id for p in early} & {p.workload_id for p in decision.pending}, where
+    stored.update((p.workload_id, p) for p in (*early, *decision.pending))
+    waiting = {w.id for w in snapshot.pending} - {a.workload_id for a in decision.admissions}
+    assert {gang: p for gang, p in stored.items() if gang in waiting} == {p.workload_id: p for p in one_shot.pending}, (
+        where
+    )
 
 
 def _with_delta(before: Snapshot, after: Snapshot) -> Snapshot:
