@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from alembic import command
-from sqlalchemy import JSON, Boolean, Connection, DateTime, Engine, Float, Integer, Table, create_engine, text
+from sqlalchemy import JSON, Boolean, Connection, DateTime, Engine, Float, Integer, MetaData, Table, create_engine, text
 
 from adapters.sql.migrate import alembic_config
 from tests.conftest import PG_ADMIN_URL
@@ -71,3 +71,25 @@ def seed_queue_tree(conn: Connection, t: dict[str, Table]) -> None:
     conn.execute(t["teams"].insert(), [filled_row(t["teams"], id="te", name="te", cohort_id="co")])
     conn.execute(t["queues"].insert(), [filled_row(t["queues"], id="qu", name="qu", team_id="te")])
     conn.execute(t["priority_classes"].insert(), [filled_row(t["priority_classes"], name="pc")])
+
+
+def reflected(engine: Engine) -> dict[str, Table]:
+    """The database's tables as it stands (at whatever revision the test put it)."""
+    meta = MetaData()
+    meta.reflect(engine)
+    return dict(meta.tables)
+
+
+def workload_row(table: Table, workload_id: str, seq: int = 0, **given: object) -> dict[str, object]:
+    """A `workloads` row of queue `qu` (team `te`, class `pc`: `seed_queue_tree`), named as its id."""
+    return filled_row(
+        table,
+        id=workload_id,
+        name=workload_id,
+        team_id="te",
+        queue_id="qu",
+        priority_class="pc",
+        created_seq=seq,
+        idempotency_key=None,
+        **given,
+    )

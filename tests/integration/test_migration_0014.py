@@ -14,7 +14,7 @@ from sqlalchemy import Engine, MetaData, func, select, text
 
 from adapters.sql.engine import make_engine
 from adapters.sql.migrate import alembic_config
-from tests.integration.migration_db import database_at, filled_row, seed_queue_tree
+from tests.integration.migration_db import database_at, filled_row, reflected, seed_queue_tree, workload_row
 
 WORKLOADS = {  # workload id -> (state, reason, reason kind, reason detail)
     "w-nofit": ("queued", "no-fit: needs 2 pods", "no-fit", {"kind": "no-fit", "pods": 2}),
@@ -36,28 +36,15 @@ def url_at_0013(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
 
 
 def _seed(engine: Engine) -> None:
-    meta = MetaData()
-    meta.reflect(engine)
-    t = meta.tables
+    t = reflected(engine)
     with engine.begin() as conn:
         seed_queue_tree(conn, t)
         conn.execute(t["clusters"].insert(), [filled_row(t["clusters"], id="cl", name="cl")])
         conn.execute(
             t["workloads"].insert(),
             [
-                filled_row(
-                    t["workloads"],
-                    id=wid,
-                    name=wid,
-                    state=state,
-                    reason=reason,
-                    reason_kind=kind,
-                    reason_detail=detail,
-                    team_id="te",
-                    queue_id="qu",
-                    priority_class="pc",
-                    created_seq=seq,
-                    idempotency_key=None,
+                workload_row(
+                    t["workloads"], wid, seq, state=state, reason=reason, reason_kind=kind, reason_detail=detail
                 )
                 for seq, (wid, (state, reason, kind, detail)) in enumerate(WORKLOADS.items())
             ],

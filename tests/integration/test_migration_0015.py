@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, MetaData, inspect, select, text
+from sqlalchemy import Engine, inspect, select, text
 from sqlalchemy.engine.interfaces import ReflectedForeignKeyConstraint
 from sqlalchemy.exc import IntegrityError
 
 from adapters.sql.engine import make_engine
 from adapters.sql.migrate import alembic_config
-from tests.integration.migration_db import database_at, filled_row, seed_queue_tree
+from tests.integration.migration_db import database_at, reflected, seed_queue_tree, workload_row
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -25,40 +25,22 @@ def url_at_0014(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
 
 
 def _seed(engine: Engine) -> None:
-    meta = MetaData()
-    meta.reflect(engine)
-    t = meta.tables
+    t = reflected(engine)
     with engine.begin() as conn:
         seed_queue_tree(conn, t)
         conn.execute(
             t["workloads"].insert(),
-            [
-                filled_row(
-                    t["workloads"],
-                    id=wid,
-                    name=wid,
-                    state="queued",
-                    team_id="te",
-                    queue_id="qu",
-                    priority_class="pc",
-                    created_seq=seq,
-                    idempotency_key=None,
-                )
-                for seq, wid in enumerate(("w-a", "w-b"))
-            ],
+            [workload_row(t["workloads"], wid, seq, state="queued") for seq, wid in enumerate(("w-a", "w-b"))],
         )
-        conn.execute(
-            t["pending_reasons"].insert(),
-            [
-                {"workload_id": wid, "reason": f"no-fit: {wid}", "kind": "no-fit", "detail": {}}
-                for wid in ("w-a", "w-b")
-            ],
-        )
+        reasons: list[dict[str, object]] = [
+            {"workload_id": w, "reason": f"no-fit: {w}", "kind": "no-fit", "detail": {}} for w in ("w-a", "w-b")
+        ]
+        conn.execute(t["pending_reasons"].insert(), reasons)
 
 
 def _rows(engine: Engine) -> dict[str, str]:
     with engine.connect() as conn:
-        return dict(conn.execute(text("SELECT workload_id, reason FROM pending_reasons")).all())  # type: ignore[arg-type]
+        return {row[0]: row[1] for row in conn.execute(text("SELECT workload_id, reason FROM pending_reasons"))}
 
 
 def _foreign_keys(engine: Engine) -> list[ReflectedForeignKeyConstraint]:
