@@ -55,7 +55,12 @@ class Evictor:
         # Until an eviction: candidates per what they depend on (`_candidates`), and per candidate
         # list (by identity, the list kept alive) its runs per cluster and the clusters where a
         # minimum runtime protects one of them.
-        self._candidates_of: dict[tuple[object, ...], tuple[list[LiveRun], frozenset[str]]] = {}
+        self._candidates_of: dict[tuple[object, ...], list[LiveRun]] = {}
+        # Workloads with a live run at the start of the cycle: only such a gang (requeued while its
+        # run still holds capacity) can find its own run among the candidates.
+        self._running: set[str] | None = None
+        # (the state's usage stamp, the queues whose work runs on borrowed capacity then)
+        self._borrowers: tuple[int, list[str]] = (-1, [])
         self._grouped: dict[int, tuple[list[LiveRun], list[tuple[str, list[LiveRun]]], set[str] | None]] = {}
 
     def forget_failures(self) -> None:
@@ -245,26 +250,38 @@ class Evictor:
             holder = ledger.chain(workload.queue_id)[depth].id if depth else None
             sources = tuple(
                 queue_id
-                for queue_id in self.state.live_by_queue
+                for queue_id in self._borrowing_queues()
                 if queue_id != workload.queue_id
-                and ledger.borrowing_beyond_holder(queue_id)
                 and (ancestor is None or ledger.under(queue_id, ancestor))
                 and (holder is None or not ledger.under(queue_id, holder))
             )
             key = (kind, ignore_min_runtime, sources)
-        found = self._candidates_of.get(key) if key is not None else None
-        if found is None:
-            found = self._work_out_candidates(workload, kind, ignore_min_runtime, sources)
+        runs = self._candidates_of.get(key) if key is not None else None
+        if runs is None:
+            runs = self._work_out_candidates(workload, kind, ignore_min_runtime, sources)
             if key is not None:
-                self._candidates_of[key] = found
-        runs, workload_ids = found
-        if workload.id in workload_ids:  # its own run, still live (never a victim for itself)
+                self._candidates_of[key] = runs
+        if self._running is None:
+            self._running = {run.workload_id for run in self.state.live.values()}
+        if workload.id in self._running:  # its own run may still be live (never a victim for itself)
             return [run for run in runs if run.workload_id != workload.id]
         return runs
 
+    def _borrowing_queues(self) -> list[str]:
+        """The queues with live runs whose work runs on borrowed capacity (`borrowing_beyond_holder`),
+        in `live_by_queue`'s order; worked out again only once usage is not what it was (its stamp:
+        a trial rolled back leaves it as it found it). The queues with live runs change only with
+        usage: a run that ends or is evicted gives its units back."""
+        state = self.state
+        if self._borrowers[0] != state.usage_stamp:
+            ledger = state.ledger
+            queues = [queue_id for queue_id in state.live_by_queue if ledger.borrowing_beyond_holder(queue_id)]
+            self._borrowers = (state.usage_stamp, queues)
+        return self._borrowers[1]
+
     def _work_out_candidates(
         self, workload: Workload, kind: EvictionKind, ignore_min_runtime: bool, sources: tuple[str, ...]
-    ) -> tuple[list[LiveRun], frozenset[str]]:
+    ) -> list[LiveRun]:
         if kind is EvictionKind.PREEMPT:
             pool = self._in_order(workload.queue_id)
         elif kind is EvictionKind.IDLE:
@@ -287,7 +304,7 @@ class Evictor:
             runs = [run for run in eligible if run.priority <= workload.priority]
         else:
             runs = eligible
-        return runs, frozenset(run.workload_id for run in runs)
+        return runs
 
     def _eligible(self, pool: list[LiveRun], ignore_min_runtime: bool) -> list[LiveRun]:
         """The runs of `pool` (one of the ordered lists above) that may be evicted at all: live,

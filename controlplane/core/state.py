@@ -28,6 +28,7 @@ _FREE = 0  # (_FREE, node dict, key, previous value or None when the key was abs
 _QUOTA = 1  # (_QUOTA, queue id, usage, sign charged)
 _LIVE = 2  # (_LIVE, run, None, None): the run was dropped
 _STAMP = 3  # (_STAMP, cluster id, its stamp before, None)
+_USAGE = 4  # (_USAGE, the usage stamp before, None, None)
 
 # Capacity misses remembered (`CycleState.capacity_misses`) before the memo starts again.
 CAPACITY_MISSES_LIMIT = 100_000
@@ -77,6 +78,9 @@ class CycleState:
         # content alone holds while the stamp is the same (`capacity_misses`).
         self.stamps: dict[str, int] = {}
         self._stamps_given = 0
+        # The same for the quota ledger's usage as a whole (`usage_stamp`): what is worked out from
+        # every queue's usage holds while it is the same.
+        self.usage_stamp = 0
         # (shape id, prefer same pool, cluster id, its stamp, live keys of the runs released) of
         # victim sets after whose release the gang still has no room on that cluster's capacity,
         # whatever quota says: asked again, such a trial is skipped (`Evictor`). Kept across
@@ -273,6 +277,9 @@ class CycleState:
             self.free_eq[key] = self.free_eq.get(key, ZERO) - sign * value
         if self._open:
             self._journal.append((_QUOTA, queue_id, held, sign))
+            self._journal.append((_USAGE, self.usage_stamp, None, None))
+        self._stamps_given += 1
+        self.usage_stamp = self._stamps_given
 
     def hold_live(self, runs: Iterable[LiveRun]) -> None:
         """`take` for every live run at once: capacity per node, then quota once per queue.
@@ -332,6 +339,8 @@ class CycleState:
                     self.free_eq[key] = self.free_eq.get(key, ZERO) + third * value
             elif what == _STAMP:
                 self.stamps[first] = second
+            elif what == _USAGE:
+                self.usage_stamp = first
             else:
                 run: LiveRun = first
                 self.live_changes += 1

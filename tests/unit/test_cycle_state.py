@@ -122,6 +122,37 @@ def test_a_cluster_stamp_is_new_on_every_change_and_restored_by_a_rollback() -> 
     assert state.stamps[cluster] == first
 
 
+def test_the_usage_stamp_is_new_on_every_quota_change_and_restored_by_a_rollback() -> None:
+    """The usage stamp names one content of the ledger's usage (the eviction's list of borrowing
+    queues holds while it is the same); capacity alone leaves it as it is."""
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    run_a, run_b = snapshot.live_runs
+    first = state.usage_stamp
+    mark = state.checkpoint()
+    state.give_back(run_a.assignments, run_a.queue_id, quota=False)
+    assert state.usage_stamp == first
+    state.give_back_quota([run_a])
+    refunded = state.usage_stamp
+    assert refunded != first
+    state.rollback(mark)
+    assert state.usage_stamp == first  # the same usage again
+    mark = state.checkpoint()
+    inner = state.checkpoint()
+    state.give_back(run_b.assignments, run_b.queue_id)
+    assert state.usage_stamp not in (first, refunded)  # never given twice
+    state.keep(inner)
+    state.take(run_b.assignments, run_b.queue_id)
+    assert state.ledger.usage == _fleet_state_usage(snapshot)  # back to the same usage, by a new change
+    assert state.usage_stamp not in (first, refunded)  # the stamp says changed: safe, never stale
+    state.rollback(mark)
+    assert state.usage_stamp == first
+
+
+def _fleet_state_usage(snapshot: Snapshot) -> object:
+    return CycleState(snapshot, Policy()).ledger.usage
+
+
 def test_giving_back_quota_alone_is_the_quota_half_of_give_back() -> None:
     snapshot = _fleet_with_two_live_runs()
     state = CycleState(snapshot, Policy())
