@@ -161,6 +161,20 @@ def _wait_for_leader(wiring: Wiring, timeout: float) -> None:
     raise click.ClickException(f"the scheduler process took no lease within {timeout:.0f} s")
 
 
+def _wait_for_next_write(wiring: Wiring, timeout: float) -> None:
+    """Until the scheduler renews its lease again: every write of a cycle (the parked reasons, the
+    decision) renews it under the epoch. (So does the term's background renewal, every third of
+    the TTL: landing in the wait, it ends it early, and the first probe meets the cycle's rest.)"""
+    with wiring.uow() as uow:
+        before = uow.leases.expires_at(LEASE_NAME)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with wiring.uow() as uow:
+            if uow.leases.expires_at(LEASE_NAME) != before:
+                return
+        time.sleep(0.02)
+
+
 def _decided(wiring: Wiring, workload_id: str) -> bool:
     """The scheduler has decided on it: admitted (or otherwise moved on), or given a pending reason."""
     with wiring.engine.connect() as conn:
@@ -199,6 +213,9 @@ def _submit_latency(wiring: Wiring, settings: Settings, submits: int, timeout: f
             if i < 0:
                 while not _decided(wiring, view.id) and time.perf_counter() - submitted < WARM_UP_TIMEOUT:
                     time.sleep(0.05)
+                # A gang behind its queue's heads is told in its cycle's park phase, before the
+                # ordered pass: the probes start once that cycle has written its decision too.
+                _wait_for_next_write(wiring, WARM_UP_TIMEOUT)
                 continue
             submit_seconds.append(submitted - started)
             while not _decided(wiring, view.id):
