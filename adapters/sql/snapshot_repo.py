@@ -187,18 +187,15 @@ class SqlSnapshotReader:
         )
 
     def stored_reasons(self) -> dict[str, tuple[str, str]]:
-        """The reason and kind stored for each queued workload (plain tuples): its pending row's,
-        or its own reason and kind "" when the scheduler has not decided it since it was queued."""
+        """The pending reason and kind stored for each queued workload the scheduler has decided
+        since it was queued (plain tuples). The others are left out: whatever it decides for them
+        differs from their own reason (kind ""), so a fresh backlog's leader reads nothing here."""
         return {
             workload_id: (reason, kind)
             for workload_id, reason, kind in self.s.connection()
             .execute(
-                select(
-                    WorkloadRow.id,
-                    func.coalesce(PendingReasonRow.reason, WorkloadRow.reason),
-                    func.coalesce(PendingReasonRow.kind, ""),
-                )
-                .outerjoin(PendingReasonRow, PendingReasonRow.workload_id == WorkloadRow.id)
+                select(PendingReasonRow.workload_id, PendingReasonRow.reason, PendingReasonRow.kind)
+                .join(WorkloadRow, WorkloadRow.id == PendingReasonRow.workload_id)
                 .where(WorkloadRow.state == WorkloadState.QUEUED)
             )
             .all()

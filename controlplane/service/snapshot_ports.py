@@ -76,9 +76,10 @@ class SnapshotReader(Protocol):
         ...
 
     def stored_reasons(self) -> Mapping[str, tuple[str, str]]:
-        """(reason, kind) as stored, per queued workload (its pending reason, or its own reason
-        and kind "" while the scheduler has not decided it): call beside `load` in the same unit
-        of work, so the scheduler's first decision of a term writes only what differs."""
+        """(reason, kind) of the pending reason stored per queued workload the scheduler has
+        decided (the others have none; any reason decided for them differs): call beside `load`
+        in the same unit of work, so the scheduler's first decision of a term writes only what
+        differs."""
         ...
 
     def usage_by_run(self, since: datetime) -> Mapping[str, UsageInterval | None]:

@@ -80,10 +80,13 @@ def test_the_pending_row_is_shown_while_queued_and_goes_with_every_change_of_sta
     listed = _listed(client, tenant)
     assert [listed[w]["reason"] for w in [*low, waiter_id]] == [r.text for r in records]
     assert [listed[w]["queue_position"] for w in [*low, waiter_id]] == [1, 2, 3]
+    undecided = client.post("/v1/workloads", json=gang("undecided", tenant.queue), headers=tenant.headers).json()["id"]
     with wiring.uow() as uow:
         assert {w: uow.cloud.pending_kinds()[w] for w in low} == dict.fromkeys(low, "no-fit")
         stored = uow.snapshots.stored_reasons()
     assert stored[waiter_id] == (f"no-fit: {waiter_id} finds no room", "no-fit")
+    assert set(stored) == {*low, waiter_id}  # a gang the scheduler has not decided has no stored reason
+    assert client.post(f"/v1/workloads/{undecided}/cancel", headers=tenant.headers).status_code == 200
 
     # The scheduler admits the low gangs (their rows go) and decides the waiter (its row changes).
     epoch = acquire_leadership(wiring.uow, "s", utc_now(), TTL)
