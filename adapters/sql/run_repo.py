@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, literal, select, update
+from sqlalchemy import case, func, literal, select, update
 from sqlalchemy.orm import Session
 
 from adapters.sql.tables import (
@@ -167,6 +167,29 @@ class SqlRunRepository:
         else:
             result = self.s.execute(query.values(**values).execution_options(synchronize_session=False))
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def end_all(
+        self, ends: Sequence[tuple[str, str, EndCause]], from_states: Sequence[str], to_state: str, now: datetime
+    ) -> set[str]:
+        assert to_state in TERMINAL, to_state
+        if not ends:
+            return set()
+        ids = [run_id for run_id, _, _ in ends]
+        moved = self.s.execute(
+            update(RunRow)
+            .where(RunRow.id.in_(ids), RunRow.state.in_(list(from_states)))
+            .values(
+                state=to_state,
+                message=case({run_id: message for run_id, message, _ in ends}, value=RunRow.id),
+                end_cause=case({run_id: str(cause) for run_id, _, cause in ends}, value=RunRow.id),
+                finished_at=now,
+                # A finished run's objects are removed from its cluster by the dispatcher.
+                dispatch_state="teardown",
+            )
+            .returning(RunRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        return set(moved.scalars())
 
     def live_run_ids(self, cluster: str) -> set[str]:
         return set(

@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import Table, case, delete, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from adapters.sql.insert_or_skip import insert_or_skip
@@ -123,6 +123,34 @@ class SqlWorkloadRepository(SqlWorkloadViews):
                 .execution_options(synchronize_session=False)
             )
         return moved
+
+    def set_states(
+        self, changes: Sequence[tuple[str, str, str]], from_states: Sequence[str], now: datetime
+    ) -> set[str]:
+        if not changes:
+            return set()
+        assert WorkloadState.QUEUED not in from_states, "a queued workload's pending reason would stay"
+        ids = [workload_id for workload_id, _, _ in changes]
+        terminal = [workload_id for workload_id, to_state, _ in changes if WorkloadState(to_state).terminal]
+        moved = self.s.execute(
+            update(WorkloadRow)
+            .where(WorkloadRow.id.in_(ids), WorkloadRow.state.in_(list(from_states)))
+            .values(
+                state=case({workload_id: to_state for workload_id, to_state, _ in changes}, value=WorkloadRow.id),
+                reason=case({workload_id: reason for workload_id, _, reason in changes}, value=WorkloadRow.id),
+                updated_at=now,
+                version=WorkloadRow.version + 1,
+                finished_at=case(
+                    (WorkloadRow.id.in_(terminal), literal(now, WorkloadRow.finished_at.type)),
+                    else_=WorkloadRow.finished_at,
+                )
+                if terminal
+                else WorkloadRow.finished_at,
+            )
+            .returning(WorkloadRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        return set(moved.scalars())
 
     def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:
         admitted: dict[str, str] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -136,9 +136,17 @@ def emit_many(
 ) -> None:
     """`emit` for many workloads at once, `items` as (workload id, queue name): the same events,
     their data read in a few queries instead of one per workload (a cycle may admit thousands)."""
-    found = uow.workloads.event_data_many([workload_id for workload_id, _ in items])
-    for workload_id, queue in items:
-        data = found[workload_id]
+    emit_each(uow, prefix, [(workload_id, queue, event, extra) for workload_id, queue in items], now)
+
+
+def emit_each(
+    uow: UnitOfWork, prefix: str, items: Sequence[tuple[str, str, str, Mapping[str, object]]], now: datetime
+) -> None:
+    """`emit` for many workloads, `items` as (workload id, queue name, event, extra fields): each
+    its own event, their data read in a few queries."""
+    found = uow.workloads.event_data_many([workload_id for workload_id, _, _, _ in items])
+    for workload_id, queue, event, extra in items:
+        data = dict(found[workload_id])
         data.update(extra)
         event_id, payload = envelope(f"workload.{event}", data, now)
         subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)

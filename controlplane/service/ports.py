@@ -213,6 +213,13 @@ class WorkloadRepository(Protocol):
     def set_state(
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool: ...
+    def set_states(
+        self, changes: Sequence[tuple[str, str, str]], from_states: Sequence[str], now: datetime
+    ) -> set[str]:
+        """`set_state` for many workloads in one statement, `changes` as (workload id, to state,
+        reason); the ids of those that moved (they were in one of `from_states`)."""
+        ...
+
     def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:
         """Admit every workload of `admissions` that is still queued: a new run with its
         assignments each. Returns the queue name of each admitted workload by its id; one cancelled
@@ -252,6 +259,13 @@ class RunRepository(Protocol):
     ) -> bool:
         """Move the run from one of `from_states`; a run that ends records `cause` (by default the
         one its terminal state implies: succeeded, failed, cancelled, preempted)."""
+        ...
+
+    def end_all(
+        self, ends: Sequence[tuple[str, str, EndCause]], from_states: Sequence[str], to_state: str, now: datetime
+    ) -> set[str]:
+        """End many runs in one statement, `ends` as (run id, message, cause), each moved to the
+        terminal `to_state` from one of `from_states`; the ids of those that moved."""
         ...
 
     def live_run_ids(self, cluster: str) -> set[str]: ...

@@ -18,13 +18,12 @@ from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Policy
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import LostLeadership
-from controlplane.service.events import emit_many
+from controlplane.service.events import emit_each, emit_many
 from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, seconds_between
-from controlplane.service.ports import PendingRecord, UnitOfWorkFactory
+from controlplane.service.ports import PendingRecord, UnitOfWork, UnitOfWorkFactory
 from controlplane.service.report_records import EVICTION_ACTION, IDLE_RECLAIM_ACTION
 from controlplane.service.snapshot_cache import SnapshotCache
 from controlplane.service.wording import eviction_fields, eviction_text, pending_fields, pending_text
-from controlplane.service.workloads import emit
 
 log = logging.getLogger(__name__)
 LEASE_NAME = "scheduler"
@@ -222,6 +221,82 @@ def _store_reasons(
     return written
 
 
+def _write_evictions(
+    uow: UnitOfWork, evictions: Sequence[Eviction], epoch: int, prefix: str, now: datetime
+) -> list[Eviction]:
+    """Write a cycle's evictions in a bounded number of statements, not a handful per eviction:
+    the runs still live end (one UPDATE; one that finished since the snapshot is left alone), their
+    workloads go back to the queue, or fail when an idle policy says stop (one UPDATE), then every
+    ended run's audit record and event (their data read in one query). Returns those that ended."""
+    if not evictions:
+        return []
+    reasons = {eviction.run_id: eviction_text(eviction) for eviction in evictions}
+    # Idle reclaims are rare and carry their evidence: their findings are read one by one.
+    findings = {e.run_id: uow.idle.finding(e.run_id) for e in evictions if e.kind is EvictionKind.IDLE}
+    ended = uow.runs.end_all(
+        [(e.run_id, reasons[e.run_id], e.end_cause) for e in evictions], LIVE_RUN_STATES, "preempted", now
+    )
+    done = [eviction for eviction in evictions if eviction.run_id in ended]
+
+    def stops(eviction: Eviction) -> bool:
+        # An idle policy with action `stop` ends the workload instead of requeueing it.
+        finding = findings.get(eviction.run_id)
+        return finding is not None and finding.action == "stop"
+
+    uow.workloads.set_states(
+        [
+            (e.workload_id, (WorkloadState.FAILED if stops(e) else WorkloadState.QUEUED).value, reasons[e.run_id])
+            for e in done
+        ],
+        LIVE_WORKLOAD_STATES,
+        now,
+    )
+    events: list[tuple[str, str, str, dict[str, Any]]] = []
+    for eviction in done:
+        finding = findings.get(eviction.run_id)
+        if eviction.kind is EvictionKind.IDLE:
+            # Every reclaim for idleness is audited with the evidence it rests on and the epoch.
+            uow.audit.record(
+                "scheduler",
+                IDLE_RECLAIM_ACTION,
+                "run",
+                eviction.run_id,
+                {
+                    "epoch": epoch,
+                    "workload_id": eviction.workload_id,
+                    "beneficiary": eviction.beneficiary,
+                    "action": "stop" if stops(eviction) else "requeue",
+                    "finding": finding.reason if finding else "",
+                    "idle_windows": finding.idle_windows if finding else 0,
+                    "evidence": list(finding.evidence) if finding else [],
+                },
+                now,
+            )
+        else:
+            # The beneficiary of every other eviction is kept too (events are pruned, the run
+            # row has no column for it): the preemption report names the team that gained.
+            uow.audit.record(
+                "scheduler",
+                EVICTION_ACTION,
+                "run",
+                eviction.run_id,
+                {"epoch": epoch, "workload_id": eviction.workload_id, **eviction_fields(eviction)},
+                now,
+            )
+        event = {EvictionKind.RECLAIM: "reclaimed", EvictionKind.IDLE: "reclaimed-idle"}.get(eviction.kind, "preempted")
+        extra = {
+            "run_id": eviction.run_id,
+            "epoch": epoch,
+            "beneficiary": eviction.beneficiary,
+            "kind": str(eviction.kind),
+            "reason": reasons[eviction.run_id],
+            "detail": eviction_fields(eviction),
+        }
+        events.append((eviction.workload_id, eviction.victim_queue, event, extra))
+    emit_each(uow, prefix, events, now)
+    return done
+
+
 def _cycle(
     uow_factory: UnitOfWorkFactory,
     holder: str,
@@ -261,74 +336,9 @@ def _cycle(
         check_decision(snapshot, decision)
         phase_done(CyclePhase.CHECK)
     admitted = 0
-    evictions_done: list[Eviction] = []
     admitted_waits: list[tuple[str, float | None]] = []
     with uow_factory() as uow:
-        evicted = 0
-        for eviction in decision.evictions:
-            # The run may have finished since the snapshot; then there is nothing to evict.
-            idle = eviction.kind is EvictionKind.IDLE
-            finding = uow.idle.finding(eviction.run_id) if idle else None
-            reason = eviction_text(eviction)
-            ended = uow.runs.set_state(
-                eviction.run_id, LIVE_RUN_STATES, "preempted", reason, now, cause=eviction.end_cause
-            )
-            if not ended:
-                continue
-            # An idle policy with action `stop` ends the workload instead of requeueing it.
-            stop = finding is not None and finding.action == "stop"
-            target = WorkloadState.FAILED if stop else WorkloadState.QUEUED
-            uow.workloads.set_state(eviction.workload_id, LIVE_WORKLOAD_STATES, target, reason, now)
-            head = uow.workloads.head(eviction.workload_id)
-            assert head is not None
-            event = {EvictionKind.RECLAIM: "reclaimed", EvictionKind.IDLE: "reclaimed-idle"}.get(
-                eviction.kind, "preempted"
-            )
-            if idle:
-                # Every reclaim for idleness is audited with the evidence it rests on and the epoch.
-                uow.audit.record(
-                    "scheduler",
-                    IDLE_RECLAIM_ACTION,
-                    "run",
-                    eviction.run_id,
-                    {
-                        "epoch": epoch,
-                        "workload_id": eviction.workload_id,
-                        "beneficiary": eviction.beneficiary,
-                        "action": "stop" if stop else "requeue",
-                        "finding": finding.reason if finding else "",
-                        "idle_windows": finding.idle_windows if finding else 0,
-                        "evidence": list(finding.evidence) if finding else [],
-                    },
-                    now,
-                )
-            else:
-                # The beneficiary of every other eviction is kept too (events are pruned, the run
-                # row has no column for it): the preemption report names the team that gained.
-                uow.audit.record(
-                    "scheduler",
-                    EVICTION_ACTION,
-                    "run",
-                    eviction.run_id,
-                    {"epoch": epoch, "workload_id": eviction.workload_id, **eviction_fields(eviction)},
-                    now,
-                )
-            emit(
-                uow,
-                prefix,
-                head.queue,
-                event,
-                eviction.workload_id,
-                now,
-                run_id=eviction.run_id,
-                epoch=epoch,
-                beneficiary=eviction.beneficiary,
-                kind=str(eviction.kind),
-                reason=reason,
-                detail=eviction_fields(eviction),
-            )
-            evicted += 1
-            evictions_done.append(eviction)
+        evictions_done = _write_evictions(uow, decision.evictions, epoch, prefix, now)
         queues = uow.workloads.admit_all(decision.admissions, epoch, now)
         submitted = uow.workloads.submitted_at(list(queues))
         for workload_id, queue in queues.items():
@@ -361,4 +371,4 @@ def _cycle(
     for queue, waited in admitted_waits:
         metrics.admitted(queue, waited)
     metrics.cycle_done(time.perf_counter() - started, len(decision.pending))
-    return CycleResult(epoch, len(decision.pending), admitted, written, evicted, tuple(phases))
+    return CycleResult(epoch, len(decision.pending), admitted, written, len(evictions_done), tuple(phases))

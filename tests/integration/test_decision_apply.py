@@ -13,12 +13,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from adapters.sql.pending_reasons import write_pending
-from adapters.sql.tables import PendingReasonRow, WorkloadRow
+from adapters.sql.tables import PendingReasonRow, RunRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
+from controlplane.core.decision import EndCause
 from controlplane.core.snapshot import Policy
 from controlplane.service.errors import LostLeadership
 from controlplane.service.ports import PendingRecord
-from controlplane.service.scheduling import acquire_leadership, run_cycle
+from controlplane.service.scheduling import LIVE_RUN_STATES, LIVE_WORKLOAD_STATES, acquire_leadership, run_cycle
 from controlplane.service.snapshot_cache import SnapshotCache
 from controlplane.workers.scheduler_loop import wait_for_next_cycle
 from tests.integration.fleet import Tenant, gang
@@ -150,3 +151,49 @@ async def test_the_loop_wakes_for_a_change_and_otherwise_waits_out_its_interval(
     assert not blind.done()  # without a cursor (standby, after an error) only the interval or stop
     stop.set()
     await asyncio.wait_for(blind, timeout=30)
+
+
+def test_evictions_are_written_set_based_each_run_and_workload_with_its_own_values(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    ids = _submit(client, tenant, 3, replicas=1)
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), 3600.0)
+    assert epoch is not None
+    run_cycle(wiring.uow, "s", epoch, Policy(), wiring.settings.subject_prefix, utc_now(), 3600.0, True)
+    with wiring.uow() as uow:
+        session = uow.session  # type: ignore[attr-defined]
+        runs = dict(session.execute(select(RunRow.workload_id, RunRow.id)).all())
+        assert set(runs) == set(ids)
+        first, second, third = (runs[w] for w in ids)
+        now = utc_now()
+        assert uow.runs.end_all([(third, "done", EndCause.SUCCEEDED)], LIVE_RUN_STATES, "succeeded", now) == {third}
+        ends = [
+            (first, "preempted: for w", EndCause.PREEMPTED),
+            (second, "reclaimed: for q", EndCause.RECLAIMED),
+            (third, "preempted: too late", EndCause.PREEMPTED),  # ended already: left alone
+        ]
+        assert uow.runs.end_all(ends, LIVE_RUN_STATES, "preempted", now) == {first, second}
+        changes = [(ids[0], "queued", "preempted: for w"), (ids[1], "failed", "reclaimed: stopped")]
+        assert uow.workloads.set_states(changes, LIVE_WORKLOAD_STATES, now) == {ids[0], ids[1]}
+        assert uow.workloads.set_states([(ids[0], "failed", "again")], LIVE_WORKLOAD_STATES, now) == set()
+        uow.commit()
+    with wiring.uow() as uow:
+        session = uow.session  # type: ignore[attr-defined]
+        ended = {
+            row[0]: tuple(row[1:])
+            for row in session.execute(select(RunRow.id, RunRow.state, RunRow.message, RunRow.end_cause))
+        }
+        workloads = {
+            row[0]: (row[1], row[2], row[3] is not None)
+            for row in session.execute(
+                select(WorkloadRow.id, WorkloadRow.state, WorkloadRow.reason, WorkloadRow.finished_at)
+            )
+        }
+    assert ended == {
+        first: ("preempted", "preempted: for w", "preempted"),
+        second: ("preempted", "reclaimed: for q", "reclaimed"),
+        third: ("succeeded", "done", "succeeded"),
+    }
+    assert workloads[ids[0]] == ("queued", "preempted: for w", False)
+    assert workloads[ids[1]] == ("failed", "reclaimed: stopped", True)
+    assert workloads[ids[2]][0] == "admitted"  # not asked to move
