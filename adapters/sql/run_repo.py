@@ -149,23 +149,17 @@ class SqlRunRepository:
         now: datetime,
         cause: EndCause | None = None,
     ) -> bool:
+        if to_state in TERMINAL:
+            return run_id in self.end_all([(run_id, message, cause or EndCause(to_state))], from_states, to_state, now)
         values: dict[str, Any] = {"state": to_state, "message": message}
         if to_state == "running":
             values["started_at"] = now
-        elif to_state == "succeeded":
-            # Pods seen succeeded with no running report before (they ran between two looks):
-            # the run did start, by `now` at the latest.
-            values["started_at"] = func.coalesce(RunRow.started_at, literal(now, RunRow.started_at.type))
-        query = update(RunRow).where(RunRow.id == run_id, RunRow.state.in_(list(from_states)))
-        if to_state in TERMINAL:
-            values["finished_at"] = now
-            values["end_cause"] = str(cause or EndCause(to_state))
-            # A finished run's objects are removed from its cluster by the dispatcher.
-            result = self.s.execute(
-                query.values(**values, dispatch_state="teardown").execution_options(synchronize_session=False)
-            )
-        else:
-            result = self.s.execute(query.values(**values).execution_options(synchronize_session=False))
+        result = self.s.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.state.in_(list(from_states)))
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
     def end_all(
@@ -175,17 +169,22 @@ class SqlRunRepository:
         if not ends:
             return set()
         ids = [run_id for run_id, _, _ in ends]
+        values: dict[str, Any] = {
+            "state": to_state,
+            "message": case({run_id: message for run_id, message, _ in ends}, value=RunRow.id),
+            "end_cause": case({run_id: str(cause) for run_id, _, cause in ends}, value=RunRow.id),
+            "finished_at": now,
+            # A finished run's objects are removed from its cluster by the dispatcher.
+            "dispatch_state": "teardown",
+        }
+        if to_state == "succeeded":
+            # Pods seen succeeded with no running report before (they ran between two looks):
+            # the run did start, by `now` at the latest.
+            values["started_at"] = func.coalesce(RunRow.started_at, literal(now, RunRow.started_at.type))
         moved = self.s.execute(
             update(RunRow)
             .where(RunRow.id.in_(ids), RunRow.state.in_(list(from_states)))
-            .values(
-                state=to_state,
-                message=case({run_id: message for run_id, message, _ in ends}, value=RunRow.id),
-                end_cause=case({run_id: str(cause) for run_id, _, cause in ends}, value=RunRow.id),
-                finished_at=now,
-                # A finished run's objects are removed from its cluster by the dispatcher.
-                dispatch_state="teardown",
-            )
+            .values(**values)
             .returning(RunRow.id)
             .execution_options(synchronize_session=False)
         )

@@ -98,38 +98,13 @@ class SqlWorkloadRepository(SqlWorkloadViews):
     def set_state(
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool:
-        values: dict[str, Any] = {
-            "state": to_state,
-            "reason": reason,
-            "updated_at": now,
-            "version": WorkloadRow.version + 1,
-        }
-        if WorkloadState(to_state).terminal:
-            values["finished_at"] = now
-        result = self.s.execute(
-            update(WorkloadRow)
-            .where(WorkloadRow.id == workload_id, WorkloadRow.state.in_(list(from_states)))
-            .values(**values)
-            .execution_options(synchronize_session=False)
-        )
-        moved = bool(result.rowcount)  # type: ignore[attr-defined]
-        if moved and WorkloadState.QUEUED in from_states:
-            # A pending reason describes only the queued gang the scheduler decided on; it goes with
-            # the state (a gang requeued later shows this transition's text until decided again).
-            # Only a queued workload can have one (the writer checks), hence the condition.
-            self.s.execute(
-                delete(PendingReasonRow)
-                .where(PendingReasonRow.workload_id == workload_id)
-                .execution_options(synchronize_session=False)
-            )
-        return moved
+        return workload_id in self.set_states([(workload_id, to_state, reason)], from_states, now)
 
     def set_states(
         self, changes: Sequence[tuple[str, str, str]], from_states: Sequence[str], now: datetime
     ) -> set[str]:
         if not changes:
             return set()
-        assert WorkloadState.QUEUED not in from_states, "a queued workload's pending reason would stay"
         ids = [workload_id for workload_id, _, _ in changes]
         terminal = [workload_id for workload_id, to_state, _ in changes if WorkloadState(to_state).terminal]
         moved = self.s.execute(
@@ -150,7 +125,17 @@ class SqlWorkloadRepository(SqlWorkloadViews):
             .returning(WorkloadRow.id)
             .execution_options(synchronize_session=False)
         )
-        return set(moved.scalars())
+        moved_ids = set(moved.scalars())
+        if moved_ids and WorkloadState.QUEUED in from_states:
+            # A pending reason describes only the queued gang the scheduler decided on; it goes with
+            # the state (a gang requeued later shows this transition's text until decided again).
+            # Only a queued workload can have one (the writer checks), hence the condition.
+            self.s.execute(
+                delete(PendingReasonRow)
+                .where(PendingReasonRow.workload_id.in_(moved_ids))
+                .execution_options(synchronize_session=False)
+            )
+        return moved_ids
 
     def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:
         admitted: dict[str, str] = {}

@@ -147,8 +147,10 @@ class _Scheduler:
             self.process.kill()
 
 
-def _wait_for_leader(wiring: Wiring, timeout: float) -> None:
-    """Until the scheduler process holds its lease and has finished a cycle (it wrote the lease)."""
+def _lease_written(wiring: Wiring, timeout: float) -> bool:
+    """Whether the scheduler writes its lease within `timeout`: it takes it, and every write of a
+    cycle (the parked reasons, the decision) renews it under the epoch. (So does the term's
+    background renewal, every third of the TTL: landing in the wait, it ends it early.)"""
     deadline = time.monotonic() + timeout
     with wiring.uow() as uow:
         before = uow.leases.expires_at(LEASE_NAME)
@@ -156,23 +158,15 @@ def _wait_for_leader(wiring: Wiring, timeout: float) -> None:
         with wiring.uow() as uow:
             expires = uow.leases.expires_at(LEASE_NAME)
         if expires is not None and expires != before:
-            return
-        time.sleep(0.05)
-    raise click.ClickException(f"the scheduler process took no lease within {timeout:.0f} s")
-
-
-def _wait_for_next_write(wiring: Wiring, timeout: float) -> None:
-    """Until the scheduler renews its lease again: every write of a cycle (the parked reasons, the
-    decision) renews it under the epoch. (So does the term's background renewal, every third of
-    the TTL: landing in the wait, it ends it early, and the first probe meets the cycle's rest.)"""
-    with wiring.uow() as uow:
-        before = uow.leases.expires_at(LEASE_NAME)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with wiring.uow() as uow:
-            if uow.leases.expires_at(LEASE_NAME) != before:
-                return
+            return True
         time.sleep(0.02)
+    return False
+
+
+def _wait_for_leader(wiring: Wiring, timeout: float) -> None:
+    """Until the scheduler process holds its lease."""
+    if not _lease_written(wiring, timeout):
+        raise click.ClickException(f"the scheduler process took no lease within {timeout:.0f} s")
 
 
 def _decided(wiring: Wiring, workload_id: str) -> bool:
@@ -215,7 +209,7 @@ def _submit_latency(wiring: Wiring, settings: Settings, submits: int, timeout: f
                     time.sleep(0.05)
                 # A gang behind its queue's heads is told in its cycle's park phase, before the
                 # ordered pass: the probes start once that cycle has written its decision too.
-                _wait_for_next_write(wiring, WARM_UP_TIMEOUT)
+                _lease_written(wiring, WARM_UP_TIMEOUT)
                 continue
             submit_seconds.append(submitted - started)
             while not _decided(wiring, view.id):

@@ -231,8 +231,12 @@ class CycleState:
         """A new stamp for the cluster's free capacity (journaled: a rollback restores the old)."""
         if self._open:
             self._journal.append((_STAMP, cluster_id, self.stamps.get(cluster_id, 0), None))
+        self.stamps[cluster_id] = self._new_stamp()
+
+    def _new_stamp(self) -> int:
+        """A number never given before, for a cluster's capacity or for the usage."""
         self._stamps_given += 1
-        self.stamps[cluster_id] = self._stamps_given
+        return self._stamps_given
 
     def _stamp_once(self, node_id: str, stamped: str | None) -> str:
         """Stamp the node's cluster unless it is `stamped` already (a run's pods share one
@@ -278,8 +282,7 @@ class CycleState:
         if self._open:
             self._journal.append((_QUOTA, queue_id, held, sign))
             self._journal.append((_USAGE, self.usage_stamp, None, None))
-        self._stamps_given += 1
-        self.usage_stamp = self._stamps_given
+        self.usage_stamp = self._new_stamp()
 
     def hold_live(self, runs: Iterable[LiveRun]) -> None:
         """`take` for every live run at once: capacity per node, then quota once per queue.

@@ -101,11 +101,7 @@ def emit(
     uow: UnitOfWork, prefix: str, queue: str, event: str, workload_id: str, now: datetime, **extra: object
 ) -> None:
     """Write a `workload.<event>` event about one workload to the outbox (in the caller's transaction)."""
-    data = uow.workloads.event_data(workload_id)
-    data.update(extra)
-    event_id, payload = envelope(f"workload.{event}", data, now)
-    subject = workload_subject(prefix, str(data.get("team", "unknown")), str(data.get("queue", queue)), event)
-    uow.outbox.add(subject, event_id, payload, now)
+    emit_each(uow, prefix, [(workload_id, queue, event, extra)], now)
 
 
 def emit_view(uow: UnitOfWork, prefix: str, event: str, view: WorkloadView, now: datetime) -> None:

@@ -217,7 +217,8 @@ class WorkloadRepository(Protocol):
         self, changes: Sequence[tuple[str, str, str]], from_states: Sequence[str], now: datetime
     ) -> set[str]:
         """`set_state` for many workloads in one statement, `changes` as (workload id, to state,
-        reason); the ids of those that moved (they were in one of `from_states`)."""
+        reason); the ids of those that moved (they were in one of `from_states`). A workload that
+        leaves `queued` loses its pending reason."""
         ...
 
     def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:

@@ -197,6 +197,12 @@ def run_cycle(
         raise
 
 
+def _renew_under_epoch(uow: UnitOfWork, holder: str, epoch: int, now: datetime, ttl: float) -> None:
+    """Renew the lease in the writing transaction: a deposed leader's write never lands."""
+    if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
+        raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
+
+
 def _store_reasons(
     uow_factory: UnitOfWorkFactory,
     holder: str,
@@ -214,8 +220,7 @@ def _store_reasons(
         return 0
     with uow_factory() as uow:
         written = uow.workloads.record_pending(to_write)
-        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
-            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
+        _renew_under_epoch(uow, holder, epoch, now, ttl)
         uow.commit()
     cache.pending_written(records)
     return written
@@ -351,8 +356,7 @@ def _cycle(
         # leader's decision can never land. Checked last, so the lease row is locked only for
         # the commit, never while the decision is written (the background renewal and a standby
         # would otherwise wait behind a long write and find the lease expired).
-        if not uow.leases.renew(LEASE_NAME, holder, epoch, now, ttl):
-            raise LostLeadership(f"scheduler epoch {epoch} is no longer current")
+        _renew_under_epoch(uow, holder, epoch, now, ttl)
         uow.commit()
     cache.pending_written(records)
     phase_done(CyclePhase.APPLY)
