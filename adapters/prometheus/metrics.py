@@ -81,7 +81,7 @@ class PrometheusMetrics:
         )
         self.evictions = Counter(
             "gpufleet_evictions_total",
-            "Running gangs evicted, by kind (preempt, reclaim, idle, rebalance)",
+            "Running gangs evicted, by kind (preempt, reclaim, idle, rebalance, take-back)",
             ["kind"],
             registry=r,
         )

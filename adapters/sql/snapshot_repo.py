@@ -360,8 +360,20 @@ class SqlSnapshotReader:
                 admitted_at=created_at,
                 min_runtime_seconds=classes[pc_name].min_runtime_seconds,
                 max_runtime_seconds=max_runtime,
+                lent_to=lent_to,
             )
-            for run_id, workload_id, cluster_id, started_at, created_at, queue_id, priority, pc_name, max_runtime in (
+            for (
+                run_id,
+                workload_id,
+                cluster_id,
+                started_at,
+                created_at,
+                lent_to,
+                queue_id,
+                priority,
+                pc_name,
+                max_runtime,
+            ) in (
                 self.s.execute(
                     select(
                         RunRow.id,
@@ -369,6 +381,7 @@ class SqlSnapshotReader:
                         RunRow.cluster_id,
                         RunRow.started_at,
                         RunRow.created_at,
+                        RunRow.lent_to,
                         WorkloadRow.queue_id,
                         WorkloadRow.priority,
                         WorkloadRow.priority_class,

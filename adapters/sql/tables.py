@@ -270,6 +270,8 @@ class RunRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     # Why it ended (controlplane.core.decision.EndCause; "" while live), migration 0007.
     end_cause: Mapped[str] = mapped_column(String(20), default="")
+    # Admitted on capacity reserved for this waiting workload, which may take it back (0016).
+    lent_to: Mapped[str | None] = mapped_column(String(40), default=None)
     created_at: Mapped[datetime]
     dispatched_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]

@@ -189,6 +189,7 @@ class SqlWorkloadRepository(SqlWorkloadViews):
                         "dispatch_state": "pending",
                         "message": "",
                         "end_cause": "",
+                        "lent_to": admission.lent_to,
                         "created_at": now,
                     }
                 )

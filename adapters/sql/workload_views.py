@@ -45,6 +45,7 @@ _RUN_COLUMNS = (
     RunRow.started_at,
     RunRow.finished_at,
     RunRow.end_cause,
+    RunRow.lent_to,
 )
 _LIVE = ("admitted", "dispatching", "running")
 
@@ -112,6 +113,7 @@ class SqlWorkloadViews:
                 idle=findings.get(run.id),
                 end_cause=run.end_cause,
                 serving=serving.get(run.id),
+                lent_to=run.lent_to,
             )
             for run in runs
         ]

@@ -370,6 +370,7 @@ class SyntheticFleet:
                 run_id=f"run-{a.workload_id}",
                 preemptible=by_id[a.workload_id].preemptible,
                 admitted_at=self.now,
+                lent_to=a.lent_to,
             )
             for a in decision.admissions
         )

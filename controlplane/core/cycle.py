@@ -4,7 +4,9 @@ the least disruptive action first.
 First every pending gang that a limit (or its guarantee) blocks for the whole cycle, with no
 eviction open to it, is parked (`parking.py`): left pending with that reason, outside the order.
 Then the candidates, in fair-share order; the actions, in their fixed order, for one gang:
-1. admit it where a placement on free nodes passes every quota rule (or backfill a reservation);
+1. admit it where a placement on free nodes passes every quota rule (or backfill a reservation,
+   or borrow the capacity one holds: `reservation.py`); else take back what its own reservation
+   lent, when that makes room;
 2. reclaim GPUs the idle policy marked reclaimable (any queue);
 3. reclaim capacity other queues borrowed, if its queue stays within its guarantee;
 4. preempt lower-priority gangs of its own queue;
@@ -85,7 +87,7 @@ class Cycle:
         self.admissions: list[Admission] = []
         self.pending: list[PendingReason] = []
         self.positions: dict[str, int] = {}  # queue id -> candidates of it left pending so far
-        # (queue, priority, flags, shape) -> the verdict of a gang exactly like it
+        # (queue, priority, flags, runtimes, shape) -> the verdict of a gang exactly like it
         self.verdicts: dict[tuple[object, ...], Verdict] = {}
         # Free capacity as the cycle found it: a gang that would have fit there but not after this
         # cycle's admissions waits on fair share, not on the fleet (`_fair_share_reason`).
@@ -157,7 +159,7 @@ class Cycle:
     def try_admit(self, workload: Workload) -> Verdict | None:
         """Admit the gang (maybe after evictions); the pending reason when it cannot be.
 
-        A gang exactly like one already left pending (same queue, priority, flags and shape) is
+        A gang exactly like one already left pending (same queue, priority, flags, runtimes and shape) is
         left pending for the same reason without trying again: deep backlogs of look-alike gangs
         cost a dictionary lookup each.
         """
@@ -167,6 +169,7 @@ class Cycle:
             workload.preemptible,
             workload.may_evict,
             workload.max_runtime_seconds,
+            workload.min_runtime_seconds,  # whether it may borrow reserved capacity
             self.state.facts.shape_id(workload),
         )
         known = self.verdicts.get(key)
@@ -218,6 +221,7 @@ class Cycle:
             and ledger.guarantee_holder(workload.queue_id) is not None
         )
         for kind, allowed, combined in (
+            (EvictionKind.TAKE_BACK, blocked is None and bool(self.state.lent_to(workload.id)), False),
             (EvictionKind.IDLE, blocked is None, False),
             (EvictionKind.RECLAIM, self.policy.reclaim and reclaimable, False),
             (EvictionKind.PREEMPT, self.policy.preemption, False),
@@ -286,10 +290,10 @@ class Cycle:
         share = float(self.fair_share.share(workload.queue_id))
         return FairShareTurn(own, share, names, max(0, len(others) - 3))
 
-    def _admit(self, workload: Workload, placement: Placement) -> None:
+    def _admit(self, workload: Workload, placement: Placement, lent_to: str | None = None) -> None:
         self.state.take(placement.assignments, workload.queue_id)
         self.admitted_queues.append(workload.queue_id)
         self.fit_at_start.setdefault(
             self.state.facts.shape_id(workload), True
         )  # it fitted with less free than at the start
-        self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments))
+        self.admissions.append(Admission(workload.id, placement.cluster_id, placement.assignments, lent_to))

@@ -25,6 +25,8 @@ class EvictionKind(StrEnum):
     RECLAIM = "reclaim"  # its queue borrowed; a queue under its guarantee takes it back
     PREEMPT = "preempt"  # a higher-priority gang of its own queue needs the room
     REBALANCE = "rebalance"  # opt-in: a queue below its fair share takes it
+    # It ran on capacity a reservation lent while its owner waited; the owner takes it back.
+    TAKE_BACK = "take-back"
 
     @property
     def end_cause(self) -> EndCause:
@@ -41,6 +43,7 @@ class EndCause(StrEnum):
     RECLAIMED = "reclaimed"
     RECLAIMED_IDLE = "reclaimed-idle"
     REBALANCED = "rebalanced"
+    TAKEN_BACK = "taken-back"  # it ran on lent reserved capacity, and the reservation's owner took it
     NODE_LOST = "node-lost"  # a node it held left its cluster
     OBJECTS_LOST = "objects-lost"  # its objects vanished from its cluster (deleted behind gpufleet's back)
     GANG_START_TIMEOUT = "gang-start-timeout"  # dispatched, but its pods never all ran in time
@@ -56,6 +59,7 @@ _END_CAUSE_OF_EVICTION = {
     EvictionKind.RECLAIM: EndCause.RECLAIMED,
     EvictionKind.PREEMPT: EndCause.PREEMPTED,
     EvictionKind.REBALANCE: EndCause.REBALANCED,
+    EvictionKind.TAKE_BACK: EndCause.TAKEN_BACK,
 }
 
 
@@ -64,6 +68,8 @@ class Admission:
     workload_id: str
     cluster_id: str
     assignments: tuple[PodAssignment, ...]
+    # Admitted on capacity held for this waiting gang (id) and lent until it is taken back.
+    lent_to: str | None = None
 
     @property
     def pod_counts(self) -> dict[str, int]:

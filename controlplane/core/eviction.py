@@ -1,4 +1,5 @@
-"""Making room by stopping live runs: idle reclaim, reclaim, preemption and rebalancing.
+"""Making room by stopping live runs: taking back lent reserved capacity, idle reclaim, reclaim,
+preemption and rebalancing.
 
 Every eviction is a what-if first: candidates are released on the cycle's state inside a
 checkpoint, one by one, until the gang fits and the kind's rule holds; the set is then minimised
@@ -21,6 +22,10 @@ from controlplane.core.prefix_search import shortest_fitting_prefix
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState, live_key
 from controlplane.domain.model import GPU_EQ, Cluster, Workload
+
+# Kinds whose victims may be taken whatever was released before them (no rule reads the quota
+# they give back): the gang's own placement, which passes every quota rule, is the whole test.
+_RELEASE_ANY_ORDER = (EvictionKind.PREEMPT, EvictionKind.IDLE, EvictionKind.TAKE_BACK)
 
 
 class Evictor:
@@ -237,6 +242,8 @@ class Evictor:
         sources: tuple[str, ...] = ()  # reclaim: the queues its candidates come from
         if kind is EvictionKind.PREEMPT:
             key = (kind, ignore_min_runtime, workload.queue_id, workload.priority)
+        elif kind is EvictionKind.TAKE_BACK:
+            key = (kind, ignore_min_runtime, workload.id)
         elif kind is EvictionKind.IDLE:
             key = (kind, ignore_min_runtime)
         elif kind is EvictionKind.REBALANCE:
@@ -284,6 +291,8 @@ class Evictor:
     ) -> list[LiveRun]:
         if kind is EvictionKind.PREEMPT:
             pool = self._in_order(workload.queue_id)
+        elif kind is EvictionKind.TAKE_BACK:
+            pool = sorted(self.state.lent_to(workload.id), key=self._victim_order)
         elif kind is EvictionKind.IDLE:
             pool = self._idle_in_order()
         elif kind is EvictionKind.REBALANCE:
@@ -373,7 +382,7 @@ class Evictor:
         trial = state.checkpoint()
         try:
             chosen: list[LiveRun] | None
-            if kind in (EvictionKind.PREEMPT, EvictionKind.IDLE) and not combined:
+            if kind in _RELEASE_ANY_ORDER and not combined:
                 # No victim is skipped on the way (those checks read quota the releases change), and
                 # freeing more never takes room away: the shortest prefix is found by bisection,
                 # once one probe with all of them released found room.
@@ -490,7 +499,7 @@ class Evictor:
     ) -> bool:
         """Reclaim only restores a guarantee: with the victims gone, the gang must fit within the
         guarantee of its queue and of every ancestor that declares one. Nobody evicts to borrow."""
-        if kind in (EvictionKind.PREEMPT, EvictionKind.IDLE):
+        if kind in _RELEASE_ANY_ORDER:
             return True  # the gang's own placement already passed every quota rule
         held = self.state.unit.usage(placement.assignments, self.state.pool_of_node)
         if kind is EvictionKind.RECLAIM:

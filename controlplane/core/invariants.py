@@ -73,6 +73,8 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
         if len(pods) < workload.min_available:
             raise InvariantViolation(f"gang {workload.id} admitted with fewer than min_available pods")
         _check_pod_sets(workload, pods)
+        if admission.lent_to is not None and (not workload.preemptible or admission.lent_to not in pending):
+            raise InvariantViolation(f"gang {workload.id} borrows reserved capacity it could not give back")
         clusters = {pool_of_node[a.node_id].cluster_id for a in admission.assignments}
         if clusters != {admission.cluster_id}:
             raise InvariantViolation(f"gang {workload.id} spans clusters {sorted(clusters)}")
@@ -110,7 +112,8 @@ def _check_pod_sets(workload: Workload, pods: set[tuple[str, int]]) -> None:
 
 def _check_evictions(snapshot: Snapshot, decision: Decision, pending: Mapping[str, Workload]) -> set[str]:
     """Evictions stop live, preemptible runs, once each; priority preempts only inside a queue and
-    only lower priority; reclaim takes only from other queues. Returns the evicted run keys."""
+    only lower priority; reclaim takes only from other queues; a take-back only runs lent to the
+    gang that takes them. Returns the evicted run keys."""
     runs = {run.run_id or run.workload_id: run for run in snapshot.live_runs}
     evicted: set[str] = set()
     for eviction in decision.evictions:
@@ -136,6 +139,8 @@ def _check_evictions(snapshot: Snapshot, decision: Decision, pending: Mapping[st
             raise InvariantViolation(f"{key} rebalanced away by its own queue or by lower priority")
         if eviction.kind == "idle" and not run.idle_reclaimable:
             raise InvariantViolation(f"{key} reclaimed as idle without the idle policy marking it")
-        if eviction.kind not in ("idle", "preempt", "reclaim", "rebalance"):
+        if eviction.kind == "take-back" and run.lent_to != beneficiary.id:
+            raise InvariantViolation(f"{key} taken back by a gang it was not lent capacity by")
+        if eviction.kind not in ("idle", "preempt", "reclaim", "rebalance", "take-back"):
             raise InvariantViolation(f"eviction of {key} has unknown kind {eviction.kind!r}")
     return evicted

@@ -1,7 +1,10 @@
 """Reservations: the head of a queue that finds no room holds the nodes that free up first.
 
 Work behind it backfills there only if its declared `max_runtime_seconds` ends before the
-reservation is due, so a stream of small jobs cannot starve a large gang. Nothing is held waiting
+reservation is due, so a stream of small jobs cannot starve a large gang. The rest of the time the
+held capacity is lent, not left idle: a preemptible gang whose minimum runtime ends by then may
+run there (`Admission.lent_to`), and the owner takes it back (eviction kind `take-back`) when
+that makes room for it; its later searches count what it lent as free. Nothing is held waiting
 for a run that has no declared end and may not be evicted (non-preemptible): it may never end.
 Nor does a gang that would borrow hold capacity other queues' unused guarantees need: that idle
 guarantee is lent to borrowers (reclaimable later), unless `Policy.reserve_idle_guarantee`. Finding the nodes is a
@@ -65,7 +68,38 @@ class Reservations:
         if len(self.held) >= self.policy.max_reservations:
             return None
         state = self.state
-        order = self._due_order()
+        # What it lent in earlier cycles it takes back whenever it needs: that capacity counts as
+        # free for its search (and those runs not among those it waits for).
+        lent = state.lent_to(workload.id)
+        if not lent:
+            best = self._soonest(workload, self._due_order())
+        else:
+            mark = state.checkpoint()
+            try:
+                for run in lent:
+                    state.give_back(run.assignments, run.queue_id, quota=False)
+                best = self._soonest(workload, _without_runs(self._due_order(), lent))
+            finally:
+                state.rollback(mark)
+        if best is None:
+            return None
+        unknown, due, _, cluster_id, placement = best
+        state.reservation_clusters[state.facts.shape_id(workload)] = cluster_id
+        nodes = sorted({a.node_id for a in placement.assignments})
+        if self._would_hold_idle_guarantee(workload, nodes):
+            return None
+        # Held: nobody else may take what is free there now.
+        held = {node_id: state.hold_node(node_id) for node_id in nodes}
+        self.held.append(Reservation(workload.id, cluster_id, held, None if unknown else due))
+        cluster_name = next((c.name for c in self.clusters if c.id == cluster_id), cluster_id)
+        note = ReservationNote(len(nodes), cluster_name, workload.name, None if unknown else due)
+        self.by_queue[workload.queue_id] = note
+        return note
+
+    def _soonest(self, workload: Workload, order: DueOrder) -> tuple[bool, datetime, int, str, Placement] | None:
+        """(whether it waits for runs with no declared end, when it fits, the runs waited for, the
+        cluster, the placement then) where the gang fits soonest, or None."""
+        state = self.state
         shape = state.facts.shape_id(workload)
         # The answer does not depend on the order clusters are searched in (ties go by cluster
         # id), but the bound prunes more once a good one is found: the cluster where this shape's
@@ -101,20 +135,7 @@ class Reservations:
             candidate = (unknown, self.now if unknown else ends[count - 1], count, cluster.id, found)
             if best is None or candidate[:4] < best[:4]:
                 best = candidate
-        if best is None:
-            return None
-        unknown, due, _, cluster_id, placement = best
-        state.reservation_clusters[shape] = cluster_id
-        nodes = sorted({a.node_id for a in placement.assignments})
-        if self._would_hold_idle_guarantee(workload, nodes):
-            return None
-        # Held: nobody else may take what is free there now.
-        held = {node_id: state.hold_node(node_id) for node_id in nodes}
-        self.held.append(Reservation(workload.id, cluster_id, held, None if unknown else due))
-        cluster_name = next((c.name for c in self.clusters if c.id == cluster_id), cluster_id)
-        note = ReservationNote(len(nodes), cluster_name, workload.name, None if unknown else due)
-        self.by_queue[workload.queue_id] = note
-        return note
+        return best
 
     def _due_order(self) -> DueOrder:
         """Each cluster's live runs in the order they are due to end, with the declared ends of
@@ -176,15 +197,36 @@ class Reservations:
             held[pool.gpu_model] = held.get(pool.gpu_model, 0) + amount
         return any(state.free_eq.get(key, 0) - held.get(key, 0) < amount for key, amount in idle.items())
 
-    def backfill(self, workload: Workload, admit: Callable[[Workload, Placement], None]) -> bool:
-        """Admit a gang on reserved nodes when its declared runtime ends before they are due."""
-        if workload.max_runtime_seconds is None:
+    def backfill(self, workload: Workload, admit: Callable[[Workload, Placement, str | None], None]) -> bool:
+        """Admit a gang on reserved nodes: when its declared runtime ends before they are due;
+        failing that, lent (`_may_borrow`), to be taken back by the gang they are held for."""
+        if workload.max_runtime_seconds is not None:
+            ends = self.now + timedelta(seconds=workload.max_runtime_seconds)
+            ending = [r for r in self.held if r.due is not None and ends <= r.due]
+            if self._backfill_on(workload, ending, admit, lent=False):
+                return True
+        return self._backfill_on(workload, [r for r in self.held if self._may_borrow(workload, r)], admit, lent=True)
+
+    def _may_borrow(self, workload: Workload, reservation: Reservation) -> bool:
+        """Whether the gang may run on what the reservation holds until its owner takes it back:
+        it may be evicted (preemptible), and its minimum runtime, counted from now, ends by the
+        time the reservation is due (none at all when that time is unknown)."""
+        if not self.policy.lend_reserved or not workload.preemptible:
             return False
-        ends = self.now + timedelta(seconds=workload.max_runtime_seconds)
+        if not workload.min_runtime_seconds:
+            return True
+        due = reservation.due
+        return due is not None and self.now + timedelta(seconds=workload.min_runtime_seconds) <= due
+
+    def _backfill_on(
+        self,
+        workload: Workload,
+        reservations: list[Reservation],
+        admit: Callable[[Workload, Placement, str | None], None],
+        lent: bool,
+    ) -> bool:
         state = self.state
-        for reservation in self.held:
-            if reservation.due is None or ends > reservation.due:
-                continue
+        for reservation in reservations:
             trial = state.checkpoint()
             try:
                 for node_id, amounts in reservation.held.items():
@@ -196,9 +238,21 @@ class Reservations:
             if not isinstance(placement, Placement):
                 state.rollback(trial)
                 continue
-            admit(workload, placement)
+            admit(workload, placement, reservation.owner if lent else None)
             for node_id in reservation.held:  # hold again what is still free there
                 reservation.held[node_id] = state.hold_node(node_id)
             state.keep(trial)
             return True
         return False
+
+
+def _without_runs(order: DueOrder, runs: list[LiveRun]) -> DueOrder:
+    """The due order without these runs (each cluster's declared ends kept aligned with its runs)."""
+    if not runs:
+        return order
+    gone = {live_key(run) for run in runs}
+    kept: DueOrder = {}
+    for cluster_id, (in_order, ends) in order.items():
+        staying = [i for i, run in enumerate(in_order) if live_key(run) not in gone]
+        kept[cluster_id] = ([in_order[i] for i in staying], [ends[i] for i in staying if i < len(ends)])
+    return kept

@@ -48,6 +48,8 @@ class LiveRun:
     # take its GPUs, whatever queue or priority (the policy's exemptions already applied).
     idle_reclaimable: bool = False
     max_runtime_seconds: float | None = None  # declared bound: when its capacity is due back
+    # Runs on capacity a reservation lent: the waiting gang (id) it was held for takes it back.
+    lent_to: str | None = None
 
     def ends_by(self) -> datetime | None:
         started = self.started_at or self.admitted_at
@@ -110,6 +112,9 @@ class Policy:
     # A reservation for a gang that would borrow may hold capacity other queues' unused guarantees
     # need (off: that idle guarantee is lent to borrowers instead, reclaimable later).
     reserve_idle_guarantee: bool = False
+    # While a reservation waits, the capacity it holds is lent to preemptible gangs whose minimum
+    # runtime ends by the time it is due; its owner takes it back (eviction kind `take-back`).
+    lend_reserved: bool = True
     # How placements are scored (lower wins): free GPU slots left on the touched nodes, nodes left
     # partly used, and price per hour of the GPUs taken.
     fit_weight: float = 1.0

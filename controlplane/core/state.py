@@ -115,6 +115,8 @@ class CycleState:
         # are due in, for reservations) holds while it stays.
         self.live_changes = 0
         self.live_listed = 0  # bumped when the live runs are listed anew (`relist_live`): once a cycle
+        # (the listing it was worked out from, waiting gang id -> the runs lent its reserved capacity)
+        self._lent: tuple[int, dict[str, list[LiveRun]]] = (-1, {})
         for run in snapshot.live_runs:
             self.live[live_key(run)] = run
             self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
@@ -179,6 +181,18 @@ class CycleState:
         for run in runs:
             self.live[live_key(run)] = run
             self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
+
+    def lent_to(self, owner: str) -> list[LiveRun]:
+        """The live runs admitted on capacity a reservation held for the waiting gang `owner`
+        (`LiveRun.lent_to`): it may take them back. Indexed once per listing of the live runs."""
+        if self._lent[0] != self.live_listed:
+            lent: dict[str, list[LiveRun]] = {}
+            for run in self.live.values():
+                if run.lent_to is not None:
+                    lent.setdefault(run.lent_to, []).append(run)
+            self._lent = (self.live_listed, lent)
+        runs = self._lent[1].get(owner)
+        return [run for run in runs if live_key(run) in self.live] if runs else []
 
     # -- mutation points -----------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ def _workload_problems(expected: WorkloadExpectation, got: WorkloadResult) -> li
         "preempted_kind": first.kind if first else None,
         "preempted_at": first.at if first else None,
         "preempted_others": got.preempted_others,
+        "borrowed_from": got.runs[0].lent_to if got.runs else None,
         "finished_at": got.finished_at,
     }
     problems = []

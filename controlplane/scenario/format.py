@@ -181,10 +181,12 @@ class WorkloadExpectation(Strict):
     pod_count: int | None = Field(default=None, ge=0)
     preemptions: int | None = Field(default=None, ge=0)
     preempted_by: Name | None = None  # of the first preemption, as are the three below
-    preempted_kind: Literal["idle", "preempt", "reclaim", "rebalance"] | None = None
+    preempted_kind: Literal["idle", "preempt", "reclaim", "rebalance", "take-back"] | None = None
     preempted_at: Seconds | None = None
     preempted_within: Window | None = None
     preempted_others: int | None = Field(default=None, ge=0)  # evictions made for this workload
+    # Its first run borrowed capacity reserved for this waiting workload (null: it did not).
+    borrowed_from: Name | None = None
     finished_at: Seconds | None = None
     finished_within: Window | None = None
     pending_reason_contains: str | list[str] | None = None  # a list: each in a later reason than the last

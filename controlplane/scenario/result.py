@@ -41,6 +41,7 @@ class RunRecord:
     ended_at: Seconds | None = None
     end: str = "running"  # running | finished | preempted | cancelled
     gpu_eq: float = 0.0  # what the run holds, for usage history
+    lent_to: str | None = None  # ran on capacity reserved for this waiting workload (its id)
 
 
 @dataclass(frozen=True)

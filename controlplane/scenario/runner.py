@@ -55,6 +55,7 @@ class _Live:
     cluster_id: str
     assignments: tuple[PodAssignment, ...]
     ends_at: Seconds | None
+    lent_to: str | None = None  # the waiting gang whose reserved capacity it borrowed
 
 
 @dataclass
@@ -254,6 +255,7 @@ class _Simulation:
                     idle_reclaimable=track.idle_reclaim_after is not None
                     and t - live.admitted_at >= track.idle_reclaim_after,
                     max_runtime_seconds=track.workload.max_runtime_seconds,
+                    lent_to=live.lent_to,
                 )
             )
         return Snapshot(
@@ -319,14 +321,20 @@ class _Simulation:
             track = self.tracks[admission.workload_id]
             ends_at = t + track.workload.duration_seconds if track.workload.duration_seconds else None
             run_id = f"{track.workload.id}#{len(track.runs) + 1}"
-            track.live = _Live(run_id, t, admission.cluster_id, admission.assignments, ends_at)
+            track.live = _Live(run_id, t, admission.cluster_id, admission.assignments, ends_at, admission.lent_to)
             pools = sorted({self.pools[self.nodes[a.node_id].pool_id].name for a in admission.assignments})
             nodes = sorted({self.nodes[a.node_id].name for a in admission.assignments})
             unit = GpuEqUnit.for_fleet(self.pools.values(), ())
             gpu_eq = unit.gpus(unit.usage(admission.assignments, self.pools_of_nodes()).get(GPU_EQ, 0))
             track.runs.append(
                 RunRecord(
-                    t, admission.cluster_id, tuple(pools), tuple(nodes), len(admission.assignments), gpu_eq=gpu_eq
+                    t,
+                    admission.cluster_id,
+                    tuple(pools),
+                    tuple(nodes),
+                    len(admission.assignments),
+                    gpu_eq=gpu_eq,
+                    lent_to=admission.lent_to,
                 )
             )
             track.state = "running"

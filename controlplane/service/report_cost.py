@@ -1,7 +1,7 @@
 """What evictions and idle allocations cost: the preemption report and the cost report.
 
 **Evictions** are runs that ended inside `[from, to)` for one of the scheduler's eviction kinds
-(their end cause: `preempted`, `reclaimed`, `reclaimed-idle`, `rebalanced`):
+(their end cause: `preempted`, `reclaimed`, `reclaimed-idle`, `rebalanced`, `taken-back`):
 - `gpu_hours_lost`: work thrown away, the victim's gpu-eq x the time from its start (its pods all
   running) to the eviction, counted whole at the eviction; 0 for a run that never started;
 - `gpu_hours_returned`: for `reclaimed-idle`, capacity handed back as the utilization report

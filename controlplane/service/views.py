@@ -189,6 +189,8 @@ class RunView:
     idle: IdleView | None = None
     end_cause: str = ""  # why it ended (EndCause: preempted, reclaimed-idle, node-lost, ...); "" while live
     serving: ServingView | None = None  # the latest traffic/latency reading of a serving run
+    # Runs on capacity reserved for this waiting workload (id), which takes it back when it can start.
+    lent_to: str | None = None
 
 
 @dataclass(frozen=True)

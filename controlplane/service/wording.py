@@ -162,6 +162,11 @@ def eviction_text(eviction: Eviction) -> str:
             f"{who} (priority {eviction.beneficiary_priority}) takes this priority {eviction.victim_priority} "
             "gang's capacity"
         )
+    if eviction.kind is EvictionKind.TAKE_BACK:
+        return (
+            f"taken-back: this run borrowed capacity held for workload {who} (queue {queue}) while it "
+            "waited, and it now takes it back"
+        )
     if eviction.kind is EvictionKind.RECLAIM:
         return (
             f"reclaimed: queue {queue} takes back its guarantee from capacity queue {victim_queue} borrowed, "

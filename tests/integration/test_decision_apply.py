@@ -197,3 +197,46 @@ def test_evictions_are_written_set_based_each_run_and_workload_with_its_own_valu
     assert workloads[ids[0]] == ("queued", "preempted: for w", False)
     assert workloads[ids[1]] == ("failed", "reclaimed: stopped", True)
     assert workloads[ids[2]][0] == "admitted"  # not asked to move
+
+
+def test_a_loan_of_reserved_capacity_is_stored_with_its_run_and_taken_back_through_sql(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    """The live path end to end: a run admitted on capacity reserved for a waiting gang keeps that
+    gang's id (`runs.lent_to`, shown on the workload's runs); the next snapshot reads it back, and
+    once the work the reservation waited for ends, the owner takes the capacity back (end cause
+    `taken-back`) and starts in the same cycle."""
+    prefix = wiring.settings.subject_prefix
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), 3600.0)
+    assert epoch is not None
+
+    def submit(body: dict[str, Any]) -> str:
+        response = client.post("/v1/workloads", json=body, headers=tenant.headers)
+        assert response.status_code in (200, 201, 202), response.text
+        return str(response.json()["id"])
+
+    def cycle() -> None:
+        run_cycle(wiring.uow, "s", epoch, Policy(), prefix, utc_now(), 3600.0, True)
+
+    occupant = submit(gang("occupant", tenant.queue, replicas=3, max_runtime_seconds=3600))
+    cycle()
+    big = submit(gang("big", tenant.queue, replicas=4))
+    filler = submit(gang("filler", tenant.queue, replicas=1))
+    cycle()
+    lent = client.get(f"/v1/workloads/{filler}", headers=tenant.headers).json()
+    assert lent["state"] == "admitted"
+    assert lent["runs"][-1]["lent_to"] == big
+    with wiring.uow() as uow:
+        session = uow.session  # type: ignore[attr-defined]
+        runs = {row[0]: row[1:] for row in session.execute(select(RunRow.workload_id, RunRow.id, RunRow.lent_to))}
+        assert runs[filler][1] == big
+        assert runs[occupant][1] is None
+        uow.runs.end_all([(runs[occupant][0], "done", EndCause.SUCCEEDED)], LIVE_RUN_STATES, "succeeded", utc_now())
+        uow.workloads.set_states([(occupant, "succeeded", "done")], LIVE_WORKLOAD_STATES, utc_now())
+        uow.commit()
+    cycle()
+    taken = client.get(f"/v1/workloads/{filler}", headers=tenant.headers).json()
+    assert taken["state"] == "queued"
+    assert taken["runs"][-1]["end_cause"] == "taken-back"
+    assert taken["runs"][-1]["message"].startswith("taken-back: this run borrowed capacity held for workload big")
+    assert client.get(f"/v1/workloads/{big}", headers=tenant.headers).json()["state"] == "admitted"

@@ -196,6 +196,7 @@ def live_run_of(admission: Admission, workload: Workload) -> LiveRun:
         cluster_id=admission.cluster_id,
         priority=workload.priority,
         assignments=admission.assignments,
+        lent_to=admission.lent_to,
     )
 
 

@@ -385,6 +385,7 @@ class QueueingSimulation:
                 started_at=now,
                 admitted_at=now,
                 max_runtime_seconds=workload.max_runtime_seconds,
+                lent_to=admission.lent_to,
             )
             span = RunSpan(index, t)
             self.spans.append(span)
