@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from controlplane.core.decision import ReservationNote
 from controlplane.core.fit import Fitter
-from controlplane.core.placement import Placement
+from controlplane.core.placement import FreeCapacity, Placement, copy_capacity
 from controlplane.core.prefix_search import shortest_fitting_prefix
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState, live_key
@@ -54,6 +54,8 @@ class Reservations:
         self.fitter = fitter
         self.held: list[Reservation] = []
         self.by_queue: dict[str, ReservationNote] = {}  # queue id -> the reservation its head holds
+        # owner id -> (its cluster's stamp then, that cluster's free capacity with what it holds)
+        self._held_views: dict[str, tuple[int, FreeCapacity]] = {}
 
     def reserve(self, workload: Workload) -> ReservationNote | None:
         """The reservation the gang holds (or its queue's head holds) after this, if any.
@@ -218,6 +220,24 @@ class Reservations:
         due = reservation.due
         return due is not None and self.now + timedelta(seconds=workload.min_runtime_seconds) <= due
 
+    def _with_held(self, reservation: Reservation) -> FreeCapacity:
+        """The free capacity of the reservation's cluster with what it holds put back (a tracked
+        copy, so a shape's answer there is searched once): kept while that cluster's capacity is
+        as it was (its stamp; holding again after a backfill changes it)."""
+        state = self.state
+        stamp = state.stamps.get(reservation.cluster_id, 0)
+        found = self._held_views.get(reservation.owner)
+        if found is None or found[0] != stamp:
+            cluster = self.by_id[reservation.cluster_id]
+            nodes = [node.id for pool in cluster.pools for node in state.nodes_by_pool.get(pool.id, ())]
+            view = copy_capacity(state.free, nodes)
+            for node_id, amounts in reservation.held.items():
+                node_free = view[node_id]
+                for key, amount in amounts.items():
+                    node_free[key] = node_free.get(key, 0) + amount
+            found = self._held_views[reservation.owner] = (stamp, view)
+        return found[1]
+
     def _backfill_on(
         self,
         workload: Workload,
@@ -227,11 +247,17 @@ class Reservations:
     ) -> bool:
         state = self.state
         for reservation in reservations:
+            # The gang found no room anywhere: only what the reservation holds can make some, on
+            # its cluster. Asked on a copy first, so a trial that fails leaves the cycle's own
+            # capacity (and the placements remembered on it) untouched.
+            only = (self.by_id[reservation.cluster_id],)
+            if not isinstance(self.fitter.place(workload, self._with_held(reservation), only, False), Placement):
+                continue
             trial = state.checkpoint()
             try:
                 for node_id, amounts in reservation.held.items():
                     state.unhold_node(node_id, amounts)
-                placement = self.fitter.place(workload, use_cache=False)
+                placement = self.fitter.place(workload, clusters=only, use_cache=False)
             except BaseException:
                 state.rollback(trial)
                 raise
@@ -251,8 +277,9 @@ def _without_runs(order: DueOrder, runs: list[LiveRun]) -> DueOrder:
     if not runs:
         return order
     gone = {live_key(run) for run in runs}
-    kept: DueOrder = {}
-    for cluster_id, (in_order, ends) in order.items():
+    kept = dict(order)
+    for cluster_id in {run.cluster_id for run in runs} & order.keys():
+        in_order, ends = order[cluster_id]
         staying = [i for i, run in enumerate(in_order) if live_key(run) not in gone]
         kept[cluster_id] = ([in_order[i] for i in staying], [ends[i] for i in staying if i < len(ends)])
     return kept
