@@ -20,7 +20,7 @@ the one place those memos are forgotten).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -39,7 +39,7 @@ from controlplane.core.decision import (
 )
 from controlplane.core.eviction import Evictor
 from controlplane.core.fit import Fitter
-from controlplane.core.fragmentation import workload_mix
+from controlplane.core.fragmentation import WorkloadMix, workload_mix
 from controlplane.core.gang_facts import ShapeId
 from controlplane.core.ordering import FairShare
 from controlplane.core.parking import Parked, ParkingClass, class_of, park, queue_order, split_queue
@@ -66,11 +66,13 @@ class Cycle:
         now: datetime,
         state: CycleState | None = None,
         candidates: Sequence[Workload] | None = None,
+        mix_of: Callable[[Sequence[Workload]], WorkloadMix | None] = workload_mix,
     ) -> None:
         """`state` is the fleet state kept across cycles (`incremental.py`), already matching the
         snapshot; by default a fresh one is built from the snapshot. `candidates`: the pending
         gangs not parked, when the caller parked the rest itself (and keeps their reasons);
-        by default the cycle parks every pending gang of the snapshot first."""
+        by default the cycle parks every pending gang of the snapshot first. `mix_of`: how the
+        expected next pod is worked out from the oldest pending gangs (a kept `KeptMix.of`)."""
         self.snapshot = snapshot
         self.policy = policy
         if state is None:
@@ -79,7 +81,7 @@ class Cycle:
             state.begin_cycle(policy)
         self.state = state
         self.fair_share = FairShare(snapshot, policy, now, self.state)
-        scorer = Scorer(policy, self.state, workload_mix(snapshot.pending[:MIX_SAMPLE]))
+        scorer = Scorer(policy, self.state, mix_of(snapshot.pending[:MIX_SAMPLE]))
         self.fitter = Fitter(snapshot, policy, self.state, scorer)
         self.evictor = Evictor(snapshot, policy, now, self.state, self.fitter, self.fair_share, self._capacity_grew)
         self.reservations = Reservations(snapshot, policy, now, self.state, self.fitter)

@@ -430,6 +430,10 @@ class Evictor:
         )
         if miss in state.capacity_misses:
             return False
+        # A limit these runs are too few to lift is told by arithmetic alone (a queue's front
+        # blocked by its limit asks every cluster where it has runs, every cycle).
+        if self._over_limit_without_all(workload, order):
+            return False
         # Quota first (cheap: no capacity released, no placement searched): a rule that blocks
         # even the gang's least start with every run of `order` gone blocks every placement (each
         # holds at least that much, and every rule only tightens with more held).

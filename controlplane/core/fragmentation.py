@@ -278,13 +278,56 @@ def workload_mix(workloads: Iterable[Workload], popularity: float = 0.95) -> Wor
     recently admitted ones); None when they have no pods."""
     counts: dict[PodShape, float] = {}
     for workload in workloads:
-        for pod_set in workload.pod_sets:
-            try:
-                shape = pod_shape(pod_set)
-            except Exception:  # noqa: S112 - an unreadable pod set fails in its gang's own turn, with a reason
-                continue
-            counts[shape] = counts.get(shape, 0.0) + pod_set.replicas
+        for shape, replicas in pods_of(workload):
+            counts[shape] = counts.get(shape, 0.0) + replicas
     return WorkloadMix.from_counts(counts, popularity) if counts else None
+
+
+def pods_of(workload: Workload) -> list[tuple[PodShape, int]]:
+    """Each pod set's shape and replicas (a pod set that cannot be read is left out: it fails in
+    its gang's own turn, with a reason)."""
+    pods = []
+    for pod_set in workload.pod_sets:
+        try:
+            pods.append((pod_shape(pod_set), pod_set.replicas))
+        except Exception:  # noqa: S112
+            continue
+    return pods
+
+
+class KeptMix:
+    """`workload_mix` of a window of pending gangs that moves a little from one cycle to the next
+    (the oldest few thousand), kept by what joined and left it: the same mix, a fraction of the
+    work. Counts are sums of whole replicas, exact in floats whatever the order they are added in."""
+
+    def __init__(self, popularity: float = 0.95) -> None:
+        self.popularity = popularity
+        self.members: dict[str, tuple[Workload, list[tuple[PodShape, int]]]] = {}
+        self.counts: dict[PodShape, float] = {}
+        self.mix: WorkloadMix | None = None
+
+    def of(self, workloads: Sequence[Workload]) -> WorkloadMix | None:
+        members, counts = self.members, self.counts
+        now = {workload.id: workload for workload in workloads}
+        changed = False
+        for gang_id in [gang_id for gang_id, (kept, _) in members.items() if now.get(gang_id) is not kept]:
+            for shape, replicas in members.pop(gang_id)[1]:
+                left = counts[shape] - replicas
+                if left:
+                    counts[shape] = left
+                else:
+                    del counts[shape]
+            changed = True
+        for gang_id, workload in now.items():
+            if gang_id not in members:
+                pods = pods_of(workload)
+                members[gang_id] = (workload, pods)
+                for shape, replicas in pods:
+                    counts[shape] = counts.get(shape, 0.0) + replicas
+                changed = True
+        if changed:
+            self.mix = WorkloadMix.from_counts(counts, self.popularity) if counts else None
+        return self.mix
 
 
 def gpus_of_free(free: Mapping[str, int], pool: NodePool) -> GpuFree:

@@ -42,7 +42,17 @@ from datetime import datetime
 
 from controlplane.core.cycle import Cycle
 from controlplane.core.decision import BehindHeads, Decision, PendingReason, ReservationNote, Why
-from controlplane.core.parking import CANDIDATE, Parked, ParkingClass, class_of, park, queue_order, split_queue
+from controlplane.core.fragmentation import KeptMix
+from controlplane.core.parking import (
+    CANDIDATE,
+    Parked,
+    ParkingClass,
+    QueueSplit,
+    class_of,
+    park,
+    queue_order,
+    split_queue,
+)
 from controlplane.core.schedule import decision_of, quarantine_queues, schedule
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
 from controlplane.core.state import CycleState, live_key
@@ -83,6 +93,7 @@ class IncrementalScheduler:
         self.parking = Parking()
         self._policy: Policy | None = None  # the policy the parking answers were given under
         self._parked: _Parked | None = None  # `park`'s outcome, until `decide` on its snapshot
+        self._mix = KeptMix()  # the expected next pod, from the oldest pending gangs
         self.last_sync = SyncStats(rebuilt=True, runs_released=0, runs_added=0)
 
     def reset(self) -> None:
@@ -127,7 +138,7 @@ class IncrementalScheduler:
         state = parked.state
         mark = state.checkpoint()
         try:
-            cycle = Cycle(parked.usable, policy, now, state, candidates=parked.candidates)
+            cycle = Cycle(parked.usable, policy, now, state, candidates=parked.candidates, mix_of=self._mix.of)
             failure = cycle.run()
         except Exception:
             self._kept = None
@@ -239,6 +250,10 @@ class Parking:
         self.behind_of: dict[str, BehindHeads] = {}  # queue id -> the reason of the gangs behind
         self.kept: dict[str, tuple[Why, ReservationNote | None]] = {}  # workload id -> its reason
         self.to_tell: dict[str, None] = {}  # gangs whose reason may have changed this cycle
+        # Each queue's split as the last cycle worked it out, and the queues whose classes have
+        # changed since (a gang joined or left, an answer moved): only those are split again.
+        self.splits: dict[str, QueueSplit[Workload]] = {}
+        self.dirty: set[str] = set()
         self.last_checked = 0
 
     def reasons(self) -> dict[str, PendingReason]:
@@ -256,6 +271,8 @@ class Parking:
             answer = park(state, policy, gang)
             if (answer.for_good or entry.answer.for_good) and answer.why != entry.answer.why:
                 self.to_tell.update(dict.fromkeys(entry.members))  # parked for good, or no longer
+            if answer != entry.answer:
+                self.dirty.add(gang.queue_id)
             entry.answer = answer
         self._see(state)
         per_queue: dict[str, list[_Class]] = {}
@@ -267,11 +284,16 @@ class Parking:
         candidates: list[Workload] = []
         fronts: dict[str, set[str]] = {}
         self.front_parked = {}
+        splits: dict[str, QueueSplit[Workload]] = {}
         for queue_id, entries in per_queue.items():
-            split = split_queue(self._front_gangs(entries, heads), heads)
+            split = self.splits.get(queue_id)
+            if split is None or queue_id in self.dirty:
+                split = split_queue(self._front_gangs(entries, heads), heads)
+            splits[queue_id] = split
             candidates.extend(split.candidates)
             self.front_parked.update((workload.id, why) for workload, why in split.parked)
             fronts[queue_id] = {w.id for w in split.candidates} | {w.id for w, _ in split.parked}
+        self.splits, self.dirty = splits, set()
         for queue_id, members in self.fronts.items():
             now = fronts.get(queue_id, set())
             self.to_tell.update((gang_id, None) for gang_id in members - now if gang_id in self.class_of_gang)
@@ -340,6 +362,7 @@ class Parking:
             entry.ordered = None
         entry.members[workload.id] = workload
         self.class_of_gang[workload.id] = (workload, gang)
+        self.dirty.add(gang.queue_id)
         self.to_tell[workload.id] = None  # its reason is worked out at `settle` unless decided
 
     def _leave(self, gang_id: str, gang: ParkingClass) -> None:
@@ -349,19 +372,27 @@ class Parking:
         entry = self.classes[gang]
         del entry.members[gang_id]
         entry.ordered = None
+        self.dirty.add(gang.queue_id)
         if not entry.members:
             del self.classes[gang]
 
     def _woken(self, state: CycleState) -> list[ParkingClass]:
-        """Candidate classes (asked every cycle: they are decided anyway), and parked classes
-        whose watched usage changed since the previous cycle's start."""
+        """Classes not asked yet, and classes (parked or not) whose watched usage changed since
+        the previous cycle's start."""
         ledger = state.ledger
-        changed = {node for node, version in ledger.versions.items() if self.versions_seen.get(node) != version}
+        # A version moves with every charge, trials rolled back included: what counts is usage
+        # that is not what it was.
+        seen = self.usage_seen
+        changed = {
+            node
+            for node, version in ledger.versions.items()
+            if self.versions_seen.get(node) != version and ledger.usage.get(node, {}) != seen.get(node, {})
+        }
         changed.update(node for node in self.versions_seen if node not in ledger.versions)
         woken: list[ParkingClass] = []
         for gang, entry in self.classes.items():
             answer = entry.answer
-            if answer.why is None or (
+            if answer is CANDIDATE or (
                 changed
                 and (
                     any(node in changed for node in answer.watch_any)

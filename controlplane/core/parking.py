@@ -66,7 +66,9 @@ class Parked:
     Blocked by a limit at the chain's node of depth d: any usage change on the nodes below it (a
     lower limit may become the first to block) and a drop of usage where it blocks wake it; a
     limit it exceeds on its own, nothing (a new limit rebuilds the state); blocked by its
-    guarantee: any usage change on the chain."""
+    guarantee: any usage change on the chain. Not blocked: any usage change on a node of the
+    chain with a gpu-eq limit (on the whole chain for non-preemptible work, which its guarantee
+    may block)."""
 
     why: Why | None  # None: not blocked, a candidate
     may_ask: bool = False  # blocked, but its queue's front gang of this kind may ask for evictions
@@ -80,7 +82,7 @@ class Parked:
         return isinstance(self.why, QuotaLimit) and self.why.never
 
 
-CANDIDATE = Parked(None)
+CANDIDATE = Parked(None)  # a class not asked yet
 
 Gang = TypeVar("Gang")
 
@@ -145,4 +147,7 @@ def park(state: CycleState, policy: Policy, gang: ParkingClass) -> Parked:
     if not gang.preemptible and not ledger.within_guarantee(gang.queue_id, wanted):
         why = OutsideGuarantee(state.unit.gpus(gang.least))
         return Parked(why, may_ask, tuple(node.id for node in chain))
-    return CANDIDATE
+    # Not blocked: usage rising where a gpu-eq limit stands (anywhere on the chain, for work only
+    # its guarantee admits) may block it.
+    watched = chain if not gang.preemptible else [node for node in chain if GPU_EQ in ledger.limits[node.id]]
+    return Parked(None, watch_any=tuple(node.id for node in watched))

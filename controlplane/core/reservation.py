@@ -54,8 +54,9 @@ class Reservations:
         self.fitter = fitter
         self.held: list[Reservation] = []
         self.by_queue: dict[str, ReservationNote] = {}  # queue id -> the reservation its head holds
-        # owner id -> (its cluster's stamp then, that cluster's free capacity with what it holds)
-        self._held_views: dict[str, tuple[int, FreeCapacity]] = {}
+        # owner id -> (its cluster's stamp then, that cluster's nodes, their free capacity with what
+        # it holds put back)
+        self._held_views: dict[str, tuple[int, list[str], FreeCapacity]] = {}
 
     def reserve(self, workload: Workload) -> ReservationNote | None:
         """The reservation the gang holds (or its queue's head holds) after this, if any.
@@ -221,22 +222,36 @@ class Reservations:
         return due is not None and self.now + timedelta(seconds=workload.min_runtime_seconds) <= due
 
     def _with_held(self, reservation: Reservation) -> FreeCapacity:
-        """The free capacity of the reservation's cluster with what it holds put back (a tracked
-        copy, so a shape's answer there is searched once): kept while that cluster's capacity is
-        as it was (its stamp; holding again after a backfill changes it)."""
+        """The free capacity of the reservation's cluster with what it holds put back: a tracked
+        copy kept for the cycle, so a shape's answer there is searched once while that cluster's
+        capacity stays as it was (its stamp); when it moves, the nodes that differ are brought up
+        to date in place (a few, after an admission or a new hold)."""
         state = self.state
         stamp = state.stamps.get(reservation.cluster_id, 0)
         found = self._held_views.get(reservation.owner)
-        if found is None or found[0] != stamp:
+        if found is not None and found[0] == stamp:
+            return found[2]
+        if found is None:
             cluster = self.by_id[reservation.cluster_id]
             nodes = [node.id for pool in cluster.pools for node in state.nodes_by_pool.get(pool.id, ())]
             view = copy_capacity(state.free, nodes)
-            for node_id, amounts in reservation.held.items():
-                node_free = view[node_id]
-                for key, amount in amounts.items():
-                    node_free[key] = node_free.get(key, 0) + amount
-            found = self._held_views[reservation.owner] = (stamp, view)
-        return found[1]
+        else:
+            nodes, view = found[1], found[2]
+        held = reservation.held
+        for node_id in nodes:
+            want = state.free[node_id]
+            if node_id in held:
+                extra = held[node_id]
+                want = {key: want.get(key, 0) + extra.get(key, 0) for key in want.keys() | extra.keys()}
+            have = view[node_id]
+            if have != want:
+                for key in [key for key in have if key not in want]:
+                    del have[key]
+                for key, value in want.items():
+                    if have.get(key) != value:
+                        have[key] = value
+        self._held_views[reservation.owner] = (stamp, nodes, view)
+        return view
 
     def _backfill_on(
         self,

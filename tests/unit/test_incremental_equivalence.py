@@ -258,6 +258,50 @@ def test_the_property_catches_a_missing_wake_rule(monkeypatch: pytest.MonkeyPatc
         history((snapshot.clusters, snapshot.nodes), tree, first, Policy(), [("nothing", 0, []), ("finish", 0, [])])
 
 
+def _without_candidate_wakes(state: CycleState, policy: Policy, gang: ParkingClass) -> Parked:
+    """`park` with the wake rule of classes not blocked taken away: usage rising where a limit
+    stands never wakes them."""
+    answer = park(state, policy, gang)
+    return replace(answer, watch_any=()) if answer.why is None else answer
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_class_not_blocked_is_asked_again_when_usage_rises_under_its_limit(
+    monkeypatch: pytest.MonkeyPatch, broken: bool
+) -> None:
+    """q1 may hold 8 GPUs. `wide` (8 GPUs, ahead in q1's order) and `narrow` (4) are both let
+    through at first; with one head per queue, `narrow` waits behind `wide`. Then a 4-GPU run of
+    q1 starts: `wide` is blocked by the limit and no longer takes the head's place, so `narrow`
+    is decided and admitted. Without the wake rule the kept state keeps `wide` let through and
+    `narrow` behind it, and the property says so."""
+    if broken:
+        monkeypatch.setattr(incremental, "park", _without_candidate_wakes)
+    pool = make_pool("p", "c", gpus_per_node=8)
+    tree = {
+        "q1": QueueNode("q1", "q1", None, limit=Quota({"gpu-eq": 8.0})),
+        "q2": QueueNode("q2", "q2", None),
+    }
+    policy = Policy(heads_per_queue=1)
+    wide = make_workload("wide", gpus(8), queue="q1", priority=1, seq=1)
+    narrow = make_workload("narrow", gpus(4), queue="q1", seq=2)
+    busy = replace(_run("busy", "p-n0", 8, 0), queue_id="q2")
+    half = _run("half", "p-n1", 4, 5)  # of higher priority than `wide`: never its victim
+    nodes = make_nodes(pool, 2)
+    full = make_snapshot(
+        [make_cluster("c", pool)], nodes, [wide, narrow], tree=tree, live=[busy, replace(half, queue_id="q2")]
+    )
+    scheduler = IncrementalScheduler()
+    _same(scheduler.decide(full, policy, NOW), scheduler, schedule(full, policy, NOW), "q1 empty")
+    rising = replace(full, live_runs=(busy, half))  # the 4-GPU run is q1's now
+    kept, one_shot = scheduler.decide(rising, policy, NOW), schedule(rising, policy, NOW)
+    assert [a.workload_id for a in one_shot.admissions] == ["narrow"]
+    if broken:
+        with pytest.raises(AssertionError, match="admissions"):
+            _same(kept, scheduler, one_shot, "q1 at 4")
+    else:
+        _same(kept, scheduler, one_shot, "q1 at 4")
+
+
 def _run(name: str, node: str, gpu_count: int, priority: int) -> LiveRun:
     demand = {"cpu": 1000, "mem": 4096, "gpu": gpu_count}
     return LiveRun(name, "q1", "c", priority, (PodAssignment("worker", 0, node, demand),), run_id=f"{name}-r")
