@@ -51,7 +51,10 @@ def database_url(empty_postgresql: str) -> str:
 
 def test_every_column_of_a_watched_table_is_watched_or_deliberately_ignored() -> None:
     migration = importlib.import_module("migrations.versions.0009_change_cursor")
-    for table, (_, watched) in migration.WATCHED.items():
+    # Later migrations that watch more columns of a table: the head's triggers.
+    lent_to = importlib.import_module("migrations.versions.0016_runs_lent_to")
+    head = {**migration.WATCHED, "runs": (lent_to.LOGGED, lent_to.RUNS_COLUMNS)}
+    for table, (_, watched) in head.items():
         columns = {c.name for c in Base.metadata.tables[table].columns}
         if watched is None:
             continue  # every update is logged

@@ -221,6 +221,7 @@ def test_evictions_lost_returned_and_beneficiaries(case: Case, client: TestClien
         "reclaimed": 0,
         "reclaimed-idle": 1,
         "rebalanced": 0,
+        "taken-back": 0,
     }
     mine = client.get("/v1/reports/evictions", params=case.params(), headers=case.nlp.headers).json()
     assert [r["kind"] for r in mine["rows"]] == ["reclaimed-idle"]

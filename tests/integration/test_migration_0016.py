@@ -39,6 +39,14 @@ def _runs(engine: Engine, columns: str) -> list[tuple[object, ...]]:
         return [tuple(row) for row in conn.execute(text(f"SELECT {columns} FROM runs ORDER BY id"))]
 
 
+def _logged_after(engine: Engine, statement: str) -> bool:
+    """Whether `statement` (an UPDATE of the run) wrote to the change log (migration 0009)."""
+    with engine.begin() as conn:
+        before = conn.execute(text("SELECT count(*) FROM snapshot_changes")).scalar()
+        conn.execute(text(statement))
+        return bool(conn.execute(text("SELECT count(*) FROM snapshot_changes")).scalar() != before)
+
+
 def test_upgrade_reads_old_runs_as_not_lent_and_downgrade_keeps_every_run(url_at_0015: str) -> None:
     engine = make_engine(url_at_0015)
     _seed(engine)
@@ -46,13 +54,18 @@ def test_upgrade_reads_old_runs_as_not_lent_and_downgrade_keeps_every_run(url_at
     try:
         command.upgrade(config, "0016")
         assert _runs(engine, "id, lent_to") == [("run-a-1", None)]
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE runs SET lent_to = 'w-big' WHERE id = 'run-a-1'"))
+        # The snapshot reads the column: its update is logged; a column it does not read is not.
+        assert _logged_after(engine, "UPDATE runs SET lent_to = 'w-big' WHERE id = 'run-a-1'")
+        assert not _logged_after(engine, "UPDATE runs SET message = 'hello' WHERE id = 'run-a-1'")
+        assert _logged_after(engine, "UPDATE runs SET state = 'dispatching' WHERE id = 'run-a-1'")
         assert _runs(engine, "id, lent_to") == [("run-a-1", "w-big")]
 
         command.downgrade(config, "0015")
         engine.dispose()
         assert "lent_to" not in reflected(engine)["runs"].columns
-        assert _runs(engine, "id, state") == [("run-a-1", "running")]
+        assert _runs(engine, "id, state") == [("run-a-1", "dispatching")]
+        # The runs' triggers are back as 0009 made them (SQLite's batch copy dropped them).
+        assert _logged_after(engine, "UPDATE runs SET state = 'running' WHERE id = 'run-a-1'")
+        assert not _logged_after(engine, "UPDATE runs SET message = 'again' WHERE id = 'run-a-1'")
     finally:
         engine.dispose()
