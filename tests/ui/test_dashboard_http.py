@@ -248,6 +248,21 @@ def test_workload_page_says_why_it_waits_and_other_teams_workloads_are_404(seede
     assert vision.get("/ui/workloads/" + "x" * 500).status_code == 404  # a long id is not looked up
 
 
+def test_a_run_on_lent_capacity_names_the_gang_it_was_held_for(seeded: Seeded) -> None:
+    """A run admitted on capacity a reservation lent links the waiting gang it borrowed from (it
+    takes the capacity back when it can start); a run not lent says nothing of the kind."""
+    with seeded.wiring.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE runs SET lent_to = :owner WHERE workload_id = :borrower"),
+            {"owner": seeded.ids["c"], "borrower": seeded.ids["a"]},
+        )
+    vision = seeded.login(seeded.vision.token)
+    page = vision.get(f"/ui/workloads/{seeded.ids['a']}")
+    assert page.status_code == 200
+    assert f'(on capacity held for <a href="/ui/workloads/{seeded.ids["c"]}">' in page.text
+    assert "on capacity held for" not in vision.get(f"/ui/workloads/{seeded.ids['b']}").text
+
+
 def test_hostile_text_is_shown_as_text(seeded: Seeded) -> None:
     # Names are DNS labels, so the hostile string cannot be a workload name: refused with a reason.
     r = seeded.client.post(
