@@ -74,16 +74,13 @@ class Reservations:
         # What it lent in earlier cycles it takes back whenever it needs: that capacity counts as
         # free for its search (and those runs not among those it waits for).
         lent = state.lent_to(workload.id)
-        if not lent:
-            best = self._soonest(workload, self._due_order())
-        else:
-            mark = state.checkpoint()
-            try:
-                for run in lent:
-                    state.give_back(run.assignments, run.queue_id, quota=False)
-                best = self._soonest(workload, _without_runs(self._due_order(), lent))
-            finally:
-                state.rollback(mark)
+        mark = state.checkpoint()
+        try:
+            for run in lent:
+                state.give_back(run.assignments, run.queue_id, quota=False)
+            best = self._soonest(workload, _without_runs(self._due_order(), lent))
+        finally:
+            state.rollback(mark)
         if best is None:
             return None
         unknown, due, _, cluster_id, placement = best
