@@ -49,10 +49,12 @@ class Evictor:
         self.evictions: list[Eviction] = []
         # Attempts that found no victim set: they fail again until capacity grows.
         self.failed: set[tuple[EvictionKind, bool, str, int, ShapeId]] = set()
-        # Per run (by `live_key`), worked out once a cycle: its place in the victim order and
-        # when its minimum runtime stops protecting it. Both depend only on the run and `now`.
-        self._order_keys: dict[str, tuple[bool, int, float, str, str]] = {}
+        # Per run (by `live_key`): its place in the victim order (kept while the run is the same
+        # object) and, once a cycle, when its minimum runtime stops protecting it (`now` moves).
+        self._memo = state.victim_memo
+        self._order_keys = self._memo.order_keys_for(len(state.live))
         self._protection: dict[str, datetime | None] = {}
+        self._protecting: bool | None = None  # see `_any_protected`
         self._sorted: dict[str, list[LiveRun]] = {}  # queue id -> its live runs in the victim order
         self._idle: list[LiveRun] | None = None  # the live runs idle enough to reclaim, in that order
         self._merges: dict[tuple[str, ...], list[LiveRun]] = {}  # see `_merged`
@@ -143,6 +145,17 @@ class Evictor:
         least = {GPU_EQ: state.facts.least(workload)}
         return state.ledger.within_shared_guarantee(workload.queue_id, least, holder_only=True, given_back=given_back)
 
+    def _units_per_queue(self, runs: list[LiveRun], keys: list[str]) -> dict[str, list[int]]:
+        """Per queue, the units of each of `keys` the runs hold."""
+        per_queue: dict[str, list[int]] = {}
+        run_units = self.state.run_units
+        for run in runs:
+            units = run_units(run)
+            totals = per_queue.setdefault(run.queue_id, [0] * len(keys))
+            for i, key in enumerate(keys):
+                totals[i] += units.get(key, 0)
+        return per_queue
+
     def _over_limit_without_all(self, workload: Workload, candidates: list[LiveRun]) -> bool:
         """Whether a limit on the gang's chain blocks it even with every candidate gone: then no
         set of them can make room, and the trial placements that would show it one victim at a
@@ -165,12 +178,7 @@ class Evictor:
         chain = ledger.chain(workload.queue_id)
         if not any(key in ledger.limits[node.id] for node in chain for key in keys):
             return False
-        per_queue: dict[str, list[int]] = {}
-        for run in candidates:
-            units = state.run_units(run)
-            totals = per_queue.setdefault(run.queue_id, [0] * len(keys))
-            for i, key in enumerate(keys):
-                totals[i] += units.get(key, 0)
+        per_queue = self._memo.derived(candidates, ("units", *keys), lambda runs: self._units_per_queue(runs, keys))
         freed = {node.id: [0] * len(keys) for node in chain}
         for queue_id, totals in per_queue.items():
             for node in ledger.chain(queue_id):
@@ -191,7 +199,7 @@ class Evictor:
     ) -> tuple[tuple[str, ...], datetime] | None:
         """When no allowed victim set made room but one would if minimum runtimes did not protect
         its runs: those runs (workload ids) and when the last protection ends. Nothing is evicted."""
-        if self.state.budget <= 0:
+        if self.state.budget <= 0 or not self._any_protected():
             return None
         for kind in kinds:
             candidates = self._candidates(workload, kind, ignore_min_runtime=True)
@@ -205,6 +213,16 @@ class Evictor:
                     return tuple(sorted(name for name, _ in ends)), max(end for _, end in ends)
         return None
 
+    def _any_protected(self) -> bool:
+        """Whether a minimum runtime protects any live run now (evictions only remove runs, so
+        the answer is worked out once a cycle): if none does, none protects a victim set."""
+        if self._protecting is None:
+            live = self.state.live
+            self._protecting = any(
+                live_key(run) in live and self._protected_until(run) for run in self.state.min_runtime_runs
+            )
+        return self._protecting
+
     def _per_cluster(
         self, candidates: list[LiveRun], protected: bool = False
     ) -> tuple[list[tuple[str, list[LiveRun]]], set[str]]:
@@ -212,7 +230,8 @@ class Evictor:
         with `protected`, also the clusters where a minimum runtime protects one of them."""
         found = self._grouped.get(id(candidates))
         if found is None or found[0] is not candidates:
-            found = self._grouped[id(candidates)] = (candidates, _by_cluster(candidates), None)
+            grouped = self._memo.derived(candidates, "by cluster", _by_cluster)
+            found = self._grouped[id(candidates)] = (candidates, grouped, None)
         clusters = found[2]
         if protected and clusters is None:
             clusters = {run.cluster_id for run in candidates if self._protected_until(run)}
@@ -265,7 +284,21 @@ class Evictor:
             key = (kind, ignore_min_runtime, sources)
         runs = self._candidates_of.get(key) if key is not None else None
         if runs is None:
-            runs = self._work_out_candidates(workload, kind, ignore_min_runtime, sources)
+            # Kept across cycles while the runs of the queues they come from stay, if no minimum
+            # runtime makes them depend on the time.
+            versions: tuple[int, ...] | None = None
+            if (
+                key is not None
+                and kind in (EvictionKind.PREEMPT, EvictionKind.RECLAIM)
+                and not self.state.min_runtime_runs
+            ):
+                queues = (workload.queue_id,) if kind is EvictionKind.PREEMPT else sources
+                versions = tuple(self.state.queue_versions.get(queue_id, 0) for queue_id in queues)
+                runs = self._memo.kept_list(key, versions)
+            if runs is None:
+                runs = self._work_out_candidates(workload, kind, ignore_min_runtime, sources)
+                if versions is not None:
+                    self._memo.keep_list(key, versions, runs)
             if key is not None:
                 self._candidates_of[key] = runs
         if self._running is None:
@@ -337,8 +370,13 @@ class Evictor:
         cycle (a run evicted since is filtered out by the caller; nothing joins `live` in a cycle)."""
         found = self._sorted.get(queue_id)
         if found is None:
-            runs = self.state.live_by_queue.get(queue_id, {}).values()
-            found = self._sorted[queue_id] = sorted(runs, key=self._victim_order)
+            versions = (self.state.queue_versions.get(queue_id, 0),)
+            found = self._memo.kept_list(("in order", queue_id), versions)
+            if found is None:
+                runs = self.state.live_by_queue.get(queue_id, {}).values()
+                found = sorted(runs, key=self._victim_order)
+                self._memo.keep_list(("in order", queue_id), versions, found)
+            self._sorted[queue_id] = found
         return found
 
     def _idle_in_order(self) -> list[LiveRun]:
@@ -362,11 +400,13 @@ class Evictor:
         """Idle runs first, then the lowest priority, then the most recently admitted (ids settle
         ties, so the order never depends on the order runs were listed in)."""
         key = live_key(run)
-        found = self._order_keys.get(key)
-        if found is None:
-            epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
-            admitted = -(((run.admitted_at or epoch) - epoch).total_seconds())
-            found = self._order_keys[key] = (not run.idle, run.priority, admitted, run.run_id, run.workload_id)
+        kept = self._order_keys.get(key)
+        if kept is not None and kept[0] is run:
+            return kept[1]
+        epoch = datetime.min.replace(tzinfo=self.now.tzinfo)
+        admitted = -(((run.admitted_at or epoch) - epoch).total_seconds())
+        found = (not run.idle, run.priority, admitted, run.run_id, run.workload_id)
+        self._order_keys[key] = (run, found)
         return found
 
     def _victims_in_cluster(
@@ -386,7 +426,11 @@ class Evictor:
                 # No victim is skipped on the way (those checks read quota the releases change), and
                 # freeing more never takes room away: the shortest prefix is found by bisection,
                 # once one probe with all of them released found room.
-                order = candidates[:limit]
+                order = (
+                    candidates
+                    if len(candidates) <= limit
+                    else self._memo.derived(candidates, ("first", limit), lambda runs: runs[:limit])
+                )
                 if not self._room_without_all(workload, kind, only[0], order):
                     return None
                 shortest = shortest_fitting_prefix(
@@ -426,7 +470,7 @@ class Evictor:
             self.policy.prefer_same_pool,
             cluster.id,
             state.stamps.get(cluster.id, 0),
-            tuple(live_key(run) for run in order),
+            self._memo.derived(order, "keys", lambda runs: tuple(live_key(run) for run in runs)),
         )
         if miss in state.capacity_misses:
             return False
@@ -518,6 +562,7 @@ class Evictor:
     def _evict(self, victim: LiveRun, beneficiary: Workload, kind: EvictionKind) -> None:
         state = self.state
         self._eligible_of.clear()  # it is no longer live
+        self._memo.forget_derived()
         self._candidates_of.clear()
         self._grouped.clear()
         state.give_back(victim.assignments, victim.queue_id)

@@ -21,6 +21,7 @@ from controlplane.core.gpu_eq import GpuEqUnit, quota_amounts
 from controlplane.core.placement import FreeCapacity
 from controlplane.core.quota import ZERO, Ledger, Usage
 from controlplane.core.snapshot import LiveRun, Policy, Snapshot
+from controlplane.core.victim_memo import VictimMemo
 from controlplane.domain.model import GPU_EQ, Node, NodePool, PodAssignment
 
 # Journal entries: undo data, replayed newest first.
@@ -117,9 +118,14 @@ class CycleState:
         self.live_listed = 0  # bumped when the live runs are listed anew (`relist_live`): once a cycle
         # (the listing it was worked out from, waiting gang id -> the runs lent its reserved capacity)
         self._lent: tuple[int, dict[str, list[LiveRun]]] = (-1, {})
-        for run in snapshot.live_runs:
-            self.live[live_key(run)] = run
-            self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
+        # The live runs that declare a minimum runtime (listed with them): only these can be
+        # protected from eviction, and in most fleets they are few or none.
+        self.min_runtime_runs: list[LiveRun] = []
+        # queue id -> bumped whenever a live run of the queue starts, ends, changes or is evicted
+        # (never undone: a rollback only makes what was kept for the queue be worked out again).
+        self.queue_versions: dict[str, int] = {}
+        self.victim_memo = VictimMemo()
+        self._list_live(snapshot.live_runs)
         self.hold_live(snapshot.live_runs)
         parents = {node.parent_id for node in snapshot.queue_tree.values()}
         # Leaf queues that keep part of their guarantee back from borrowers.
@@ -158,6 +164,7 @@ class CycleState:
         per_queue: dict[str, Usage] = {}
         free = self.free
         for run in runs:
+            self._bump_queue(run.queue_id)
             stamped = None
             for a in run.assignments:
                 node_free = free.get(a.node_id)
@@ -178,9 +185,18 @@ class CycleState:
         self.live_by_queue = {}
         self.live_changes += 1
         self.live_listed += 1
+        self._list_live(runs)
+
+    def _list_live(self, runs: Iterable[LiveRun]) -> None:
+        live, by_queue = self.live, self.live_by_queue
+        with_min_runtime: list[LiveRun] = []
+        self.min_runtime_runs = with_min_runtime
         for run in runs:
-            self.live[live_key(run)] = run
-            self.live_by_queue.setdefault(run.queue_id, {})[live_key(run)] = run
+            key = live_key(run)
+            live[key] = run
+            by_queue.setdefault(run.queue_id, {})[key] = run
+            if run.min_runtime_seconds:
+                with_min_runtime.append(run)
 
     def lent_to(self, owner: str) -> list[LiveRun]:
         """The live runs admitted on capacity a reservation held for the waiting gang `owner`
@@ -222,8 +238,12 @@ class CycleState:
         del self.live[live_key(run)]
         del self.live_by_queue[run.queue_id][live_key(run)]
         self.live_changes += 1
+        self._bump_queue(run.queue_id)
         if self._open:
             self._journal.append((_LIVE, run, None, None))
+
+    def _bump_queue(self, queue_id: str) -> None:
+        self.queue_versions[queue_id] = self.queue_versions.get(queue_id, 0) + 1
 
     def hold_node(self, node_id: str) -> dict[str, int]:
         """Take everything free on a node out of circulation (a reservation); returns what was taken."""
@@ -307,6 +327,7 @@ class CycleState:
         units_of: dict[tuple[str, tuple[tuple[str, int], ...]], int] = {}
         per_queue: dict[str, Usage] = {}
         for run in runs:
+            self._bump_queue(run.queue_id)
             totals = per_queue.setdefault(run.queue_id, {})
             stamped = None
             for a in run.assignments:

@@ -334,3 +334,33 @@ def test_a_capacity_miss_is_remembered_only_while_the_cluster_is_as_it_was(monke
     frozen = IncrementalScheduler()
     frozen.decide(full, Policy(), NOW)
     assert not frozen.decide(ended, Policy(), NOW).admissions
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_victims_kept_across_cycles_are_worked_out_again_when_their_queue_s_runs_change(
+    monkeypatch: pytest.MonkeyPatch, broken: bool
+) -> None:
+    """The runs a gang may preempt are kept with the state while its queue's runs stay
+    (`victim_memo.py`). `big` (two pods of 8 GPUs) may preempt `a` alone at first, too little; then `b`
+    ends and `c`, of low priority too, starts on its node: preempting `a` and `c` makes room.
+    Without the queue's version moving, the kept state would still offer `a` alone."""
+    if broken:
+        monkeypatch.setattr(CycleState, "_bump_queue", lambda self, queue_id: None)
+    pool = make_pool("p", "c", gpus_per_node=8)
+    nodes = make_nodes(pool, 2)
+    big = make_workload("big", gpus(8, replicas=2), queue="q1", priority=5)
+    a, b, c = _run("a", "p-n0", 8, 1), _run("b", "p-n1", 8, 10), _run("c", "p-n1", 8, 1)
+    before = make_snapshot([make_cluster("c", pool)], nodes, [big], live=[a, b])
+    after = replace(before, live_runs=(a, c))
+    scheduler = IncrementalScheduler()
+    first = scheduler.decide(before, Policy(), NOW)
+    _same(first, scheduler, schedule(before, Policy(), NOW), "b holds its node")
+    assert not first.admissions
+    kept, one_shot = scheduler.decide(after, Policy(), NOW), schedule(after, Policy(), NOW)
+    assert [a.workload_id for a in one_shot.admissions] == ["big"]
+    assert sorted(e.workload_id for e in one_shot.evictions) == ["a", "c"]
+    if broken:
+        with pytest.raises(AssertionError, match="admissions"):
+            _same(kept, scheduler, one_shot, "c in b's place")
+    else:
+        _same(kept, scheduler, one_shot, "c in b's place")
