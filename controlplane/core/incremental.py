@@ -25,6 +25,10 @@ every shape's answer until a node of a pool that answer read changes. Since the 
 outlives the cycle, a gang that found no room is not searched again until capacity of a pool it
 could use changed: a run there ended, a node there was added or uncordoned.
 
+Eviction trials keep what they read of the live runs alone (each queue's runs in the victim order,
+the runs a preemption or reclaim may take, per cluster: `victim_memo.py`) until a run of a queue
+they read changes (`CycleState.queue_versions`).
+
 `decide` returns the admissions and evictions, and of the pending reasons only those that changed
 since its previous decision (a delta: `pending_reasons()` is the whole set). It is the one-shot
 answer by construction, and a property test checks it: for any sequence of snapshots, what
