@@ -61,7 +61,7 @@ Bucket = Annotated[
     Query(
         ge=over_time.MIN_BUCKET,
         le=92 * 86400,
-        description="bucket length in seconds (at most 1,000 buckets); default: 1 h, 6 h, 1 day or 7 days",
+        description="bucket length in seconds (at most 1,000 buckets); default: a round size giving 24 or more",
     ),
 ]
 

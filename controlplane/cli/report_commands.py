@@ -4,9 +4,11 @@ with plots)."""
 from __future__ import annotations
 
 import csv
+import functools
+import math
 import sys
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,13 @@ import click
 
 from controlplane.cli.client_output import console, new_table, print_json
 from controlplane.cli.report_html import write_page
-from controlplane.cli.report_tables import LAYOUTS, print_table
+from controlplane.cli.report_tables import LAYOUTS, cell, print_table
 from controlplane.cli.report_tables import write_csv as write_layout_csv
 from controlplane.cli.rest_api import Api, connection_options, decoded
 
 GROUP_BY = ("team", "queue", "cluster", "gpu_model")
+# A duration longer than any report range (92 days) is a typo, and `float` would take "inf".
+MAX_DURATION_DAYS = 3660
 FIGURES = (
     "runs",
     "allocated_gpu_hours",
@@ -30,16 +34,6 @@ FIGURES = (
     "efficiency",
 )
 HEADINGS = ("runs", "allocated", "measured", "used", "idle", "unmeasured", "reclaimed", "efficiency")
-
-
-def _cell(name: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if name == "efficiency":
-        return f"{float(value):.1%}"
-    if name == "runs":
-        return str(value)
-    return f"{float(value):.2f}"
 
 
 def _csv_value(value: Any) -> str:
@@ -63,9 +57,9 @@ def print_tables(report: Mapping[str, Any], by: str) -> None:
         table.add_column(heading, justify="right")
     rows = list(report.get("groups", []))
     for i, row in enumerate(rows):
-        table.add_row(row["group"], *(_cell(f, row.get(f)) for f in FIGURES), end_section=i == len(rows) - 1)
+        table.add_row(row["group"], *(cell(f, row.get(f)) for f in FIGURES), end_section=i == len(rows) - 1)
     total = report.get("total") or {}
-    table.add_row("total", *(_cell(f, total.get(f)) for f in FIGURES))
+    table.add_row("total", *(cell(f, total.get(f)) for f in FIGURES))
     out.print(table)
     idle = report.get("top_idle_runs") or []
     if idle:
@@ -79,9 +73,9 @@ def print_tables(report: Mapping[str, Any], by: str) -> None:
                 r["team"],
                 r["queue"],
                 r["cluster"],
-                f"{r['gpu_eq']:g}",
-                _cell("idle_gpu_hours", r["idle_gpu_hours"]),
-                _cell("efficiency", r.get("efficiency")),
+                cell("gpu_eq", r["gpu_eq"]),
+                cell("idle_gpu_hours", r["idle_gpu_hours"]),
+                cell("efficiency", r.get("efficiency")),
             )
         out.print(runs)
 
@@ -92,10 +86,40 @@ def report() -> None:
 
 
 def _range(func: Any) -> Any:
-    func = click.option(
-        "--to", "end", required=True, type=click.DateTime(), help="End (exclusive), UTC; at most 92 days on."
-    )(func)
-    return click.option("--from", "start", required=True, type=click.DateTime(), help="Start (inclusive), UTC.")(func)
+    """--from/--to, or --last: the command gets `start` and `end` either way."""
+
+    @functools.wraps(func)
+    def with_range(*args: Any, start: datetime | None, end: datetime | None, last: str | None, **kwargs: Any) -> Any:
+        start, end = report_range(start, end, last, datetime.now(UTC))
+        return func(*args, start=start, end=end, **kwargs)
+
+    command = click.option(
+        "--last",
+        default=None,
+        metavar="DURATION",
+        help="The range that ends now: 1h, 24h, 7d, 30d (or 90m, 12h, 2d); instead of --from/--to.",
+    )(with_range)
+    command = click.option(
+        "--to", "end", default=None, type=click.DateTime(), help="End (exclusive), UTC; at most 92 days on."
+    )(command)
+    return click.option("--from", "start", default=None, type=click.DateTime(), help="Start (inclusive), UTC.")(command)
+
+
+def report_range(
+    start: datetime | None, end: datetime | None, last: str | None, now: datetime
+) -> tuple[datetime, datetime]:
+    """[start, end) from --from/--to, or the `last` duration up to `now` (to the second)."""
+    if last is not None:
+        if start is not None or end is not None:
+            raise click.UsageError("give --last, or --from and --to, not both")
+        seconds = parse_duration(last)
+        if seconds <= 0:
+            raise click.BadParameter(f"{last!r} is not a duration such as 1h, 24h, 7d or 30d", param_hint="--last")
+        end = now.replace(microsecond=0)
+        return end - timedelta(seconds=seconds), end
+    if start is None or end is None:
+        raise click.UsageError("give --from and --to, or --last (for example --last 7d)")
+    return start, end
 
 
 def _outputs(func: Any) -> Any:
@@ -108,10 +132,8 @@ def _outputs(func: Any) -> Any:
     )(func)
 
 
-def parse_bucket(value: str | None) -> int | None:
-    """`3600`, `90m`, `6h` or `1d` as seconds; None when not given (the API then picks one)."""
-    if value is None:
-        return None
+def parse_duration(value: str) -> int:
+    """`3600`, `90m`, `6h` or `1d` as seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     text = value.strip().lower()
     factor = units.get(text[-1:], 0)
@@ -120,7 +142,14 @@ def parse_bucket(value: str | None) -> int | None:
         amount = float(number)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a duration such as 3600, 30m, 6h or 1d") from None
+    if not math.isfinite(amount) or abs(amount) > MAX_DURATION_DAYS * 86400:
+        raise click.BadParameter(f"{value!r} is longer than {MAX_DURATION_DAYS} days")
     return int(amount * (factor or 1))
+
+
+def parse_bucket(value: str | None) -> int | None:
+    """A bucket length as seconds; None when not given (the API then picks one)."""
+    return None if value is None else parse_duration(value)
 
 
 BUCKET = click.option(

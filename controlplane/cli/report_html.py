@@ -12,7 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from controlplane.cli.report_tables import LAYOUTS, cell, rows_of
+from controlplane.cli.report_tables import LAYOUTS, cell, justify, rows_of
 from controlplane.render.plots import BarSeries, Series, bar_chart, line_chart
 
 STYLE = """
@@ -20,7 +20,7 @@ body { font-family: sans-serif; margin: 2em; color: #222; max-width: 1100px; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
-th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+th { background: #f4f4f4; } td.left, th:first-child { text-align: left; }
 figure { margin: 1em 0; } p.note { color: #555; font-size: 0.9em; }
 """
 
@@ -35,7 +35,12 @@ def table(report: Json, kind: str) -> str:
     layout = LAYOUTS[kind]
     head = "".join(f"<th>{escape(c.replace('_', ' '))}</th>" for c in layout.columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{escape(cell(v))}</td>" for v in row) + "</tr>" for row in rows_of(report, layout)
+        "<tr>"
+        + "".join(
+            f'<td class="{justify(c)}">{escape(cell(c, v))}</td>' for c, v in zip(layout.columns, row, strict=True)
+        )
+        + "</tr>"
+        for row in rows_of(report, layout)
     )
     return f'<table class="{escape(kind)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 

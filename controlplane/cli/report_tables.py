@@ -10,7 +10,7 @@ import csv
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from controlplane.cli.client_output import console, new_table
 
@@ -109,12 +109,30 @@ def rows_of(report: Mapping[str, Any], layout: Layout) -> list[list[Any]]:
     return out
 
 
-def cell(value: Any) -> str:
+# Columns of labels (left-aligned); every other column is a figure (right-aligned).
+LABEL_COLUMNS = frozenset(
+    ("group", "team", "queue", "size", "kind", "victim_team", "beneficiary_team", "bucket_start", "bucket_end")
+)
+# Figures that are parts of a whole, shown in per cent.
+PERCENT_COLUMNS = frozenset(("efficiency", "share", "entitlement"))
+
+
+def cell(column: str, value: Any) -> str:
+    """One figure as every report table shows it: counts with thousands separators, GPU-hours,
+    seconds and costs with two decimals, parts of a whole in per cent."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1 else f"{value:,.2f}"
-    return str(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if column in PERCENT_COLUMNS:
+        return f"{float(value):.1%}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.2f}"
+
+
+def justify(column: str) -> Literal["left", "right"]:
+    return "left" if column in LABEL_COLUMNS else "right"
 
 
 def write_csv(report: Mapping[str, Any], layout: Layout) -> None:
@@ -127,9 +145,9 @@ def write_csv(report: Mapping[str, Any], layout: Layout) -> None:
 def print_table(report: Mapping[str, Any], layout: Layout, note: Sequence[str] = ()) -> None:
     table = new_table(f"{layout.title}, {report.get('start')} to {report.get('end')}")
     for column in layout.columns:
-        table.add_column(column.replace("_", " "), overflow="fold")
+        table.add_column(column.replace("_", " "), overflow="fold", justify=justify(column))
     for row in rows_of(report, layout):
-        table.add_row(*(cell(v) for v in row))
+        table.add_row(*(cell(column, v) for column, v in zip(layout.columns, row, strict=True)))
     out = console()
     out.print(table)
     for line in note:

@@ -1,8 +1,10 @@
 """Reports in time buckets: utilization over time, and fairness (share of the fleet vs entitlement).
 
 Buckets start at `from` and are `bucket` seconds long (the last one ends at `to`); at least
-`MIN_BUCKET`, at most `MAX_BUCKETS` of them. Without a size, the smallest of 1 h, 6 h, 1 day and
-7 days that keeps the count at `AUTO_BUCKETS` or fewer.
+`MIN_BUCKET`, at most `MAX_BUCKETS` of them. Without a size, the longest of a ladder of round sizes
+(5, 15 and 30 minutes; 1, 3, 6 and 12 hours; 1 and 7 days) that still gives `AUTO_MIN_BUCKETS`
+buckets (a 2 h range in 5-minute buckets, 24 h hourly, 7 days in 6 h, 30 days daily); the
+shortest when none does. Buckets that start after `now` are left out: the future has no figures.
 
 **Fairness** uses the scheduler's definition of a fair share (controlplane/core/ordering.py): a
 queue within its guarantee is never behind, and above their guarantees queues are ordered by their
@@ -37,25 +39,42 @@ from controlplane.service.views import Principal
 
 MIN_BUCKET = 300
 MAX_BUCKETS = 1000
-AUTO_BUCKETS = 200
-AUTO_SIZES = (3600, 6 * 3600, 86400, 7 * 86400)
+AUTO_MIN_BUCKETS = 24
+AUTO_SIZES = (300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400)
 
 
-def buckets(start: datetime, end: datetime, size: int | None) -> list[tuple[datetime, datetime]]:
+def bucket_size(start: datetime, end: datetime, size: int | None) -> int:
+    """The bucket length in seconds: `size`, checked, or the automatic choice."""
     span = (end - start).total_seconds()
     if size is None:
-        size = next((s for s in AUTO_SIZES if span / s <= AUTO_BUCKETS), AUTO_SIZES[-1])
+        size = max((s for s in AUTO_SIZES if span / s >= AUTO_MIN_BUCKETS), default=AUTO_SIZES[0])
     if size < MIN_BUCKET:
         raise Invalid(f"a bucket is at least {MIN_BUCKET} seconds")
     if span / size > MAX_BUCKETS:
         raise Invalid(f"at most {MAX_BUCKETS} buckets: use a bucket of at least {int(span // MAX_BUCKETS) + 1} seconds")
-    step = timedelta(seconds=size)
+    return size
+
+
+def buckets(
+    start: datetime, end: datetime, size: int | None, now: datetime | None = None
+) -> list[tuple[datetime, datetime]]:
+    """The buckets of [start, end) (`bucket_size` long, the last one cut at `end`), without those
+    that start at or after `now`."""
+    step = timedelta(seconds=bucket_size(start, end, size))
+    stop = end if now is None else min(end, now)
     out = []
     lo = start
-    while lo < end:
+    while lo < stop:
         out.append((lo, min(lo + step, end)))
         lo += step
     return out
+
+
+def _reported_size(spans: Sequence[tuple[datetime, datetime]], start: datetime, end: datetime, size: int | None) -> int:
+    """The bucket length a report states: the whole range when it is one bucket."""
+    if len(spans) > 1:
+        return int((spans[0][1] - spans[0][0]).total_seconds())
+    return min(bucket_size(start, end, size), int((end - start).total_seconds()))
 
 
 def runs_by_bucket(runs: Sequence[RunRecord], spans: Sequence[tuple[datetime, datetime]]) -> list[list[RunRecord]]:
@@ -151,11 +170,11 @@ def timeline(
     start, end = check_span(start, end)
     if group_by not in set(GroupBy):
         raise Invalid(f"unknown group_by {group_by!r}; use one of {', '.join(g.value for g in GroupBy)}")
-    spans = buckets(start, end, bucket)
+    spans = buckets(start, end, bucket, utc(now))
     team_id = team_scope(who)
     with uow:
         runs, windows = runs_and_windows(uow, team_id, start, end)
-    size = int((spans[0][1] - spans[0][0]).total_seconds()) if len(spans) > 1 else int((end - start).total_seconds())
+    size = _reported_size(spans, start, end, bucket)
     rows = timeline_figures(runs, windows, spans, GroupBy(group_by), utc(now))
     return TimelineReport(start, end, size, group_by, rows)
 
@@ -264,7 +283,7 @@ def fairness(
     start, end = check_span(start, end)
     if by not in ("queue", "team"):
         raise Invalid(f"unknown by {by!r}; use queue or team")
-    spans = buckets(start, end, bucket)
+    spans = buckets(start, end, bucket, utc(now))
     team_id = team_scope(who)
     with uow:
         # Every team's runs: a share is of the whole fleet's allocation; rows are filtered below.
@@ -272,5 +291,5 @@ def fairness(
         queues = uow.reports.queues()
         capacity = uow.reports.capacity_gpu_eq()
     rows, shown = fairness_figures(runs, queues, capacity, spans, by, utc(now), team_id)
-    size = int((spans[0][1] - spans[0][0]).total_seconds()) if len(spans) > 1 else int((end - start).total_seconds())
+    size = _reported_size(spans, start, end, bucket)
     return FairnessReport(start, end, size, by, capacity, rows, shown)

@@ -6,6 +6,7 @@ import csv
 import io
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from controlplane.cli.report_commands import register
+from controlplane.cli.report_tables import cell, justify
 from tests.cli.test_client_commands import FakeApi, FakeServer, Handler
 
 
@@ -147,3 +149,68 @@ def test_the_servers_422_is_shown(api: FakeApi) -> None:
 
     assert result.exit_code == 1
     assert "invalid request: `to` must be after `from`" in result.output
+
+
+def test_last_asks_for_the_range_that_ends_now(api: FakeApi) -> None:
+    api.reply("GET", "/v1/reports/utilization", REPORT)
+    before = datetime.now(UTC).replace(microsecond=0)
+
+    result = run(api, "--last", "7d", "--csv")
+
+    assert result.exit_code == 0, result.output
+    start = datetime.fromisoformat(api.only.query["from"][0])
+    end = datetime.fromisoformat(api.only.query["to"][0])
+    assert end - start == timedelta(days=7)
+    assert before <= end <= datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--last", "24h", "--from", "2026-05-01"], "not both"),
+        (["--from", "2026-05-01"], "give --from and --to, or --last"),
+        ([], "give --from and --to, or --last"),
+        (["--last", "soon"], "is not a duration such as"),
+        (["--last", "0h"], "is not a duration such as 1h, 24h, 7d or 30d"),
+        (["--last", "inf"], "longer than"),
+    ],
+)
+def test_a_range_that_is_not_one_is_refused_before_calling_the_api(api: FakeApi, args: list[str], says: str) -> None:
+    result = run(api, *args)
+
+    assert result.exit_code == 2
+    assert says in result.output
+    assert api.requests == []
+
+
+def test_every_report_table_formats_figures_alike(api: FakeApi) -> None:
+    """Counts with separators, hours and costs with two decimals, parts of a whole in per cent,
+    figures right-aligned: the same in the utilization table and the generic report tables."""
+    rows = [
+        {
+            "bucket_start": "2026-05-01T00:00:00Z",
+            "bucket_end": "2026-05-01T01:00:00Z",
+            "team": "nlp",
+            "queue": "nlp-train",
+            "allocated_gpu_hours": 1234.5,
+            "share": 0.25,
+            "entitlement": 0.5,
+            "share_over_entitlement": 0.5,
+        }
+    ]
+    api.reply("GET", "/v1/reports/fairness", {"start": "a", "end": "b", "rows": rows})
+    group = click.Group("gpufleet")
+    register(group)
+    args = ["report", "fairness", "--last", "1h", "--api", api.url, "--token", "tok-1"]
+    result = CliRunner().invoke(group, args)
+
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "nlp-train" in line)
+    assert "1,234.50" in line
+    assert "25.0%" in line
+    assert "50.0%" in line
+    assert "0.50" in line
+    assert cell("runs", 12345) == "12,345"
+    assert cell("efficiency", None) == "-"
+    assert justify("allocated_gpu_hours") == "right"
+    assert justify("team") == "left"

@@ -45,7 +45,35 @@ def test_bucket_bounds() -> None:
     with pytest.raises(Invalid, match="at most 1000 buckets"):
         buckets(T0, T0 + timedelta(days=30), 600)
     assert len(buckets(T0, T0 + timedelta(days=92), None)) <= 200
-    assert len(buckets(T0, T0 + timedelta(hours=5), None)) == 5  # hourly by default
+
+
+@pytest.mark.parametrize(
+    ("span", "size", "count"),
+    [
+        (timedelta(minutes=30), 300, 6),  # shorter than 24 of the shortest: the shortest
+        (timedelta(hours=2), 300, 24),  # was one 1 h bucket per hour: two points
+        (timedelta(hours=5), 300, 60),
+        (timedelta(hours=24), 3600, 24),
+        (timedelta(days=7), 6 * 3600, 28),
+        (timedelta(days=30), 86400, 30),
+        (timedelta(days=92), 86400, 92),
+    ],
+)
+def test_the_default_bucket_is_the_longest_round_size_giving_24(span: timedelta, size: int, count: int) -> None:
+    spans = buckets(T0, T0 + span, None)
+    assert (spans[0][1] - spans[0][0]).total_seconds() == size
+    assert len(spans) == count
+
+
+def test_buckets_that_start_after_now_are_left_out() -> None:
+    end = T0 + timedelta(hours=24)
+    now = T0 + timedelta(hours=10, minutes=20)
+    spans = buckets(T0, end, 3600, now)
+    assert len(spans) == 11  # the current bucket (10:00-11:00) stays, whole; none after it
+    assert spans[-1] == (T0 + timedelta(hours=10), T0 + timedelta(hours=11))
+    assert buckets(T0, end, 3600, T0 + timedelta(hours=10)) == spans[:10]  # one starting now has nothing
+    assert buckets(T0, end, 3600, T0 - timedelta(days=1)) == []  # a range wholly in the future
+    assert buckets(T0, end, 3600, end + timedelta(days=1)) == buckets(T0, end, 3600)
 
 
 def test_nearest_rank_percentiles_and_size_buckets() -> None:
