@@ -104,17 +104,21 @@ class Evictor:
                 # preemption the cycle tried just before (`Cycle._decide`), which found no room.
                 self.failed.add(attempt)
                 return None
-            candidates = own + self._candidates(workload, kind)
-            candidates.sort(key=self._victim_order)
+            candidates = self._memo.merged(own, self._candidates(workload, kind), self._victim_order)
         else:
             candidates = self._candidates(workload, kind)
         if not candidates or self._over_limit_without_all(workload, candidates):
             self.failed.add(attempt)
             return None
         best: list[LiveRun] | None = None
-        for _, in_cluster in _by_cluster(candidates) if combined else self._per_cluster(candidates)[0]:
+        own_queue = workload.queue_id
+
+        def own_runs(runs: list[LiveRun]) -> list[LiveRun]:
+            return [run for run in runs if run.queue_id == own_queue]
+
+        for _, in_cluster in self._per_cluster(candidates)[0]:
             if combined and not self._within_guarantee_without(
-                workload, [run for run in in_cluster if run.queue_id == workload.queue_id]
+                workload, self._memo.derived(in_cluster, ("of", own_queue), own_runs)
             ):
                 continue  # as above, for the runs it may preempt in this cluster
             found = self._victims_in_cluster(workload, kind, in_cluster, combined)
@@ -138,12 +142,17 @@ class Evictor:
         run outside it, so nothing but `own` lowers its usage, while an ancestor above it may get
         usage back from them. Worked out on the units `own` hold, without releasing them."""
         state = self.state
-        given_back: dict[str, int] = {}
-        for run in own:
-            for key, amount in state.run_units(run).items():
-                given_back[key] = given_back.get(key, 0) + amount
+        given_back = self._memo.derived(own, "units", self._units_of)
         least = {GPU_EQ: state.facts.least(workload)}
         return state.ledger.within_shared_guarantee(workload.queue_id, least, holder_only=True, given_back=given_back)
+
+    def _units_of(self, runs: list[LiveRun]) -> dict[str, int]:
+        """The units the runs hold together, per key."""
+        total: dict[str, int] = {}
+        for run in runs:
+            for key, amount in self.state.run_units(run).items():
+                total[key] = total.get(key, 0) + amount
+        return total
 
     def _units_per_queue(self, runs: list[LiveRun], keys: list[str]) -> dict[str, list[int]]:
         """Per queue, the units of each of `keys` the runs hold."""

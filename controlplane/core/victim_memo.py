@@ -14,7 +14,7 @@ holds. They only grow while lists are replaced, so they are dropped past a bound
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from controlplane.core.snapshot import LiveRun
 
@@ -32,6 +32,7 @@ class VictimMemo:
         self.lists: dict[Hashable, tuple[tuple[int, ...], Runs]] = {}
         self.order_keys: dict[str, tuple[LiveRun, tuple[bool, int, float, str, str]]] = {}
         self._derived: dict[tuple[int, Hashable], tuple[Runs, object]] = {}
+        self._merged: dict[tuple[int, int], tuple[Runs, Runs, Runs]] = {}
 
     def order_keys_for(self, live_runs: int) -> dict[str, tuple[LiveRun, tuple[bool, int, float, str, str]]]:
         """The victim order keys per run (by live key), started over once runs long gone make up
@@ -60,6 +61,18 @@ class VictimMemo:
             self._derived = {}
         self._derived[key] = (runs, value)
         return value
+
+    def merged(self, first: Runs, second: Runs, order: Callable[[LiveRun], Any]) -> Runs:
+        """The runs of both lists in `order`, remembered for these very list objects."""
+        key = (id(first), id(second))
+        found = self._merged.get(key)
+        if found is not None and found[0] is first and found[1] is second:
+            return found[2]
+        runs = sorted(first + second, key=order)
+        if len(self._merged) >= DERIVED_LIMIT:
+            self._merged = {}
+        self._merged[key] = (first, second, runs)
+        return runs
 
     def forget_derived(self) -> None:
         """A run was evicted inside the cycle: answers that filtered on runs being live are stale."""
