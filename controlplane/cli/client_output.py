@@ -148,7 +148,8 @@ def runs_table(runs: list[Json], attempts: int | None = None) -> Table:
             run["id"],
             run["cluster"],
             str(run["epoch"]),
-            run["state"],
+            # A run on capacity a reservation held for another gang: that gang may take it back.
+            f"{run['state']} (on capacity held for {run['lent_to']})" if run.get("lent_to") else run["state"],
             text(run.get("started_at")),
             text(run.get("finished_at")),
             text(run.get("message")),

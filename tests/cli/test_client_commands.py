@@ -478,6 +478,16 @@ def test_show_prints_state_placement_runs_and_assignments(api: FakeApi) -> None:
     assert placement.split()[-2:] == ["2", "2"]
 
 
+def test_show_says_which_gang_a_run_on_lent_capacity_was_held_for(api: FakeApi) -> None:
+    lent = {**WORKLOAD["runs"][0], "lent_to": "wl_01hzbig"}
+    api.reply("GET", "/v1/workloads/wl_01hzabc", {**WORKLOAD, "runs": [lent]})
+
+    result = run(api, "show", "wl_01hzabc")
+
+    assert result.exit_code == 0, result.output
+    assert "on capacity held for wl_01hzbig" in result.stdout.replace("\n", " ")
+
+
 def test_show_of_a_big_gang_prints_counts_not_pods(api: FakeApi) -> None:
     # As the API shows a 5,000-pod gang requeued 30 times: its latest runs, the first nodes, counts.
     nodes = [f"n-{i:04d}" for i in range(64)]
