@@ -50,7 +50,7 @@ _WWW_AUTHENTICATE = {
 
 _ERRORS: dict[int, tuple[str, dict[str, Any] | None]] = {
     400: ("the request body is not JSON text in UTF-8", None),
-    401: ("missing, unknown or revoked API token", _WWW_AUTHENTICATE),
+    401: ("no API token, a header that is not `Bearer <token>`, or an unknown or revoked token", _WWW_AUTHENTICATE),
     403: ("the token is not allowed this operation (it needs an admin token)", None),
     404: ("no such object, or the caller's team may not see it", None),
     409: ("the request conflicts with the current state (it exists already, is in use, or changed)", None),

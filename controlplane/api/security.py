@@ -13,8 +13,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from controlplane.api.context import ApiContext
-from controlplane.service.auth import authenticate, authorize_scrape
+from controlplane.service.auth import authenticate, authorize_scrape, missing_token_reason
 from controlplane.service.auth_limits import TooManyFailures
+from controlplane.service.errors import UNKNOWN_TOKEN
 from controlplane.service.views import Principal
 
 bearer = HTTPBearer(auto_error=False, description="a gpufleet API token (gpf_...)")
@@ -37,13 +38,13 @@ def principal(
     ctx: Annotated[ApiContext, Depends(context)],
 ) -> Principal:
     if not credentials:
-        raise _unauthenticated()
+        raise _unauthenticated(missing_token_reason(request.headers.get("authorization")))
     source = client_address(request)
     ctx.auth_failures.check(source)
     found = authenticate(ctx.uow_factory(), credentials.credentials)
     if found is None:
         ctx.auth_failures.failed(source)
-        raise _unauthenticated()
+        raise _unauthenticated(UNKNOWN_TOKEN)
     return found
 
 
@@ -56,7 +57,7 @@ async def submitter(
     again in its own transaction (the submit route: `workloads.submit(recheck_token=True)`). On the
     event loop when the token is remembered; its lookup otherwise goes to a worker thread."""
     if not credentials:
-        raise _unauthenticated()
+        raise _unauthenticated(missing_token_reason(request.headers.get("authorization")))
     source = client_address(request)
     ctx.auth_failures.check(source)
     raw = credentials.credentials
@@ -65,7 +66,7 @@ async def submitter(
         found = await run_in_threadpool(ctx.principals.authenticate, ctx.uow_factory, raw)
     if found is None:
         ctx.auth_failures.failed(source)
-        raise _unauthenticated()
+        raise _unauthenticated(UNKNOWN_TOKEN)
     return found
 
 
@@ -75,20 +76,20 @@ def scraper(
     ctx: Annotated[ApiContext, Depends(context)],
 ) -> None:
     """The reader of /metrics: a token of role metrics or admin (`authorize_scrape`)."""
-    raw = credentials.credentials if credentials else None
+    if not credentials:
+        raise _unauthenticated(missing_token_reason(request.headers.get("authorization")))
+    raw = credentials.credentials
     verdict = authorize_scrape(ctx.uow_factory, ctx.auth_failures, client_address(request), raw)
     if verdict.status == status.HTTP_429_TOO_MANY_REQUESTS:
         raise TooManyFailures(verdict.retry_after or 1)
     if verdict.status == status.HTTP_401_UNAUTHORIZED:
-        raise _unauthenticated()
+        raise _unauthenticated(verdict.detail)
     if verdict.status != status.HTTP_200_OK:
         raise HTTPException(verdict.status, verdict.detail)
 
 
-def _unauthenticated() -> HTTPException:
-    return HTTPException(
-        status.HTTP_401_UNAUTHORIZED, "missing, unknown or revoked API token", headers={"WWW-Authenticate": "Bearer"}
-    )
+def _unauthenticated(reason: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, reason, headers={"WWW-Authenticate": "Bearer"})
 
 
 def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:

@@ -17,7 +17,7 @@ from datetime import datetime
 
 from controlplane.service.auth_limits import FailedAuthLimiter, TooManyFailures
 from controlplane.service.commands import TokenSpec
-from controlplane.service.errors import NotFound
+from controlplane.service.errors import UNKNOWN_TOKEN, NotFound
 from controlplane.service.ids import new_id
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.views import Principal, TokenView
@@ -48,6 +48,18 @@ def authenticate(uow: UnitOfWork, raw: str) -> Principal | None:
     return found if found is not None and found.role in API_ROLES else None
 
 
+def missing_token_reason(authorization: str | None) -> str:
+    """Why a request that carries no usable bearer token is refused, told from its Authorization
+    header so each mistake gets its own sentence (the header's value is never repeated)."""
+    text = (authorization or "").strip()
+    if not text:
+        return "no API token: send the header `Authorization: Bearer <token>`"
+    scheme, _, rest = text.partition(" ")
+    if scheme.lower() != "bearer":
+        return "the Authorization header is not `Bearer <token>`: put `Bearer ` before the token"
+    return "the Authorization header has no token after `Bearer`" if not rest.strip() else UNKNOWN_TOKEN
+
+
 @dataclass(frozen=True)
 class ScrapeVerdict:
     status: int  # 200, 401, 403 or 429
@@ -62,7 +74,7 @@ def authorize_scrape(
     role metrics or admin may: the exposition is fleet-wide (every team's queues, and the per-run
     gauges' workload names and run ids), so a team token gets 403, not a filtered copy."""
     if not raw:
-        return ScrapeVerdict(401, "missing, unknown or revoked API token")
+        return ScrapeVerdict(401, missing_token_reason(None))
     try:
         failures.check(source)
     except TooManyFailures as exc:
@@ -70,7 +82,7 @@ def authorize_scrape(
     found = lookup_token(uow_factory(), raw)
     if found is None:
         failures.failed(source)
-        return ScrapeVerdict(401, "missing, unknown or revoked API token")
+        return ScrapeVerdict(401, UNKNOWN_TOKEN)
     if found.role not in SCRAPE_ROLES:
         return ScrapeVerdict(403, "reading /metrics needs a token of role metrics or admin")
     return ScrapeVerdict(200)

@@ -16,6 +16,10 @@ class Invalid(ServiceError):
     one; what depends on the platform's state is `NotFound` or `Conflict`."""
 
 
+# What a 401 says when a token was presented but is not (or no longer) one: never which.
+UNKNOWN_TOKEN = "unknown or revoked API token"
+
+
 class Unauthenticated(ServiceError):
     """The API token is missing, unknown or revoked (401)."""
 

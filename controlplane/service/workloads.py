@@ -15,7 +15,7 @@ from controlplane.domain.model import (
 )
 from controlplane.service import events
 from controlplane.service.commands import SubmitWorkload, gang_minimum
-from controlplane.service.errors import Conflict, DuplicateKey, NotFound, Unauthenticated
+from controlplane.service.errors import UNKNOWN_TOKEN, Conflict, DuplicateKey, NotFound, Unauthenticated
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
 from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
@@ -109,7 +109,7 @@ def prepare(
     With `token_id`, raises `Unauthenticated` first when that API token is no longer active."""
     queue = lookups.queue(request.queue, token_id)
     if token_id is not None and not (queue.token_active if queue is not None else _token_active(uow, token_id)):
-        raise Unauthenticated("missing, unknown or revoked API token")
+        raise Unauthenticated(UNKNOWN_TOKEN)
     if queue is None or (not principal.is_admin and queue.team_id != principal.team_id):
         raise NotFound(f"unknown queue {request.queue!r}")
     fingerprint = _fingerprint(request)

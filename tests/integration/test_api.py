@@ -29,6 +29,30 @@ def test_requests_without_a_valid_token_are_refused(client: TestClient) -> None:
     assert client.get("/v1/workloads", headers={"Authorization": "Bearer gpf_nope"}).status_code == 401
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])  # POST /v1/workloads authenticates as a submitter
+@pytest.mark.parametrize(
+    ("header", "says"),
+    [
+        (None, "no API token: send the header `Authorization: Bearer <token>`"),
+        ("gpf_secretvalue", "the Authorization header is not `Bearer <token>`: put `Bearer ` before the token"),
+        ("Basic gpf_secretvalue", "the Authorization header is not `Bearer <token>`"),
+        ("Bearer ", "the Authorization header has no token after `Bearer`"),
+        ("Bearer gpf_secretvalue", "unknown or revoked API token"),
+    ],
+)
+def test_each_reason_for_a_401_gets_its_own_sentence(
+    client: TestClient, method: str, header: str | None, says: str
+) -> None:
+    """A missing header, one without the `Bearer ` scheme and a token that is not one are told
+    apart; the header's value is never repeated."""
+    headers = {} if header is None else {"Authorization": header}
+    r = client.request(method, "/v1/workloads", headers=headers, json={} if method == "POST" else None)
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert says in r.json()["detail"]
+    assert "secretvalue" not in r.text
+
+
 def test_admin_creates_cluster_with_pools_and_nodes(client: TestClient, admin: dict[str, str]) -> None:
     r = client.post("/v1/clusters", json=mixed_cluster(), headers=admin)
     assert r.status_code == 201, r.text
