@@ -36,6 +36,12 @@ def _is_json(content_type: bytes | None) -> bool:
     return media.endswith(b"/json") or media.endswith(b"+json")
 
 
+_NOT_JSON = (
+    "the body is sent as `{media}`; the API takes JSON: send `Content-Type: application/json` "
+    "(with curl: -H 'Content-Type: application/json')"
+)
+
+
 def _error(status: int, detail: str, field: str | None = None) -> JSONResponse:
     body: dict[str, object] = {"detail": detail}
     if field is not None:
@@ -80,7 +86,14 @@ class BodyGuard:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if body and _is_json(headers.get(b"content-type")):
+        content_type = headers.get(b"content-type")
+        if body and not _is_json(content_type) and str(scope.get("path", "")).startswith("/v1/"):
+            # The API takes JSON only; `curl -d` sends a form type unless told otherwise, and
+            # validating the body as a form would answer with a field error that explains nothing.
+            media = (content_type or b"").split(b";", 1)[0].strip().decode("latin-1")[:100]
+            await _error(415, _NOT_JSON.format(media=media))(scope, receive, send)
+            return
+        if body and _is_json(content_type):
             try:
                 # Kept for the route (decoded.py): FastAPI validates this document instead of parsing again.
                 scope[DECODED_BODY] = decode(body, MAX_BODY_BYTES)
@@ -102,7 +115,8 @@ class BodyGuard:
 # What holds for every request, besides each operation's schema. Together they state every rule the
 # server enforces, so a request they allow is never refused with a 422 (tests/openapi).
 DESCRIPTION = (
-    f"Every request body is JSON of at most 1 MiB, nested at most {MAX_DEPTH} levels deep, with no duplicate "
+    "Every request body is JSON (sent as `application/json`, or with no Content-Type) of at most 1 MiB, "
+    f"nested at most {MAX_DEPTH} levels deep, with no duplicate "
     "keys and only finite numbers; no text anywhere holds NUL (U+0000), which PostgreSQL cannot store. An "
     "integer may be written `3.0`. Rules JSON Schema cannot express (across fields, sums, unique names) are "
     "stated under `x-rules`, one sentence per rule id. A request that breaks a rule is answered 422 with a "

@@ -55,6 +55,7 @@ _ERRORS: dict[int, tuple[str, dict[str, Any] | None]] = {
     404: ("no such object, or the caller's team may not see it", None),
     409: ("the request conflicts with the current state (it exists already, is in use, or changed)", None),
     413: ("the request body is larger than 1 MiB", None),
+    415: ("the request body is not sent as JSON (`Content-Type: application/json`)", None),
     422: ("the request is malformed or cannot be accepted; `errors` names each offending field", None),
     429: ("too many failed authentications from this address; retry after `Retry-After` seconds", _RETRY_AFTER),
     503: ("a dependency (the database) is unavailable; retry later", _RETRY_AFTER),

@@ -54,7 +54,7 @@ class IssuedClusterCredential:
     status_code=201,
     response_model=RegisteredCluster,
     tags=["fleet"],
-    responses=declare(400, 403, 409, 413, 422),
+    responses=declare(400, 403, 409, 413, 415, 422),
 )
 def create_cluster(spec: ClusterSpec, who: Admin, ctx: Ctx, request: Request, response: Response) -> RegisteredCluster:
     raw, secret_hash = nats_identity.new_cluster_secret()
@@ -108,7 +108,7 @@ def get_cluster(ref: str, who: Caller, ctx: Ctx) -> ClusterView:
 
 
 @router.patch(
-    "/clusters/{ref}", response_model=ClusterView, tags=["fleet"], responses=declare(400, 403, 404, 409, 413, 422)
+    "/clusters/{ref}", response_model=ClusterView, tags=["fleet"], responses=declare(400, 403, 404, 409, 413, 415, 422)
 )
 def update_cluster(ref: str, update: ClusterUpdate, who: Admin, ctx: Ctx) -> ClusterView:
     return svc.update_cluster(ctx.uow_factory(), ref, update, who.token_id, ctx.clock())
@@ -143,7 +143,7 @@ def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec 
         response_model=TreeNodeView,
         tags=tag,
         name=f"create_{level}",
-        responses=declare(400, 403, 404, 409, 413, 422),
+        responses=declare(400, 403, 404, 409, 413, 415, 422),
     )
     router.add_api_route(
         f"/{plural}/{{ref}}",
@@ -152,7 +152,7 @@ def _tree_routes(level: str, plural: str, spec_type: type[CohortSpec | TeamSpec 
         response_model=TreeNodeView,
         tags=tag,
         name=f"update_{level}",
-        responses=declare(400, 403, 404, 409, 413, 422),
+        responses=declare(400, 403, 404, 409, 413, 415, 422),
     )
     router.add_api_route(
         f"/{plural}/{{ref}}",
@@ -204,7 +204,7 @@ def get_queue(ref: str, who: Caller, ctx: Ctx) -> TreeNodeView:
     status_code=201,
     response_model=PriorityClassView,
     tags=["priority classes"],
-    responses=declare(400, 403, 413, 422),
+    responses=declare(400, 403, 413, 415, 422),
 )
 def put_priority_class(spec: PriorityClassSpec, who: Admin, ctx: Ctx) -> PriorityClassView:
     """Create or replace a priority class."""
@@ -233,7 +233,11 @@ class IssuedToken:
 
 
 @router.post(
-    "/tokens", status_code=201, response_model=IssuedToken, tags=["tokens"], responses=declare(400, 403, 404, 413, 422)
+    "/tokens",
+    status_code=201,
+    response_model=IssuedToken,
+    tags=["tokens"],
+    responses=declare(400, 403, 404, 413, 415, 422),
 )
 def issue_token(spec: TokenSpec, who: Admin, ctx: Ctx) -> IssuedToken:
     view, raw = auth.issue_token(ctx.uow_factory(), spec, who.token_id, ctx.clock())

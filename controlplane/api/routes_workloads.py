@@ -32,7 +32,7 @@ class CancelRequest(Strict):
     response_model=WorkloadView,
     responses={
         200: {"model": WorkloadView, "description": "an idempotent retry: the workload created the first time"},
-        **declare(400, 404, 409, 413, 422),
+        **declare(400, 404, 409, 413, 415, 422),
     },
 )
 def submit(
@@ -89,7 +89,9 @@ def get_workload(workload_id: str, who: Caller, ctx: Ctx) -> WorkloadView:
     return svc.get(ctx.uow_factory(), who, workload_id)
 
 
-@router.post("/workloads/{workload_id}/cancel", response_model=WorkloadView, responses=declare(400, 404, 409, 413, 422))
+@router.post(
+    "/workloads/{workload_id}/cancel", response_model=WorkloadView, responses=declare(400, 404, 409, 413, 415, 422)
+)
 def cancel_workload(workload_id: str, who: Caller, ctx: Ctx, body: CancelRequest | None = None) -> WorkloadView:
     reason = body.reason if body else "cancelled by user"
     return svc.cancel(ctx.uow_factory(), who, workload_id, reason, ctx.subject_prefix, ctx.clock())

@@ -53,6 +53,24 @@ def test_each_reason_for_a_401_gets_its_own_sentence(
     assert "secretvalue" not in r.text
 
 
+@pytest.mark.parametrize("media", ["application/x-www-form-urlencoded", "text/plain; charset=utf-8"])
+def test_a_body_not_sent_as_json_is_refused_with_the_header_to_send(
+    client: TestClient, admin: dict[str, str], media: str
+) -> None:
+    """`curl -d @job.json` sends a form type: the answer says which header to send, not a field error."""
+    r = client.post("/v1/clusters", content=b'{"name": "c"}', headers={**admin, "Content-Type": media})
+    assert r.status_code == 415
+    detail = r.json()["detail"]
+    assert f"the body is sent as `{media.split(';', maxsplit=1)[0]}`" in detail
+    assert "Content-Type: application/json" in detail
+
+
+def test_a_body_with_no_content_type_is_read_as_json(client: TestClient, admin: dict[str, str]) -> None:
+    r = client.post("/v1/clusters", content=b'{"name": "NOT A LABEL"}', headers=admin)
+    assert r.status_code == 422  # read and validated as JSON, not refused for its type
+    assert "Content-Type" not in r.json()["detail"]
+
+
 def test_admin_creates_cluster_with_pools_and_nodes(client: TestClient, admin: dict[str, str]) -> None:
     r = client.post("/v1/clusters", json=mixed_cluster(), headers=admin)
     assert r.status_code == 201, r.text
