@@ -146,14 +146,18 @@ def show(workload_id: str, api: str, token: str | None, as_json: bool) -> None:
 @connection_options
 def cancel(workload_id: str, reason: str | None, api: str, token: str | None, as_json: bool) -> None:
     """Cancel a workload that has not finished."""
-    body = {"reason": reason} if reason is not None else None
-    workload = decoded(Api.from_options(api, token).request("POST", workload_path(workload_id, "/cancel"), body=body))
+    client = Api.from_options(api, token)
+    # Cancelling is idempotent on the server; asking first lets a second cancel say so.
+    workload = decoded(client.request("GET", workload_path(workload_id)))
+    already = workload.get("state") == "cancelled"
+    if not already:
+        body = {"reason": reason} if reason is not None else None
+        workload = decoded(client.request("POST", workload_path(workload_id, "/cancel"), body=body))
     if as_json:
         print_json(workload)
         return
-    click.echo(
-        f"{workload['id']}: {workload['state']}" + (f" ({workload['reason']})" if workload.get("reason") else "")
-    )
+    state = f"already {workload['state']}" if already else workload["state"]
+    click.echo(f"{workload['id']}: {state}" + (f" ({workload['reason']})" if workload.get("reason") else ""))
 
 
 @click.command()

@@ -543,28 +543,43 @@ def test_show_prints_the_404_detail(api: FakeApi) -> None:
 
 
 def test_cancel_posts_the_reason(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="wrong dataset"))
 
     result = run(api, "cancel", "wl_01hzabc", "--reason", "wrong dataset")
 
     assert result.exit_code == 0, result.output
-    assert (api.only.method, api.only.path) == ("POST", "/v1/workloads/wl_01hzabc/cancel")
-    assert api.only.body == {"reason": "wrong dataset"}
-    assert api.only.headers["authorization"] == "Bearer tok-123"
+    asked, posted = api.requests
+    assert (asked.method, asked.path) == ("GET", "/v1/workloads/wl_01hzabc")
+    assert (posted.method, posted.path) == ("POST", "/v1/workloads/wl_01hzabc/cancel")
+    assert posted.body == {"reason": "wrong dataset"}
+    assert posted.headers["authorization"] == "Bearer tok-123"
     assert result.stdout == "wl_01hzabc: cancelled (wrong dataset)\n"
 
 
 def test_cancel_without_reason_sends_no_body_so_the_server_default_applies(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="cancelled by user"))
 
     result = run(api, "cancel", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
-    assert api.only.body is None
+    assert api.requests[-1].body is None
+
+
+def test_a_second_cancel_says_it_was_cancelled_already(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="cancelled", reason="wrong dataset"))
+
+    result = run(api, "cancel", "wl_01hzabc")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "wl_01hzabc: already cancelled (wrong dataset)\n"
+    assert [r.method for r in api.requests] == ["GET"]  # nothing to post
 
 
 def test_cancel_of_a_finished_workload_prints_the_conflict(api: FakeApi) -> None:
     detail = "workload wl_01hzabc is succeeded and cannot be cancelled"
+    api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="succeeded"))
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", {"detail": detail}, status=409)
 
     result = run(api, "cancel", "wl_01hzabc")
@@ -623,6 +638,8 @@ def test_clusters_prints_one_row_per_pool(api: FakeApi) -> None:
 )
 def test_json_prints_the_raw_response(api: FakeApi, args: list[str], method: str, path: str, payload: Any) -> None:
     api.reply(method, path, payload, status=201 if method == "POST" and path == "/v1/workloads" else 200)
+    if args[0] == "cancel":
+        api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)  # asked first: not cancelled yet
 
     result = run(api, *args, "--json", stdin=WORKLOAD_YAML)
 
