@@ -160,10 +160,48 @@ def never_fits(empty: FleetCapacity, workload: Workload) -> str | None:
     best = answer.best_miss
     if best is None:  # every cluster held it, but only over several pools
         return "same_pool is required, but only several node pools together could ever hold this gang"
+    cause = _pod_no_node_holds(workload, empty.clusters) if best.placed == 0 else None
+    if cause is not None:
+        return f"no cluster in the fleet could ever hold this gang: {cause}"
     return (
         f"no cluster in the fleet could ever hold this gang: it needs {workload.min_available} pods "
         f"placed at once and the best cluster ({best.detail}) holds at most {best.placed} even when empty"
     )
+
+
+def _pod_no_node_holds(workload: Workload, clusters: Sequence[Cluster]) -> str | None:
+    """Why not even one pod fits anywhere, said of the pod set and what it asks (a GPU model no
+    pool offers, more GPUs, CPU or memory than any node of the models it may use has); None when
+    it is something else (MIG layouts, taints, sharing: the general sentence then)."""
+    pools = [pool for cluster in clusters for pool in cluster.pools]
+    offered = sorted({pool.gpu_model for pool in pools})
+    for pod_set in workload.pod_sets:
+        models = pod_set.gpu_models
+        usable = [pool for pool in pools if not models or pool.gpu_model in models]
+        if not usable:
+            return (
+                f"pod set `{pod_set.name}` asks for GPU model {' or '.join(models)} and no pool offers it "
+                f"(the pools offer {', '.join(offered) or 'none'})"
+            )
+        of_models = f" of model {' or '.join(models)}" if models else ""
+        most = max(pool.gpus_per_node for pool in usable)
+        if pod_set.gpus > most:
+            return (
+                f"pod set `{pod_set.name}` asks {pod_set.gpus} GPUs per pod and no node{of_models} has more than {most}"
+            )
+        cpu = max(pool.cpu_millis for pool in usable)
+        if pod_set.cpu_millis > cpu:
+            return (
+                f"pod set `{pod_set.name}` asks {pod_set.cpu_millis}m CPU per pod and no node{of_models} "
+                f"has more than {cpu}m"
+            )
+        memory = max(pool.memory_mib for pool in usable)
+        if pod_set.memory_mib > memory:
+            return (
+                f"pod set `{pod_set.name}` asks {pod_set.memory_mib} MiB of memory per pod and no node{of_models} "
+                f"has more than {memory} MiB"
+            )
+    return None
 
 
 def pools_used(placement: Placement, pool_of_node: Mapping[str, NodePool]) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
+
 from controlplane.core.capacity import why_never_fits
 from controlplane.core.placement import (
     FreeCapacity,
@@ -14,7 +16,7 @@ from controlplane.core.placement import (
     place_gang,
     place_in_cluster,
 )
-from controlplane.domain.model import GPU, SHARE, Cluster, Node, Taint, Toleration
+from controlplane.domain.model import GPU, SHARE, Cluster, Node, PodSet, Taint, Toleration
 from tests.unit.builders import cpu_only, frac, gpus, make_cluster, make_nodes, make_pool, make_workload, mig
 
 
@@ -319,6 +321,24 @@ def test_why_never_fits_names_the_cluster_that_came_closest() -> None:
     reason = why_never_fits(make_workload("w", gpus(8, 4)), clusters, make_nodes(p1, 1) + make_nodes(p2, 3))
     assert reason is not None
     assert "best cluster (bigger) holds at most 3" in reason
+
+
+@pytest.mark.parametrize(
+    ("pod_set", "says"),
+    [
+        (gpus(16), "pod set `worker` asks 16 GPUs per pod and no node has more than 8"),
+        (gpus(2, models=("B200",)), "asks for GPU model B200 and no pool offers it (the pools offer H100-80GB)"),
+        (gpus(16, models=("H100-80GB",)), "asks 16 GPUs per pod and no node of model H100-80GB has more than 8"),
+        (gpus(1, cpu_millis=10**6), "asks 1000000m CPU per pod and no node has more than"),
+        (gpus(1, memory_mib=10**8), "asks 100000000 MiB of memory per pod and no node has more than"),
+    ],
+)
+def test_why_never_fits_names_what_no_node_has(pod_set: PodSet, says: str) -> None:
+    pool = make_pool("p1", "c1", gpus_per_node=8, gpu_model="H100-80GB")
+    reason = why_never_fits(make_workload("w", pod_set), (make_cluster("c1", pool),), make_nodes(pool, 2))
+    assert reason is not None
+    assert reason.startswith("no cluster in the fleet could ever hold this gang: ")
+    assert says in reason
 
 
 def test_why_never_fits_on_an_empty_fleet() -> None:
