@@ -30,6 +30,7 @@ SECTIONS: dict[str, dict[str, Lazy]] = {
         "nats-auth-config": Lazy(f"{_SERVER}:nats_auth_config", "Write a nats-server config for an external server."),
     },
     "Use it": {
+        "job": Lazy("controlplane.cli.job_commands:job", "Workload files: `job init` writes a commented sample."),
         "submit": Lazy(f"{_CLIENT}:submit", "Submit the workload described in a YAML file."),
         "list": Lazy(f"{_CLIENT}:list_workloads", "List workloads, newest first."),
         "show": Lazy(f"{_CLIENT}:show", "Show one workload: state, reason, placement, runs."),

@@ -35,12 +35,12 @@ loaded = sorted(h for h in heavy if any(m == h or m.startswith(h + ".") for m in
 sys.stderr.write("LOADED=" + json.dumps(loaded) + "\\n")
 """
 
-CLIENT_COMMANDS = ("list", "submit", "show", "cancel", "queues", "clusters", "report", "audit")
+CLIENT_COMMANDS = ("list", "submit", "show", "cancel", "queues", "clusters", "report", "audit", "job")
 
 ALL_COMMANDS = {
     "up", "init", "migrate", "serve", "run", "scheduler", "dispatcher", "ingest", "relay",
     "create-admin-token", "nats-topology", "nats-auth-config",
-    "submit", "list", "show", "cancel", "queues", "clusters", "report", "audit",
+    "job", "submit", "list", "show", "cancel", "queues", "clusters", "report", "audit",
     "agent", "bench", "sim", "scenario",
 }  # fmt: skip
 
