@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
-from controlplane.domain.model import Cluster, Node, NodePool
+from controlplane.domain.model import GPU_EQ, Cluster, Node, NodePool
+from controlplane.domain.sharing import MIG_PROFILES
 from controlplane.service.cloud_ports import UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.cloud_state import SyncedPool
 from controlplane.service.cluster_specs import CLOUD_PROVIDERS, ClusterSpec, ClusterUpdate
@@ -180,12 +182,36 @@ def _parent_ref(spec: CohortSpec | TeamSpec | QueueSpec) -> tuple[str | None, st
     return None, None
 
 
+def _check_quota_keys(uow: UnitOfWork, *quotas: Mapping[str, float] | None) -> None:
+    """A quota key is `gpu-eq` or a GPU model the fleet knows: a pool's model, or one of the models
+    gpufleet knows the MIG geometry of. Any other key (`H100` for `H100-80GB`, `cpu`,
+    `nvidia.com/gpu`) would be stored and never enforced: the ledger charges only those. Which
+    models exist is the fleet's state, so a key it does not know conflicts with it (409)."""
+    keys = {key for quota in quotas if quota for key in quota if key != GPU_EQ}
+    if not keys:
+        return
+    known = set(MIG_PROFILES) | {pool.gpu_model for cluster in uow.admin.list_clusters() for pool in cluster.pools}
+    unknown = sorted(keys - known)
+    if unknown:
+        names = ", ".join(f"`{key}`" for key in unknown)
+        raise Conflict(
+            f"quota key {names} names no GPU model of the fleet and would never be enforced: use `{GPU_EQ}` or one "
+            f"of {', '.join(sorted(known))} (a model the fleet does not have yet counts once a node pool of it is "
+            "registered, even with no nodes)"
+        )
+
+
+def _quotas(spec: CohortSpec | TeamSpec | QueueSpec | QuotaUpdate) -> tuple[Mapping[str, float] | None, ...]:
+    return (spec.guaranteed, spec.limit, spec.borrowing_limit, spec.lending_limit)
+
+
 def create_tree_node(
     uow: UnitOfWork, level: str, spec: CohortSpec | TeamSpec | QueueSpec, actor: str, now: datetime
 ) -> TreeNodeView:
     with uow:
         if uow.admin.get_tree_node(level, spec.name) is not None:
             raise Conflict(f"{level} {spec.name} already exists")
+        _check_quota_keys(uow, *_quotas(spec))
         parent_id = None
         parent_level, parent_name = _parent_ref(spec)
         if parent_level and parent_name:
@@ -226,6 +252,7 @@ def update_tree_node(
         current = uow.admin.get_tree_node(level, ref)
         if current is None:
             raise NotFound(f"no {level} {ref}")
+        _check_quota_keys(uow, *_quotas(update))
         view = TreeNodeView(
             id=current.id,
             name=current.name,

@@ -118,7 +118,9 @@ class TreeNodeSpec(Strict):
     model_config = ConfigDict(json_schema_extra=_GUARANTEE_RULE)
 
     name: Name
-    guaranteed: QuotaMap = Field(default_factory=dict, description="per GPU model and/or 'gpu-eq'")
+    guaranteed: QuotaMap = Field(
+        default_factory=dict, description="per GPU model (of a registered pool) and/or 'gpu-eq'; else 409"
+    )
     limit: QuotaMap = Field(default_factory=dict, description="never above; missing key = unbounded")
     weight: float = Field(default=1.0, gt=0, le=1000)
     borrowing_limit: QuotaMap = Field(default_factory=dict, description="most it may use above its guarantee")

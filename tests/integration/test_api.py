@@ -71,6 +71,27 @@ def test_a_body_with_no_content_type_is_read_as_json(client: TestClient, admin: 
     assert "Content-Type" not in r.json()["detail"]
 
 
+@pytest.mark.parametrize("key", ["H100", "cpu", "nvidia.com/gpu", "L4"])
+def test_a_quota_key_that_names_no_gpu_model_of_the_fleet_is_refused_with_the_accepted_keys(
+    client: TestClient, admin: dict[str, str], key: str
+) -> None:
+    """`H100` for `H100-80GB` (or a resource the ledger does not charge) would be stored and never
+    enforced. A model becomes a key once a pool of it is registered (L4 here, by the mixed cluster)."""
+    r = client.post("/v1/teams", json={"name": "nlp", "limit": {key: 8}}, headers=admin)
+    assert r.status_code == 409
+    detail = r.json()["detail"]
+    assert f"quota key `{key}` names no GPU model of the fleet" in detail
+    assert "use `gpu-eq` or one of A100-40GB, A100-80GB, H100-80GB, H200-141GB" in detail
+    assert client.get("/v1/teams", headers=admin).json() == []  # nothing stored
+    ok = client.post("/v1/teams", json={"name": "nlp", "guaranteed": {"H100-80GB": 8, "gpu-eq": 8}}, headers=admin)
+    assert ok.status_code == 201, ok.text
+    assert client.patch("/v1/teams/nlp", json={"borrowing_limit": {key: 1}}, headers=admin).status_code == 409
+    if key == "L4":
+        assert client.post("/v1/clusters", json=mixed_cluster(), headers=admin).status_code == 201
+        r = client.patch("/v1/teams/nlp", json={"borrowing_limit": {key: 1}}, headers=admin)
+        assert r.status_code == 200, r.text
+
+
 def test_admin_creates_cluster_with_pools_and_nodes(client: TestClient, admin: dict[str, str]) -> None:
     r = client.post("/v1/clusters", json=mixed_cluster(), headers=admin)
     assert r.status_code == 201, r.text

@@ -22,7 +22,7 @@ def test_a_json_body_is_parsed_once(
     r = client.post("/v1/workloads", json=gang("resnet", tenant.queue), headers=tenant.headers)
     assert r.status_code == 201, r.text
     assert r.json()["name"] == "resnet"
-    r = client.patch(f"/v1/queues/{tenant.queue}", json={"limit": {"nvidia.com/gpu": 8}}, headers=admin)
+    r = client.patch(f"/v1/queues/{tenant.queue}", json={"limit": {"gpu-eq": 8}}, headers=admin)
     assert r.status_code == 200, r.text
 
 
