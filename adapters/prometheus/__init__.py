@@ -25,7 +25,7 @@ from adapters.prometheus.fleet import FleetCollector
 from adapters.prometheus.metrics import PrometheusMetrics
 from controlplane.service.auth import ScrapeVerdict
 
-# (client address, bearer token or None) -> whether it may read the exposition.
+# (client address, its Authorization header or None) -> whether it may read the exposition.
 Authorize = Callable[[str, str | None], ScrapeVerdict]
 
 __all__ = ["FleetCollector", "PrometheusMetrics", "exposition", "new_registry", "serve_metrics"]
@@ -64,9 +64,8 @@ def _guarded(registry: CollectorRegistry, authorize: Authorize) -> Callable[...,
     exposition_app = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        scheme, _, value = str(environ.get("HTTP_AUTHORIZATION", "")).partition(" ")
-        raw = value.strip() if scheme.lower() == "bearer" and value.strip() else None
-        verdict = authorize(str(environ.get("REMOTE_ADDR", "")), raw)
+        authorization = environ.get("HTTP_AUTHORIZATION")
+        verdict = authorize(str(environ.get("REMOTE_ADDR", "")), None if authorization is None else str(authorization))
         if verdict.status == 200:
             return exposition_app(environ, start_response)  # type: ignore[no-any-return]
         headers = [("Content-Type", "text/plain; charset=utf-8")]

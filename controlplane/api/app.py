@@ -87,13 +87,14 @@ class BodyGuard:
                 break
         body = b"".join(chunks)
         content_type = headers.get(b"content-type")
-        if body and not _is_json(content_type) and str(scope.get("path", "")).startswith("/v1/"):
-            # The API takes JSON only; `curl -d` sends a form type unless told otherwise, and
-            # validating the body as a form would answer with a field error that explains nothing.
-            media = (content_type or b"").split(b";", 1)[0].strip().decode("latin-1")[:100]
-            await _error(415, _NOT_JSON.format(media=media))(scope, receive, send)
-            return
-        if body and _is_json(content_type):
+        if body and not _is_json(content_type):
+            if str(scope.get("path", "")).startswith("/v1/"):
+                # The API takes JSON only; `curl -d` sends a form type unless told otherwise, and
+                # validating the body as a form would answer with a field error that explains nothing.
+                media = (content_type or b"").split(b";", 1)[0].strip().decode("latin-1")[:100]
+                await _error(415, _NOT_JSON.format(media=media))(scope, receive, send)
+                return
+        elif body:
             try:
                 # Kept for the route (decoded.py): FastAPI validates this document instead of parsing again.
                 scope[DECODED_BODY] = decode(body, MAX_BODY_BYTES)

@@ -75,11 +75,10 @@ def scraper(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ctx: Annotated[ApiContext, Depends(context)],
 ) -> None:
-    """The reader of /metrics: a token of role metrics or admin (`authorize_scrape`)."""
-    if not credentials:
-        raise _unauthenticated(missing_token_reason(request.headers.get("authorization")))
-    raw = credentials.credentials
-    verdict = authorize_scrape(ctx.uow_factory, ctx.auth_failures, client_address(request), raw)
+    """The reader of /metrics: a token of role metrics or admin (`authorize_scrape`). `credentials`
+    declares the scheme in the OpenAPI; the header itself is what `authorize_scrape` reads."""
+    authorization = request.headers.get("authorization")
+    verdict = authorize_scrape(ctx.uow_factory, ctx.auth_failures, client_address(request), authorization)
     if verdict.status == status.HTTP_429_TOO_MANY_REQUESTS:
         raise TooManyFailures(verdict.retry_after or 1)
     if verdict.status == status.HTTP_401_UNAUTHORIZED:

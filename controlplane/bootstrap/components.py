@@ -286,7 +286,7 @@ async def run_components(
                     registry,
                     settings.metrics_host,
                     settings.metrics_port,
-                    lambda source, raw: authorize_scrape(wiring.uow, auth_failures, source, raw),
+                    lambda source, authorization: authorize_scrape(wiring.uow, auth_failures, source, authorization),
                 )
             except OSError:
                 stop.set()  # the port is taken: stop what started, then say why

@@ -48,6 +48,12 @@ def authenticate(uow: UnitOfWork, raw: str) -> Principal | None:
     return found if found is not None and found.role in API_ROLES else None
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header; None for any other header or none."""
+    scheme, _, value = (authorization or "").strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
 def missing_token_reason(authorization: str | None) -> str:
     """Why a request that carries no usable bearer token is refused, told from its Authorization
     header so each mistake gets its own sentence (the header's value is never repeated)."""
@@ -68,13 +74,15 @@ class ScrapeVerdict:
 
 
 def authorize_scrape(
-    uow_factory: Callable[[], UnitOfWork], failures: FailedAuthLimiter, source: str, raw: str | None
+    uow_factory: Callable[[], UnitOfWork], failures: FailedAuthLimiter, source: str, authorization: str | None
 ) -> ScrapeVerdict:
-    """May the bearer token `raw`, sent from `source`, read a metrics exposition? Only a token of
-    role metrics or admin may: the exposition is fleet-wide (every team's queues, and the per-run
-    gauges' workload names and run ids), so a team token gets 403, not a filtered copy."""
-    if not raw:
-        return ScrapeVerdict(401, missing_token_reason(None))
+    """May the bearer token of the `authorization` header, sent from `source`, read a metrics
+    exposition? Only a token of role metrics or admin may: the exposition is fleet-wide (every
+    team's queues, and the per-run gauges' workload names and run ids), so a team token gets 403,
+    not a filtered copy."""
+    raw = bearer_token(authorization)
+    if raw is None:
+        return ScrapeVerdict(401, missing_token_reason(authorization))
     try:
         failures.check(source)
     except TooManyFailures as exc:

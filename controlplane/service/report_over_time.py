@@ -70,10 +70,8 @@ def buckets(
     return out
 
 
-def _reported_size(spans: Sequence[tuple[datetime, datetime]], start: datetime, end: datetime, size: int | None) -> int:
-    """The bucket length a report states: the whole range when it is one bucket."""
-    if len(spans) > 1:
-        return int((spans[0][1] - spans[0][0]).total_seconds())
+def _reported_size(start: datetime, end: datetime, size: int | None) -> int:
+    """The bucket length a report states: the whole range when it is shorter than one bucket."""
     return min(bucket_size(start, end, size), int((end - start).total_seconds()))
 
 
@@ -174,7 +172,7 @@ def timeline(
     team_id = team_scope(who)
     with uow:
         runs, windows = runs_and_windows(uow, team_id, start, end)
-    size = _reported_size(spans, start, end, bucket)
+    size = _reported_size(start, end, bucket)
     rows = timeline_figures(runs, windows, spans, GroupBy(group_by), utc(now))
     return TimelineReport(start, end, size, group_by, rows)
 
@@ -291,5 +289,5 @@ def fairness(
         queues = uow.reports.queues()
         capacity = uow.reports.capacity_gpu_eq()
     rows, shown = fairness_figures(runs, queues, capacity, spans, by, utc(now), team_id)
-    size = _reported_size(spans, start, end, bucket)
+    size = _reported_size(start, end, bucket)
     return FairnessReport(start, end, size, by, capacity, rows, shown)
