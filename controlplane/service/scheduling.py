@@ -130,7 +130,7 @@ def settle_long_lived_objects() -> None:
 
 
 @contextmanager
-def _collector_paused(settle: Callable[[], bool]) -> Iterator[None]:
+def collector_paused(settle: Callable[[], bool]) -> Iterator[None]:
     """Pause the cyclic garbage collector for a cycle: it builds large acyclic data (the snapshot
     read, the core's fleet state and indexes when rebuilt, the records it writes), and each full
     collection walks every object alive; at 100,000 queued a read triggered many of them (about
@@ -167,7 +167,7 @@ def run_cycle(
     since the last cycle; without one it is loaded in full (a throwaway cache). With the term's
     `scheduler` the core decides on the fleet state it kept from the last cycle; without one,
     one-shot `schedule()` (the same decision, built from scratch). The cyclic garbage collector is
-    paused for the whole cycle (`_collector_paused`), and what a full read or a rebuilt state made
+    paused for the whole cycle (`collector_paused`), and what a full read or a rebuilt state made
     is settled once the decision has landed."""
     cache = cache if cache is not None else SnapshotCache()
 
@@ -175,7 +175,7 @@ def run_cycle(
         return cache.last_refresh_was_full or (scheduler is not None and scheduler.last_sync.rebuilt)
 
     try:
-        with _collector_paused(built_anew):
+        with collector_paused(built_anew):
             return _cycle(
                 uow_factory,
                 holder,
