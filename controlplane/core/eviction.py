@@ -124,6 +124,10 @@ class Evictor:
             found = self._victims_in_cluster(workload, kind, in_cluster, combined)
             if found is not None and (best is None or len(found) < len(best)):
                 best = found
+                if len(best) == 1:
+                    # No cluster can do with fewer: the gang did not fit before (no empty set
+                    # makes room), and on a tie the first cluster found keeps its place.
+                    break
         if best is None:
             self.failed.add(attempt)
             return None
@@ -571,7 +575,6 @@ class Evictor:
     def _evict(self, victim: LiveRun, beneficiary: Workload, kind: EvictionKind) -> None:
         state = self.state
         self._eligible_of.clear()  # it is no longer live
-        self._memo.forget_derived()
         self._candidates_of.clear()
         self._grouped.clear()
         state.give_back(victim.assignments, victim.queue_id)

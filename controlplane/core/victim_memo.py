@@ -7,8 +7,10 @@ make it depend on the time too), so it is kept until a run of a queue it read st
 changes or is evicted: the state bumps that queue's version (`CycleState.queue_versions`).
 
 Derived answers (a list's runs per cluster, its units per queue, its first runs) are kept per
-list, by identity: a list kept here is never changed, so an answer found for the same list object
-holds. They only grow while lists are replaced, so they are dropped past a bound.
+list, by identity: no list is ever changed once made, and every answer is a function of the list's
+runs alone, so an answer found for the same list object holds, even after an eviction (the lists
+that held the victim are replaced by new ones, never edited). They only grow while lists are
+replaced, so they are dropped past a bound.
 """
 
 from __future__ import annotations
@@ -73,7 +75,3 @@ class VictimMemo:
             self._merged = {}
         self._merged[key] = (first, second, runs)
         return runs
-
-    def forget_derived(self) -> None:
-        """A run was evicted inside the cycle: answers that filtered on runs being live are stale."""
-        self._derived = {}
