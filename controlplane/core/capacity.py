@@ -126,17 +126,35 @@ def _fits_as_is(
     placements: list[Placement] = []
     best_miss: Miss | None = None
     for cluster in clusters:
-        found = placements_in_cluster(workload, cluster, nodes_by_pool, free, prefer_same_pool)
+        found = fits_in_cluster(workload, cluster, nodes_by_pool, pool_of_node, free, prefer_same_pool)
         if isinstance(found, Miss):
             if best_miss is None or found.placed > best_miss.placed:
                 best_miss = found
-        elif workload.same_pool == "required":
-            placements.extend(p for p in found if pools_used(p, pool_of_node) == 1)
         else:
             placements.extend(found)
-            if all(pools_used(p, pool_of_node) > 1 for p in found):
-                placements.extend(_zone_placements(workload, cluster, nodes_by_pool, free))
     return Fits(placements, best_miss)
+
+
+def fits_in_cluster(
+    workload: Workload,
+    cluster: Cluster,
+    nodes_by_pool: Mapping[str, list[Node]],
+    pool_of_node: Mapping[str, NodePool],
+    free: FreeCapacity,
+    prefer_same_pool: bool = True,
+) -> list[Placement] | Miss:
+    """One cluster's part of `fits` for a gang asked as it is (no pod-set minimums tried): its
+    placements there (a list the caller owns, maybe empty when `same_pool` is required and only
+    several pools hold it), or the Miss. `fits` is these parts in the order of the clusters, and
+    its best miss the first Miss that placed the most pods."""
+    found = placements_in_cluster(workload, cluster, nodes_by_pool, free, prefer_same_pool)
+    if isinstance(found, Miss):
+        return found
+    if workload.same_pool == "required":
+        return [p for p in found if pools_used(p, pool_of_node) == 1]
+    if all(pools_used(p, pool_of_node) > 1 for p in found):
+        found.extend(_zone_placements(workload, cluster, nodes_by_pool, free))
+    return found
 
 
 def why_never_fits(workload: Workload, clusters: Sequence[Cluster], nodes: Iterable[Node]) -> str | None:

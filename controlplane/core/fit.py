@@ -11,14 +11,15 @@ the fit question itself (`capacity.fits`, `placement/partial.py`): the cycle get
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 
-from controlplane.core.capacity import fits
+from controlplane.core.capacity import fits, fits_in_cluster
 from controlplane.core.decision import IsolationOnlyTimeSliced, NeverFits, NoFit, NotLent, OutsideGuarantee, Why
 from controlplane.core.gang_facts import ShapeId
 from controlplane.core.placement import FreeCapacity, Miss, Placement
 from controlplane.core.quota import ZERO, Usage
-from controlplane.core.scoring import Scorer
+from controlplane.core.scoring import RankedPart, Scorer
 from controlplane.core.snapshot import Policy, Snapshot
 from controlplane.core.state import CycleState
 from controlplane.domain.model import Cluster, PodAssignment, Workload
@@ -58,6 +59,8 @@ class Fitter:
         # the fleet changes (so across cycles when the state is kept, `incremental.py`).
         self.never = state.never_fits_memo.setdefault(policy.prefer_same_pool, {})
         self.models_of: dict[ShapeId, tuple[str, ...]] = {}  # see `gpu_models`
+        if state.fit_parts.policy != policy:  # its parts were ranked by another policy's weights
+            state.fit_parts.reset(policy)
 
     def capacity_grew(self) -> None:
         self.unplaceable.clear()
@@ -86,23 +89,21 @@ class Fitter:
         use_cache = use_cache and free is state.free and clusters is None
         if use_cache and shape in self.unplaceable:
             return self.unplaceable[shape]
-        scorer = self.scorer
-        answer = fits(
-            workload,
-            self.clusters if clusters is None else clusters,
-            state.nodes_by_pool,
-            state.pool_of_node,
-            free,
-            self.policy.prefer_same_pool,
-        )
-        placements = answer.placements
-        if not placements:
-            no_fit = self.no_fit(workload, answer.best_miss)
+        chosen = self.clusters if clusters is None else clusters
+        if workload.reducible:
+            # Pod-set minimums: the fit question picks the counts, over all clusters at once.
+            answer = fits(workload, chosen, state.nodes_by_pool, state.pool_of_node, free, self.policy.prefer_same_pool)
+            parts = [self.scorer.part(answer.placements, workload)] if answer.placements else []
+            best_miss = answer.best_miss
+        else:
+            parts, best_miss = self.parts_of(workload, shape, chosen, free)
+        if not parts:
+            no_fit = self.no_fit(workload, best_miss)
             if use_cache:
                 self.unplaceable[shape] = no_fit
             return no_fit
         first_reason: Why | None = None
-        for placement in scorer.ranked(placements, workload):
+        for placement in self.scorer.ranked(parts, workload):
             assignments: tuple[PodAssignment, ...] | None = placement.assignments
             blocked: Why | None = None
             while assignments is not None:
@@ -115,6 +116,36 @@ class Fitter:
             first_reason = first_reason or blocked
         assert first_reason is not None
         return first_reason
+
+    def parts_of(
+        self, workload: Workload, shape: ShapeId, clusters: Sequence[Cluster], free: FreeCapacity
+    ) -> tuple[list[RankedPart], Miss | None]:
+        """`fits` of a gang asked as it is, cluster by cluster, each cluster's placements ranked
+        by the cheap terms (`Scorer.part`), and the best miss. On the cycle's own capacity each
+        cluster's part is kept with the state under the cluster's stamp, which names one content
+        of its free capacity for the state's lifetime (a trial rolled back restores it): after an
+        admission only that cluster is searched again, and a part found before a trial serves
+        after it."""
+        state = self.state
+        memo = state.fit_parts if free is state.free else None
+        prefer = self.policy.prefer_same_pool
+        parts: list[RankedPart] = []
+        best_miss: Miss | None = None
+        stamps = state.stamps
+        for cluster in clusters:
+            key = (shape, cluster.id, stamps.get(cluster.id, 0))
+            found = memo.parts.get(key) if memo is not None else None
+            if found is None:
+                answer = fits_in_cluster(workload, cluster, state.nodes_by_pool, state.pool_of_node, free, prefer)
+                found = answer if isinstance(answer, Miss) else self.scorer.part(answer, workload)
+                if memo is not None:
+                    memo.remember(key, found)
+            if isinstance(found, Miss):
+                if best_miss is None or found.placed > best_miss.placed:
+                    best_miss = found
+            elif found:
+                parts.append(found)
+        return parts, best_miss
 
     def no_fit(self, workload: Workload, miss: Miss | None) -> Why:
         if workload.requires_isolation and self._only_time_sliced(workload):

@@ -8,6 +8,10 @@ gang's spot preference.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+
 from controlplane.core.capacity import TOPOLOGY_LABELS
 from controlplane.core.fragmentation import WorkloadMix, gang_fragmentation_cost
 from controlplane.core.gpu_eq import gpu_eq_float
@@ -19,6 +23,15 @@ from controlplane.domain.model import Workload
 # How many of the best placements by the cheap terms also get the fragmentation term.
 FRAGMENTATION_CANDIDATES = 6
 
+# (spread, cheap score, cluster id, position among the placements ranked together, placement):
+# the first four order it, and no two entries of one part tie on them.
+RankEntry = tuple[bool, float, str, int, Placement]
+RankedPart = list[RankEntry]
+
+
+def _rank_key(entry: RankEntry) -> tuple[bool, float, str, int]:
+    return entry[0], entry[1], entry[2], entry[3]
+
 
 class Scorer:
     def __init__(self, policy: Policy, state: CycleState, mix: WorkloadMix | None) -> None:
@@ -27,17 +40,30 @@ class Scorer:
         self.mix = mix
         self.fragmentation_memo: dict[tuple[object, ...], tuple[float, int]] = {}
 
-    def ranked(self, placements: list[Placement], workload: Workload) -> list[Placement]:
-        """Best first. Every placement gets the cheap terms (fit, price, topology, spot); the
-        fragmentation term, which simulates the gang pod by pod, only the best few of them."""
-        base = {id(p): self._cheap(p, workload) for p in placements}
-        ranked = sorted(placements, key=lambda p: (p.spread, base[id(p)], p.cluster_id))
-        if self.mix is None or len(ranked) < 2:
-            return ranked
-        head, tail = ranked[:FRAGMENTATION_CANDIDATES], ranked[FRAGMENTATION_CANDIDATES:]
+    def part(self, placements: list[Placement], workload: Workload) -> RankedPart:
+        """Placements ranked by the cheap terms alone (`ranked` merges such parts): entries
+        (spread, cheap score, cluster id, position in `placements`, placement), in order."""
+        cheap = self._cheap
+        entries = [(p.spread, cheap(p, workload), p.cluster_id, i, p) for i, p in enumerate(placements)]
+        entries.sort()  # positions differ: no two entries compare their placements
+        return entries
+
+    def ranked(self, parts: Sequence[RankedPart], workload: Workload) -> Iterator[Placement]:
+        """The placements of `parts` best first (lazily: most callers take the first). Every
+        placement is ranked by the cheap terms (fit, price, topology, spot) and, of equal ones,
+        the one of the lower cluster id and then the earlier one; the fragmentation term, which
+        simulates the gang pod by pod, reorders only the best few. Parts of different clusters
+        merge into the order one sort of all their placements would give."""
+        total = sum(len(part) for part in parts)
+        merged: Iterator[RankEntry] = (
+            iter(parts[0]) if len(parts) == 1 else heapq.merge(*[part for part in parts if part], key=_rank_key)
+        )
+        if self.mix is None or total < 2:
+            return (entry[4] for entry in merged)
+        head = list(itertools.islice(merged, FRAGMENTATION_CANDIDATES))
         weight = self.policy.fragmentation_weight
-        head.sort(key=lambda p: (p.spread, base[id(p)] + weight * self._fragmentation(p, workload), p.cluster_id))
-        return head + tail
+        head.sort(key=lambda e: (e[0], e[1] + weight * self._fragmentation(e[4], workload), e[2]))
+        return itertools.chain((entry[4] for entry in head), (entry[4] for entry in merged))
 
     def _cheap(self, placement: Placement, workload: Workload) -> float:
         """The cheap terms of `score`, which read only the placement and the gang's spot wish.

@@ -40,6 +40,25 @@ def live_key(run: LiveRun) -> str:
     return run.run_id or run.workload_id
 
 
+class FitParts:
+    """Each cluster's ranked placements of a gang shape (`Fitter.parts_of`), per (shape id, cluster
+    id, the cluster's capacity stamp), for one policy. Bounded by a reset."""
+
+    LIMIT = 50_000
+
+    def __init__(self) -> None:
+        self.policy: object | None = None
+        self.parts: dict[tuple[int, str, int], Any] = {}
+
+    def reset(self, policy: object) -> None:
+        self.policy, self.parts = policy, {}
+
+    def remember(self, key: tuple[int, str, int], part: object) -> None:
+        if len(self.parts) >= self.LIMIT:
+            self.parts = {}
+        self.parts[key] = part
+
+
 class ScoreMemo:
     """Cheap placement scores (`scoring.py`) by placement identity, for one policy. Entries keep
     their placement alive, so an id is never reused while remembered; bounded by a reset."""
@@ -94,6 +113,7 @@ class CycleState:
         # prefer_same_pool -> shape id -> why no cluster could hold it empty (None: one could); for `Fitter`.
         self.never_fits_memo: dict[bool, dict[ShapeId, NeverFits | None]] = {}
         self.cheap_scores = ScoreMemo()
+        self.fit_parts = FitParts()
         # id(run) -> (run, the units it holds): asked for every eviction attempt's candidates; the
         # run is kept so its id is not reused while remembered (bounded by the state's lifetime).
         self._run_units: dict[int, tuple[LiveRun, Usage]] = {}
