@@ -33,6 +33,8 @@ _USAGE = 4  # (_USAGE, the usage stamp before, None, None)
 
 # Capacity misses remembered (`CycleState.capacity_misses`) before the memo starts again.
 CAPACITY_MISSES_LIMIT = 100_000
+# Stamp transitions remembered (`CycleState._stamp`) before they start again.
+TRANSITIONS_LIMIT = 200_000
 _Entry = tuple[int, Any, Any, Any]
 
 
@@ -92,12 +94,17 @@ class CycleState:
         self.nodes_by_cluster: dict[str, list[str]] = fleet.nodes_by_cluster
         self.free: FreeCapacity = fleet.free
         self.cluster_of_node = {node_id: pool.cluster_id for node_id, pool in fleet.pool_of_node.items()}
-        # cluster id -> the stamp of its free capacity: a new one (never given before) on every
-        # change, the one before restored with a rollback; so a stamp names one content of the
-        # cluster's free capacity for the state's lifetime, and what was worked out from that
-        # content alone holds while the stamp is the same (`capacity_misses`).
+        # cluster id -> the stamp of its free capacity: on every change the stamp that change gave
+        # the same stamp before, else one never given before (`_stamp`); the one before restored
+        # with a rollback; so a stamp names one content of the cluster's free capacity for the
+        # state's lifetime, and what was worked out from that content alone holds while the
+        # stamp is the same (`capacity_misses`, `fit_parts`).
         self.stamps: dict[str, int] = {}
         self._stamps_given = 0
+        # (cluster id, stamp before, change) -> the stamp after (`_stamp`), and the assignment
+        # tuples whose ids those changes name (`_run_change`)
+        self._transitions: dict[tuple[str, int, tuple[object, ...]], int] = {}
+        self._changed: dict[int, tuple[PodAssignment, ...]] = {}
         # The same for the quota ledger's usage as a whole (`usage_stamp`): what is worked out from
         # every queue's usage holds while it is the same.
         self.usage_stamp = 0
@@ -186,10 +193,11 @@ class CycleState:
         for run in runs:
             self._bump_queue(run.queue_id)
             stamped = None
+            change = self._run_change(run.assignments, -1)
             for a in run.assignments:
                 node_free = free.get(a.node_id)
                 if node_free is not None:
-                    stamped = self._stamp_once(a.node_id, stamped)
+                    stamped = self._stamp_once(a.node_id, stamped, change)
                     for resource, amount in a.demand.items():
                         node_free[resource] = node_free.get(resource, 0) + amount
             totals = per_queue.setdefault(run.queue_id, {})
@@ -268,7 +276,7 @@ class CycleState:
     def hold_node(self, node_id: str) -> dict[str, int]:
         """Take everything free on a node out of circulation (a reservation); returns what was taken."""
         node_free = self.free[node_id]
-        self._stamp(self.cluster_of_node[node_id])
+        self._stamp(self.cluster_of_node[node_id], ("hold", node_id))
         held = dict(node_free)
         for key in held:
             self._set(node_free, key, 0)
@@ -277,27 +285,50 @@ class CycleState:
     def unhold_node(self, node_id: str, held: dict[str, int]) -> None:
         """Put what a reservation held on a node back into circulation."""
         node_free = self.free[node_id]
-        self._stamp(self.cluster_of_node[node_id])
+        self._stamp(self.cluster_of_node[node_id], ("unhold", node_id, tuple(held.items())))
         for key, amount in held.items():
             self._set(node_free, key, node_free[key] + amount)
 
-    def _stamp(self, cluster_id: str) -> None:
-        """A new stamp for the cluster's free capacity (journaled: a rollback restores the old)."""
+    def _stamp(self, cluster_id: str, change: tuple[object, ...]) -> None:
+        """The stamp of the cluster's free capacity after `change` (journaled: a rollback restores
+        the one before). The same change made to the same stamp leads to the same content, so it
+        gets the stamp that change gave before (`_transitions`): a reservation held again on the
+        same nodes each cycle, or a trial made again on a cluster, names content already seen,
+        and what was worked out for it still serves. Any other change gets a new stamp."""
+        before = self.stamps.get(cluster_id, 0)
         if self._open:
-            self._journal.append((_STAMP, cluster_id, self.stamps.get(cluster_id, 0), None))
-        self.stamps[cluster_id] = self._new_stamp()
+            self._journal.append((_STAMP, cluster_id, before, None))
+        key = (cluster_id, before, change)
+        after = self._transitions.get(key)
+        if after is None:
+            if len(self._transitions) >= TRANSITIONS_LIMIT:
+                self._transitions = {}
+            after = self._transitions[key] = self._new_stamp()
+        self.stamps[cluster_id] = after
+
+    def _run_change(self, assignments: tuple[PodAssignment, ...], sign: int) -> tuple[object, ...]:
+        """A change key for taking (+1) or giving back (-1) these assignments: by identity, the
+        tuple kept alive with its key (`_changed`) so its id is never reused while remembered."""
+        key = id(assignments)
+        kept = self._changed.get(key)
+        if kept is not assignments:
+            if len(self._changed) >= TRANSITIONS_LIMIT:
+                self._changed = {}
+                self._transitions = {}  # their keys name ids no longer pinned
+            self._changed[key] = assignments
+        return (sign, key)
 
     def _new_stamp(self) -> int:
         """A number never given before, for a cluster's capacity or for the usage."""
         self._stamps_given += 1
         return self._stamps_given
 
-    def _stamp_once(self, node_id: str, stamped: str | None) -> str:
+    def _stamp_once(self, node_id: str, stamped: str | None, change: tuple[object, ...]) -> str:
         """Stamp the node's cluster unless it is `stamped` already (a run's pods share one
         cluster: one stamp per run); returns the cluster stamped."""
         cluster_id = self.cluster_of_node[node_id]
         if cluster_id != stamped:
-            self._stamp(cluster_id)
+            self._stamp(cluster_id, change)
         return cluster_id
 
     def remember_capacity_miss(self, key: tuple[object, ...]) -> None:
@@ -314,10 +345,11 @@ class CycleState:
         journal = self._journal if self._open else None
         free = self.free
         stamped = None
+        change = self._run_change(assignments, sign)
         for a in assignments:
             node_free = free.get(a.node_id)
             if node_free is not None:
-                stamped = self._stamp_once(a.node_id, stamped)
+                stamped = self._stamp_once(a.node_id, stamped, change)
                 for key, amount in a.demand.items():
                     before = node_free.get(key)
                     if journal is not None:
@@ -350,11 +382,12 @@ class CycleState:
             self._bump_queue(run.queue_id)
             totals = per_queue.setdefault(run.queue_id, {})
             stamped = None
+            change = self._run_change(run.assignments, +1)
             for a in run.assignments:
                 demand = a.demand
                 node_free = free.get(a.node_id)
                 if node_free is not None:
-                    stamped = self._stamp_once(a.node_id, stamped)
+                    stamped = self._stamp_once(a.node_id, stamped, change)
                     for key, amount in demand.items():
                         node_free[key] = node_free.get(key, 0) - amount
                 pool = pool_of_node[a.node_id]

@@ -4,12 +4,20 @@ undo their own part, and the placement indexes follow the rolled-back capacity."
 from __future__ import annotations
 
 import copy
+import os
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.core.placement import Placement, placements_in_cluster
 from controlplane.core.snapshot import Policy, Snapshot
 from controlplane.core.state import CycleState
 from tests.unit.builders import gpus, live_run_of, make_snapshot, make_workload, run_schedule, single_pool_fleet
 from tests.unit.test_schedule import two_team_tree
+
+# Checkpoints and rollbacks come often: a change made again to a content it was made to before is
+# what stamps must get right.
+OPERATIONS = ("give back", "take", "hold", "unhold", "checkpoint", "checkpoint", "rollback", "rollback", "keep")
 
 
 def _fleet_with_two_live_runs() -> Snapshot:
@@ -98,9 +106,11 @@ def test_placement_indexes_follow_a_rollback() -> None:
     assert not isinstance(placements_in_cluster(eight, cluster, state.nodes_by_pool, state.free), list)
 
 
-def test_a_cluster_stamp_is_new_on_every_change_and_restored_by_a_rollback() -> None:
+def test_a_cluster_stamp_names_one_content_and_a_rollback_restores_it() -> None:
     """A stamp names one content of a cluster's free capacity: what was worked out from that
-    content holds while the stamp is the same (`CycleState.capacity_misses`)."""
+    content holds while the stamp is the same (`CycleState.capacity_misses`, `fit_parts`). The
+    same change made to the same stamp gets the stamp it got before (the content is the same);
+    another change gets one never given before."""
     snapshot = _fleet_with_two_live_runs()
     state = CycleState(snapshot, Policy())
     run_a, _ = snapshot.live_runs
@@ -114,12 +124,57 @@ def test_a_cluster_stamp_is_new_on_every_change_and_restored_by_a_rollback() -> 
     assert state.stamps[cluster] == first  # the same content again
     mark = state.checkpoint()
     state.give_back(run_a.assignments, run_a.queue_id, quota=False)
-    assert state.stamps[cluster] not in (first, released)  # never given twice
-    held = state.stamps[cluster]
+    assert state.stamps[cluster] == released  # the same change to the same content
     state.hold_node(run_a.assignments[0].node_id)
-    assert state.stamps[cluster] != held
+    held = state.stamps[cluster]
+    assert held not in (first, released)  # another change: never given before
     state.rollback(mark)
     assert state.stamps[cluster] == first
+    mark = state.checkpoint()
+    state.hold_node(run_a.assignments[0].node_id)  # held from `first`, not from `released`
+    assert state.stamps[cluster] not in (first, released, held)
+    state.rollback(mark)
+
+
+@settings(max_examples=int(os.environ.get("GPUFLEET_PROPERTY_EXAMPLES", "100")), deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(OPERATIONS), st.integers(0, 3)), max_size=30))
+def test_equal_stamps_mean_equal_free_capacity_whatever_the_changes(steps: list[tuple[str, int]]) -> None:
+    """Takes, give-backs, holds and unholds, nested checkpoints kept or rolled back: whenever a
+    cluster's stamp is one seen before, its free capacity is what it was then."""
+    snapshot = _fleet_with_two_live_runs()
+    state = CycleState(snapshot, Policy())
+    runs = list(snapshot.live_runs)
+    nodes = sorted(state.free)
+    seen: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
+    marks: list[int] = []
+    holds: list[tuple[str, dict[str, int]]] = []
+
+    def check() -> None:
+        for cluster_id, node_ids in state.nodes_by_cluster.items():
+            content = {node: dict(state.free[node]) for node in node_ids}
+            key = (cluster_id, state.stamps.get(cluster_id, 0))
+            assert seen.setdefault(key, content) == content
+
+    check()
+    for operation, which in steps:
+        run = runs[which % len(runs)]
+        node = nodes[which % len(nodes)]
+        if operation == "give back":
+            state.give_back(run.assignments, run.queue_id, quota=bool(which % 2))
+        elif operation == "take":
+            state.take(run.assignments, run.queue_id, quota=bool(which % 2))
+        elif operation == "hold":
+            holds.append((node, state.hold_node(node)))
+        elif operation == "unhold" and holds:
+            state.unhold_node(*holds.pop())
+        elif operation == "checkpoint":
+            marks.append(state.checkpoint())
+        elif operation == "rollback" and marks:
+            state.rollback(marks.pop())
+            holds.clear()  # what they held may be undone with them
+        elif operation == "keep" and marks:
+            state.keep(marks.pop())
+        check()
 
 
 def test_the_usage_stamp_is_new_on_every_quota_change_and_restored_by_a_rollback() -> None:

@@ -330,7 +330,7 @@ def test_a_capacity_miss_is_remembered_only_while_the_cluster_is_as_it_was(monke
     assert [a.workload_id for a in after.admissions] == ["gang"]
     assert [e.workload_id for e in after.evictions] == ["low"]
     # With the stamp frozen, the miss outlives the change and the kept state decides wrong.
-    monkeypatch.setattr(CycleState, "_stamp", lambda self, cluster_id: None)
+    monkeypatch.setattr(CycleState, "_stamp", lambda self, cluster_id, change: None)
     frozen = IncrementalScheduler()
     frozen.decide(full, Policy(), NOW)
     assert not frozen.decide(ended, Policy(), NOW).admissions
