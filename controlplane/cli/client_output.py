@@ -187,6 +187,61 @@ def queues_table(queues: list[Json]) -> Table:
     return table
 
 
+def tree_table(nodes: list[Json], level: str) -> Table:
+    """Cohorts, teams or queues with their quotas; a team's cohort, a queue's team."""
+    parent = {"team": "cohort", "queue": "team"}.get(level)
+    table = new_table(f"{len(nodes)} {level}(s)")
+    table.add_column("name", no_wrap=True)
+    if parent:
+        table.add_column(parent, no_wrap=True)
+    for column in ("guaranteed", "limit", "borrowing limit", "lending limit"):
+        table.add_column(column)
+    table.add_column("weight", justify="right")
+    for node in nodes:
+        cells = [node["name"]] + ([node.get("parent") or NONE] if parent else [])
+        cells += [
+            quota(node.get("guaranteed") or {}, NONE),
+            quota(node.get("limit") or {}, "unbounded"),
+            quota(node.get("borrowing_limit") or {}, "unbounded"),
+            quota(node.get("lending_limit") or {}, "all"),
+            number(node.get("weight", 1.0)),
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def priority_classes_table(classes: list[Json]) -> Table:
+    table = new_table(f"{len(classes)} priority class(es)")
+    for column in ("name", "value", "preemptible", "min runtime", "default"):
+        table.add_column(column, justify="right" if column in ("value", "min runtime") else "left")
+    for item in sorted(classes, key=lambda c: -int(c["value"])):
+        runtime = int(item.get("min_runtime_seconds") or 0)
+        table.add_row(
+            item["name"],
+            str(item["value"]),
+            "yes" if item.get("preemptible", True) else "no",
+            f"{runtime} s" if runtime else NONE,
+            "yes" if item.get("is_default") else "",
+        )
+    return table
+
+
+def tokens_table(tokens: list[Json]) -> Table:
+    table = new_table(f"{len(tokens)} token(s)")
+    for column in ("id", "name", "role", "team", "created", "revoked"):
+        table.add_column(column, overflow="fold")
+    for item in tokens:
+        table.add_row(
+            item["id"],
+            item["name"],
+            item["role"],
+            text(item.get("team_id")),
+            text(item.get("created_at")),
+            text(item.get("revoked_at")),
+        )
+    return table
+
+
 def clusters_table(clusters: list[Json]) -> Table:
     table = new_table(f"{len(clusters)} cluster(s)  (* spot price)")
     for column in ("cluster", "provider", "region", "pool", "gpu model", "gpus/node", "nodes", "sharing", "$/gpu-h"):

@@ -13,6 +13,7 @@ from controlplane.cli.lazy_group import Lazy, LazyGroup
 
 _SERVER = "controlplane.cli.server_commands"
 _CLIENT = "controlplane.cli.client_commands"
+_OBJECTS = "controlplane.cli.object_commands"
 
 SECTIONS: dict[str, dict[str, Lazy]] = {
     "Run the control plane": {
@@ -38,6 +39,14 @@ SECTIONS: dict[str, dict[str, Lazy]] = {
         "queues": Lazy(f"{_CLIENT}:queues", "List queues with their quotas."),
         "report": Lazy("controlplane.cli.report_commands:report", "Reports over the fleet's history."),
         "audit": Lazy("controlplane.cli.audit_commands:audit", "Check the fleet against the GPU-fleet checklist."),
+    },
+    "Manage the fleet": {
+        "cohort": Lazy(f"{_OBJECTS}:cohort", "Create, list, show, update and delete cohorts."),
+        "team": Lazy(f"{_OBJECTS}:team", "Create, list, show, update and delete teams."),
+        "queue": Lazy(f"{_OBJECTS}:queue", "Create, list, show, update and delete queues."),
+        "priority-class": Lazy(f"{_OBJECTS}:priority_class", "Apply, list and delete priority classes."),
+        "token": Lazy(f"{_OBJECTS}:token", "Issue, list and revoke API tokens."),
+        "cluster": Lazy(f"{_OBJECTS}:cluster", "Register, list, show, update and delete clusters."),
     },
     "Clusters and agents": {
         "clusters": Lazy(f"{_CLIENT}:clusters", "List clusters and their node pools."),

@@ -173,7 +173,10 @@ def fix_text(finding: Finding) -> str:
         case Rule.TIMESLICE_POOL_OPEN_TO_ALL:
             return "give the pool's GPU model a limit of 0 to the teams that should not share it, or turn it into MIG"
         case Rule.TEAM_WITHOUT_LIMIT | Rule.QUEUE_WITHOUT_LIMIT:
-            return "set a limit (PATCH /v1/teams/{name} or /v1/queues/{name} with limit: {gpu-eq: N})"
+            return (
+                "set a limit: `gpufleet team update NAME --limit gpu-eq=N` (or `gpufleet queue update`; "
+                "PATCH /v1/teams/{name} or /v1/queues/{name} with limit: {gpu-eq: N})"
+            )
         case Rule.CLASS_WITHOUT_PREEMPTION_POLICY:
             return (
                 "set min_runtime_seconds (e.g. 600) so a started gang is safe for a while, "

@@ -35,12 +35,16 @@ loaded = sorted(h for h in heavy if any(m == h or m.startswith(h + ".") for m in
 sys.stderr.write("LOADED=" + json.dumps(loaded) + "\\n")
 """
 
-CLIENT_COMMANDS = ("list", "submit", "show", "cancel", "queues", "clusters", "report", "audit", "job")
+CLIENT_COMMANDS = (
+    "list", "submit", "show", "cancel", "queues", "clusters", "report", "audit", "job",
+    "cohort", "team", "queue", "priority-class", "token", "cluster",
+)  # fmt: skip
 
 ALL_COMMANDS = {
     "up", "init", "migrate", "serve", "run", "scheduler", "dispatcher", "ingest", "relay",
     "create-admin-token", "nats-topology", "nats-auth-config",
     "job", "submit", "list", "show", "cancel", "queues", "clusters", "report", "audit",
+    "cohort", "team", "queue", "priority-class", "token", "cluster",
     "agent", "bench", "sim", "scenario",
 }  # fmt: skip
 
@@ -108,17 +112,25 @@ def test_help_groups_every_command_once_under_its_section() -> None:
     result = CliRunner().invoke(main, ["--help"], terminal_width=100)
     assert result.exit_code == 0, result.output
     titles = re.findall(r"^(\S[^:\n]*):$", result.output, flags=re.MULTILINE)
-    assert titles == ["Options", "Run the control plane", "Use it", "Clusters and agents", "Developer tools"]
+    assert titles == [
+        "Options",
+        "Run the control plane",
+        "Use it",
+        "Manage the fleet",
+        "Clusters and agents",
+        "Developer tools",
+    ]
     listed = re.findall(r"^  ([a-z][a-z-]*)  ", result.output, flags=re.MULTILINE)
     assert sorted(listed) == sorted(ALL_COMMANDS)
     assert len(listed) == len(set(listed))
     # Each command sits under its own heading.
-    headings = r"^(?:Run the control plane|Use it|Clusters and agents|Developer tools):$"
+    headings = r"^(?:Run the control plane|Use it|Manage the fleet|Clusters and agents|Developer tools):$"
     sections = re.split(headings, result.output, flags=re.MULTILINE)
     assert "  up " in sections[1]
     assert "  list " in sections[2]
-    assert "  agent " in sections[3]
-    assert "  bench " in sections[4]
+    assert "  team " in sections[3]
+    assert "  agent " in sections[4]
+    assert "  bench " in sections[5]
 
 
 def test_every_listed_command_loads_under_its_name() -> None:

@@ -1,0 +1,156 @@
+"""A platform engineer's first session with the CLI alone, against the real API and database
+(SQLite and PostgreSQL): a cohort, a team, a queue, a priority class, a team token and a cluster,
+then a job submitted with the team's token and admitted by a scheduling cycle; every object listed,
+shown, updated and deleted, in a table, JSON or YAML; mistakes answered with the API's sentence."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+import yaml
+from click.testing import CliRunner, Result
+
+from adapters.nats.server import free_port
+from controlplane.api.app import create_app
+from controlplane.api.context import ApiContext
+from controlplane.bootstrap import Wiring, utc_now
+from controlplane.cli.main import main
+from controlplane.core.snapshot import Policy
+from controlplane.service.scheduling import acquire_leadership, run_cycle
+from tests.integration.fleet import admin_headers, h100_cluster
+
+
+@dataclass
+class Cli:
+    url: str
+    admin: str
+    wiring: Wiring
+
+    def __call__(self, *args: str, token: str | None = None, ok: bool = True) -> Result:
+        result = CliRunner().invoke(main, [*args[:1], "--api", self.url, "--token", token or self.admin, *args[1:]])
+        if ok:
+            assert result.exit_code == 0, result.output
+        return result
+
+    def client(self, *args: str, token: str | None = None) -> Result:
+        """A workload command: its options come after the verb."""
+        result = CliRunner().invoke(main, [*args, "--api", self.url, "--token", token or self.admin])
+        assert result.exit_code == 0, result.output
+        return result
+
+
+@pytest.fixture
+def cli(wiring: Wiring) -> Iterator[Cli]:
+    app = create_app(ApiContext(uow_factory=wiring.uow))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        admin = admin_headers(wiring)["Authorization"].removeprefix("Bearer ")
+        yield Cli(f"http://127.0.0.1:{port}", admin, wiring)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli, tmp_path: Path) -> None:
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(yaml.safe_dump(h100_cluster("lab", nodes=2)))
+    out = cli("cluster", "register", "-f", str(spec)).output
+    assert "lab" in out
+    assert "H100-80GB" in out
+    cli("priority-class", "apply", "batch", "--value", "100", "--default")
+    cli("cohort", "create", "research", "--limit", "gpu-eq=16")
+    cli("team", "create", "vision", "--cohort", "research", "--guaranteed", "gpu-eq=8", "--limit", "gpu-eq=16")
+    out = cli("queue", "create", "training", "--team", "vision", "--limit", "H100-80GB=8", "--weight", "2").output
+    assert "training" in out
+    assert "vision" in out
+    assert "H100-80GB=8" in out
+    issued = cli("token", "issue", "vision-ci", "--team", "vision").output
+    secret = issued.strip().splitlines()[-1]
+    assert "shown only now" in issued
+    assert secret.startswith("gpf_")
+
+    job = tmp_path / "job.yaml"
+    CliRunner().invoke(main, ["job", "init", str(job), "--queue", "training"])
+    submitted = cli.client("submit", str(job), token=secret).output
+    workload_id = submitted.split()[1].rstrip(":")
+    now = utc_now()
+    epoch = acquire_leadership(cli.wiring.uow, "cli-test", now, 15.0)
+    assert epoch is not None
+    run_cycle(cli.wiring.uow, "cli-test", epoch, Policy(), "gpufleet", now, 15_000.0, True)
+    shown = json.loads(cli.client("show", workload_id, "--json", token=secret).output)
+    assert shown["state"] == "admitted", shown
+    assert shown["cluster"] == "lab"
+
+    # Every object lists, shows, and prints as JSON and YAML.
+    queues = json.loads(cli("queue", "-o", "json", "list").output)
+    assert [(q["name"], q["parent"], q["limit"], q["weight"]) for q in queues] == [
+        ("training", "vision", {"H100-80GB": 8.0}, 2.0)
+    ]
+    assert yaml.safe_load(cli("team", "-o", "yaml", "show", "vision").output)["guaranteed"] == {"gpu-eq": 8.0}
+    assert "research" in cli("cohort", "show", "research").output
+    assert "batch" in cli("priority-class", "list").output
+    tokens = json.loads(cli("token", "-o", "json", "list").output)
+    assert "vision-ci" in {t["name"] for t in tokens}
+    assert "lab" in cli("cluster", "show", "lab").output
+
+    # Update changes only what is named.
+    cli("queue", "update", "training", "--limit", "H100-80GB=4")
+    after = json.loads(cli("queue", "-o", "json", "show", "training").output)
+    assert (after["limit"], after["weight"]) == ({"H100-80GB": 4.0}, 2.0)
+
+    # A revoked token is refused from then on.
+    vision_ci = next(t for t in tokens if t["name"] == "vision-ci")
+    cli("token", "revoke", vision_ci["id"])
+    refused = CliRunner().invoke(main, ["list", "--api", cli.url, "--token", secret])
+    assert refused.exit_code == 1
+    assert "rejected" in refused.output
+
+
+def test_mistakes_get_the_api_s_sentence_or_a_usage_error_before_anything_is_sent(cli: Cli) -> None:
+    # A malformed quota never leaves the machine.
+    bad = cli("cohort", "create", "c1", "--limit", "gpu-eq:16", ok=False)
+    assert bad.exit_code == 2
+    assert "is not KEY=AMOUNT" in bad.output
+    # A quota key that names no GPU model of the fleet is the API's 409, printed as it says it.
+    unknown = cli("cohort", "create", "c1", "--limit", "H100=8", ok=False)
+    assert unknown.exit_code == 1
+    assert "H100" in unknown.output
+    assert "409" in unknown.output
+    # A queue names its team; an unknown one is the API's 404.
+    orphan = cli("queue", "create", "q1", "--team", "nobody", ok=False)
+    assert orphan.exit_code == 1
+    assert "nobody" in orphan.output
+    missing = cli("queue", "create", "q1", ok=False)
+    assert missing.exit_code == 2
+    assert "--team" in missing.output
+    nothing = cli("team", "update", "t1", ok=False)
+    assert nothing.exit_code == 2
+    assert "nothing to update" in nothing.output
+    assert "no cohort named 'ghost'" in cli("cohort", "delete", "ghost", ok=False).output
+
+
+def test_deleting_objects_in_dependency_order(cli: Cli) -> None:
+    cli("cohort", "create", "c1")
+    cli("team", "create", "t1", "--cohort", "c1")
+    cli("queue", "create", "q1", "--team", "t1")
+    # The API refuses to delete a team that still has a queue: its sentence is printed.
+    busy = cli("team", "delete", "t1", ok=False)
+    assert busy.exit_code == 1
+    assert "409" in busy.output
+    assert cli("queue", "delete", "q1").output.strip() == "queue q1 deleted"
+    cli("team", "delete", "t1")
+    cli("cohort", "delete", "c1")
+    assert json.loads(cli("cohort", "-o", "json", "list").output) == []
