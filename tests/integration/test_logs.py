@@ -110,8 +110,11 @@ def test_json_formatter_carries_context_and_blanks_secrets() -> None:
 
 @pytest.mark.timeout(120)
 def test_a_server_process_logs_json_lines_and_serves_metrics(
-    postgresql_database: str, running_nats: NatsServerProcess, tmp_path: Path
+    empty_postgresql: str, running_nats: NatsServerProcess, tmp_path: Path
 ) -> None:
+    # An emptied database: a scheduler lease an earlier test left would keep this process from
+    # leading (and its cycle metrics at zero) until it expired.
+    postgresql_database = empty_postgresql
     wiring_env = {
         "GPUFLEET_DATABASE_URL": postgresql_database,
         "GPUFLEET_NATS_URL": running_nats.url,
