@@ -69,6 +69,8 @@ class Fitter:
         """Whether the gang has a placement on the cluster's free capacity, quota aside (the
         capacity half of `place`: it depends on that cluster's free capacity alone)."""
         state = self.state
+        if not workload.reducible:
+            return bool(self.parts_of(workload, state.facts.shape_id(workload), (cluster,), state.free)[0])
         answer = fits(
             workload, (cluster,), state.nodes_by_pool, state.pool_of_node, state.free, self.policy.prefer_same_pool
         )

@@ -116,18 +116,8 @@ class Reservations:
                 else:  # any declared end beats it, or fewer runs waited for (the same: a lower id)
                     runs = runs[: max(len(ends), count if cluster.id < cluster_id else count - 1)]
 
-            def probe(cluster: Cluster = cluster) -> Placement | None:
-                found = self.fitter.place(workload, clusters=(cluster,))
-                return found if isinstance(found, Placement) else None
-
-            shortest = shortest_fitting_prefix(
-                state,
-                runs,
-                lambda run: state.give_back(run.assignments, run.queue_id, quota=False),
-                probe,
-                # Once one answered, most clusters cannot beat it: one probe says so.
-                all_first=best is not None,
-            )
+            # Once one answered, most clusters cannot beat it: one probe says so.
+            shortest = self._shortest(workload, cluster, runs, all_first=best is not None)
             if shortest is None:
                 continue
             count, found = shortest
@@ -136,6 +126,57 @@ class Reservations:
             if best is None or candidate[:4] < best[:4]:
                 best = candidate
         return best
+
+    def _shortest(
+        self, workload: Workload, cluster: Cluster, runs: list[LiveRun], all_first: bool
+    ) -> tuple[int, Placement] | None:
+        """The fewest of `runs` (a prefix) that must end before the gang has a placement on the
+        cluster that passes every quota rule, with that placement; None when all are not enough.
+
+        Capacity first: the shortest prefix after which the cluster has room at all is kept with
+        the state (`CycleState.room_after`) under the cluster's capacity stamp and the runs, so a
+        head that asks every cycle on a cluster that did not change releases nothing there (most
+        clusters cannot beat the best one found, and say so from the memo). No placement passes
+        quota on less capacity, so when the one found at that prefix passes, that prefix is the
+        answer; when quota blocks it there, the search is made again with quota in every probe."""
+        state = self.state
+
+        def release(run: LiveRun) -> None:
+            state.give_back(run.assignments, run.queue_id, quota=False)
+
+        def probe() -> Placement | None:
+            found = self.fitter.place(workload, clusters=(cluster,))
+            return found if isinstance(found, Placement) else None
+
+        def has_room() -> bool | None:
+            return True if self.fitter.has_room(workload, cluster) else None
+
+        key = (
+            state.facts.shape_id(workload),
+            self.policy.prefer_same_pool,
+            cluster.id,
+            state.stamps.get(cluster.id, 0),
+            tuple(live_key(run) for run in runs),
+            all_first,
+        )
+        if key in state.room_after:
+            fits_at = state.room_after[key]
+        else:
+            found = shortest_fitting_prefix(state, runs, release, has_room, all_first)
+            fits_at = None if found is None else found[0]
+            state.remember_room_after(key, fits_at)
+        if fits_at is None:
+            return None
+        mark = state.checkpoint()
+        try:
+            for run in runs[:fits_at]:
+                release(run)
+            placed = probe()
+        finally:
+            state.rollback(mark)
+        if placed is not None:
+            return fits_at, placed
+        return shortest_fitting_prefix(state, runs, release, probe, all_first)
 
     def _due_order(self) -> DueOrder:
         """Each cluster's live runs in the order they are due to end, with the declared ends of

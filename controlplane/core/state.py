@@ -113,6 +113,10 @@ class CycleState:
         # whatever quota says: asked again, such a trial is skipped (`Evictor`). Kept across
         # cycles with the state; started again past CAPACITY_MISSES_LIMIT.
         self.capacity_misses: set[tuple[object, ...]] = set()
+        # (shape id, prefer same pool, cluster id, its stamp, live keys of a due order, whether all
+        # were released first) -> how many of those runs must end before the shape has room there
+        # (None: not even all): capacity alone, for reservations (`Reservations._shortest`).
+        self.room_after: dict[tuple[object, ...], int | None] = {}
         # shape id -> the cluster its last reservation was found on: asked first next time.
         self.reservation_clusters: dict[ShapeId, str] = {}
         self._clusters, self._nodes = snapshot.clusters, snapshot.nodes
@@ -330,6 +334,11 @@ class CycleState:
         if cluster_id != stamped:
             self._stamp(cluster_id, change)
         return cluster_id
+
+    def remember_room_after(self, key: tuple[object, ...], runs: int | None) -> None:
+        if len(self.room_after) >= CAPACITY_MISSES_LIMIT:
+            self.room_after = {}
+        self.room_after[key] = runs
 
     def remember_capacity_miss(self, key: tuple[object, ...]) -> None:
         if len(self.capacity_misses) >= CAPACITY_MISSES_LIMIT:
