@@ -38,6 +38,7 @@ class Reservation:
 
 # cluster id -> its live runs in the order they are due to end, and the declared ends of the first
 DueOrder = dict[str, tuple[list[LiveRun], list[datetime]]]
+RoomKey = tuple[object, ...]
 
 
 class Reservations:
@@ -151,14 +152,7 @@ class Reservations:
         def has_room() -> bool | None:
             return True if self.fitter.has_room(workload, cluster) else None
 
-        key = (
-            state.facts.shape_id(workload),
-            self.policy.prefer_same_pool,
-            cluster.id,
-            state.stamps.get(cluster.id, 0),
-            tuple(live_key(run) for run in runs),
-            all_first,
-        )
+        key = self._room_key(workload, cluster, runs, all_first)
         if key in state.room_after:
             fits_at = state.room_after[key]
         else:
@@ -177,6 +171,19 @@ class Reservations:
         if placed is not None:
             return fits_at, placed
         return shortest_fitting_prefix(state, runs, release, probe, all_first)
+
+    def _room_key(self, workload: Workload, cluster: Cluster, runs: list[LiveRun], all_first: bool) -> RoomKey:
+        """What the capacity part of `_shortest` reads: the shape, the cluster's capacity (its
+        stamp) and the runs released, in order."""
+        state = self.state
+        return (
+            state.facts.shape_id(workload),
+            self.policy.prefer_same_pool,
+            cluster.id,
+            state.stamps.get(cluster.id, 0),
+            tuple(live_key(run) for run in runs),
+            all_first,
+        )
 
     def _due_order(self) -> DueOrder:
         """Each cluster's live runs in the order they are due to end, with the declared ends of

@@ -24,6 +24,7 @@ from controlplane.core import incremental
 from controlplane.core.decision import PendingReason
 from controlplane.core.incremental import IncrementalScheduler, SyncStats, same_decision
 from controlplane.core.parking import Parked, ParkingClass, park
+from controlplane.core.reservation import Reservations, RoomKey
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, LiveRun, PendingDelta, Policy, Snapshot
 from controlplane.core.state import CycleState
@@ -334,6 +335,50 @@ def test_a_capacity_miss_is_remembered_only_while_the_cluster_is_as_it_was(monke
     frozen = IncrementalScheduler()
     frozen.decide(full, Policy(), NOW)
     assert not frozen.decide(ended, Policy(), NOW).admissions
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_reservation_s_room_is_worked_out_again_when_its_cluster_s_capacity_changes(
+    monkeypatch: pytest.MonkeyPatch, broken: bool
+) -> None:
+    """How many runs must end before a shape has room on a cluster is kept under the cluster's
+    stamp and those runs (`CycleState.room_after`). `gang` (two pods of 8 GPUs) waits first for
+    `soon` and `late` to end; then `endless` (not in the due order: it never ends and may not be
+    evicted) ends and frees p-n2, so `soon` alone is enough: the same runs, another capacity.
+    Without the stamp in the key, the kept state would still hold the nodes for `late`."""
+    if broken:
+        real = Reservations._room_key
+
+        def without_stamp(
+            self: Reservations, workload: Workload, cluster: Cluster, runs: list[LiveRun], first: bool
+        ) -> RoomKey:
+            key = real(self, workload, cluster, runs, first)
+            return key[:3] + key[4:]
+
+        monkeypatch.setattr(Reservations, "_room_key", without_stamp)
+    pool = make_pool("p", "c", gpus_per_node=8)
+    nodes = make_nodes(pool, 3)
+    gang = make_workload("gang", gpus(8, 2), priority=100)
+
+    def due(run: LiveRun, minutes: int) -> LiveRun:
+        return replace(run, admitted_at=NOW, max_runtime_seconds=minutes * 60, preemptible=False)
+
+    soon, late = due(_run("soon", "p-n0", 8, 100), 10), due(_run("late", "p-n1", 8, 100), 20)
+    endless = replace(_run("endless", "p-n2", 4, 100), preemptible=False)
+    full = make_snapshot([make_cluster("c", pool)], nodes, [gang], live=[soon, late, endless])
+    freed = replace(full, live_runs=(soon, late))
+
+    scheduler = IncrementalScheduler()
+    first = scheduler.decide(full, Policy(), NOW)
+    _same(first, scheduler, schedule(full, Policy(), NOW), "full")
+    assert scheduler.pending_reasons()["gang"].reservation.due == NOW + timedelta(minutes=20)
+    second = scheduler.decide(freed, Policy(), NOW)
+    expected = NOW + timedelta(minutes=10)
+    if broken:
+        assert scheduler.pending_reasons()["gang"].reservation.due != expected
+        return
+    _same(second, scheduler, schedule(freed, Policy(), NOW), "freed")
+    assert scheduler.pending_reasons()["gang"].reservation.due == expected
 
 
 @pytest.mark.parametrize("broken", [False, True])
