@@ -22,6 +22,7 @@ from controlplane.service.commands import (
     TeamSpec,
     TokenSpec,
 )
+from controlplane.service.fleet_status import FleetStatus, fleet_status
 from controlplane.service.kubeconfigs import KubeconfigStore
 from controlplane.service.views import ClusterCredential, ClusterView, PriorityClassView, TokenView, TreeNodeView
 
@@ -95,6 +96,20 @@ def revoke_cluster_credentials(ref: str, who: Admin, ctx: Ctx) -> Response:
     are disconnected by the control plane's ingest within about `nats_revocation_poll` seconds (0.25)."""
     nats_identity.revoke_cluster_credentials(ctx.uow_factory(), ref, who.token_id, ctx.clock())
     return Response(status_code=204)
+
+
+@router.get("/status", response_model=FleetStatus, tags=["fleet"])
+def get_status(who: Caller, ctx: Ctx) -> FleetStatus:
+    """The fleet at a glance: GPUs per model, allocated of schedulable; each team and queue with its
+    pending gangs by reason and gpu-eq used against guarantee and limit (a team token: its own);
+    for admins, the scheduler's lease and the outbox."""
+    if ctx.gauges is None:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "this API process reads no fleet gauges; retry against a full control plane",
+            headers={"Retry-After": "5"},
+        )
+    return fleet_status(ctx.uow_factory, ctx.gauges, who, ctx.clock())
 
 
 @router.get("/clusters", response_model=list[ClusterView], tags=["fleet"])

@@ -16,8 +16,11 @@ import yaml
 from controlplane.cli.client_output import (
     clusters_table,
     console,
+    control_plane_line,
+    gpus_table,
     placement_table,
     print_json,
+    queue_status_table,
     queues_table,
     runs_table,
     workload_panel,
@@ -182,7 +185,24 @@ def clusters(api: str, token: str | None, as_json: bool) -> None:
     console().print(clusters_table(found))
 
 
-COMMANDS = (submit, list_workloads, show, cancel, queues, clusters)
+@click.command()
+@connection_options
+def status(api: str, token: str | None, as_json: bool) -> None:
+    """The fleet at a glance: GPUs allocated of capacity per model, each team and queue with its
+    pending gangs and use against guarantee and limit, and (for admins) the scheduler and outbox."""
+    found = decoded(Api.from_options(api, token).request("GET", "/v1/status"))
+    if as_json:
+        print_json(found)
+        return
+    out = console()
+    out.print(gpus_table(found))
+    out.print(queue_status_table(found["queues"]))
+    control = found.get("control_plane")
+    if control is not None:
+        click.echo(control_plane_line(control))
+
+
+COMMANDS = (submit, list_workloads, show, cancel, queues, clusters, status)
 
 
 def register(group: click.Group) -> None:

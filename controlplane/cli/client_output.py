@@ -242,6 +242,55 @@ def tokens_table(tokens: list[Json]) -> Table:
     return table
 
 
+def gpus_table(status: Json) -> Table:
+    """`GET /v1/status`'s fleet-wide GPUs: allocated of capacity per model and sharing mode."""
+    table = new_table(f"{status['clusters']} cluster(s)")
+    for column in ("gpu model", "sharing", "capacity", "allocated", "free", "allocated %"):
+        table.add_column(column, justify="left" if column in ("gpu model", "sharing") else "right")
+    for line in status["gpus"]:
+        capacity, allocated = float(line["capacity"]), float(line["allocated"])
+        share = f"{100 * allocated / capacity:.0f} %" if capacity else NONE
+        free = max(0.0, capacity - allocated)
+        table.add_row(line["gpu_model"], line["sharing"], number(capacity), number(allocated), number(free), share)
+    return table
+
+
+def queue_status_table(queues: list[Json]) -> Table:
+    """Teams, each followed by its queues: pending gangs (by reason) and gpu-eq used."""
+    table = new_table("teams and queues (gpu-eq)")
+    for column in ("name", "pending", "waiting on", "used", "guaranteed", "limit"):
+        table.add_column(column, justify="right" if column in ("pending", "used", "guaranteed", "limit") else "left")
+    for line in queues:
+        reasons = sorted(line.get("pending_by_reason", {}).items(), key=lambda item: (-item[1], item[0]))
+        limit = line.get("limit_gpu_eq")
+        table.add_row(
+            line["name"] if line["level"] == "team" else f"  {line['name']}",
+            str(line["pending"]),
+            ", ".join(f"{kind} {count}" for kind, count in reasons) or NONE,
+            number(line["used_gpu_eq"]),
+            number(line["guaranteed_gpu_eq"]),
+            NONE if limit is None else number(limit),
+        )
+    return table
+
+
+def control_plane_line(control: Mapping[str, Any]) -> str:
+    epoch, expires = control.get("scheduler_epoch"), control.get("scheduler_lease_expires_in_seconds")
+    if epoch is None:
+        leader = "no scheduler has led yet"
+    elif expires is not None and expires < 0:
+        leader = f"no scheduler leads (epoch {epoch}'s lease ran out {-expires:.0f} s ago)"
+    else:
+        leader = f"a scheduler leads (epoch {epoch})"
+    backlog = int(control.get("outbox_backlog", 0))
+    outbox = (
+        f"outbox: {backlog} event(s) unpublished, the oldest {control.get('outbox_oldest_seconds', 0):.0f} s"
+        if backlog
+        else "outbox: empty"
+    )
+    return f"{leader}; {outbox}"
+
+
 def clusters_table(clusters: list[Json]) -> Table:
     table = new_table(f"{len(clusters)} cluster(s)  (* spot price)")
     for column in ("cluster", "provider", "region", "pool", "gpu model", "gpus/node", "nodes", "sharing", "$/gpu-h"):

@@ -32,6 +32,7 @@ SECTIONS: dict[str, dict[str, Lazy]] = {
     },
     "Use it": {
         "job": Lazy("controlplane.cli.job_commands:job", "Workload files: `job init` writes a commented sample."),
+        "status": Lazy(f"{_CLIENT}:status", "The fleet at a glance: GPUs, teams and queues, the scheduler."),
         "submit": Lazy(f"{_CLIENT}:submit", "Submit the workload described in a YAML file."),
         "list": Lazy(f"{_CLIENT}:list_workloads", "List workloads, newest first."),
         "show": Lazy(f"{_CLIENT}:show", "Show one workload: state, reason, placement, runs."),

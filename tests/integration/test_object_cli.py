@@ -18,6 +18,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from adapters.nats.server import free_port
+from adapters.sql.gauges_repo import SqlFleetGauges
 from controlplane.api.app import create_app
 from controlplane.api.context import ApiContext
 from controlplane.bootstrap import Wiring, utc_now
@@ -48,7 +49,7 @@ class Cli:
 
 @pytest.fixture
 def cli(wiring: Wiring) -> Iterator[Cli]:
-    app = create_app(ApiContext(uow_factory=wiring.uow))
+    app = create_app(ApiContext(uow_factory=wiring.uow, gauges=SqlFleetGauges(wiring.engine)))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -93,6 +94,20 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
     shown = json.loads(cli.client("show", workload_id, "--json", token=secret).output)
     assert shown["state"] == "admitted", shown
     assert shown["cluster"] == "lab"
+
+    # The fleet at a glance: the admin sees every team and the scheduler; the team only its own.
+    status = json.loads(cli.client("status", "--json").output)
+    gpus = [(g["gpu_model"], g["capacity"], g["allocated"]) for g in status["gpus"]]
+    assert gpus == [("H100-80GB", 16.0, 2.0)]  # `job init`'s sample: 2 pods of 1 GPU
+    assert [(q["level"], q["name"], q["used_gpu_eq"]) for q in status["queues"]] == [
+        ("team", "vision", 2.0),
+        ("queue", "training", 2.0),
+    ]
+    assert status["control_plane"]["scheduler_epoch"] == epoch
+    table = cli.client("status").output
+    assert "H100-80GB" in table
+    assert "a scheduler leads" in table
+    assert json.loads(cli.client("status", "--json", token=secret).output)["control_plane"] is None
 
     # Every object lists, shows, and prints as JSON and YAML.
     queues = json.loads(cli("queue", "-o", "json", "list").output)
