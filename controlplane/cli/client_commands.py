@@ -7,6 +7,9 @@ a deployed API; nothing here touches the database or NATS. How they reach the AP
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 from typing import IO, Any
 from urllib.parse import quote
 
@@ -23,6 +26,7 @@ from controlplane.cli.client_output import (
     queue_status_table,
     queues_table,
     runs_table,
+    watch_line,
     workload_panel,
     workloads_table,
 )
@@ -202,7 +206,52 @@ def status(api: str, token: str | None, as_json: bool) -> None:
         click.echo(control_plane_line(control))
 
 
-COMMANDS = (submit, list_workloads, show, cancel, queues, clusters, status)
+@click.command()
+@click.argument("workload_id", metavar="ID")
+@click.option(
+    "--until",
+    type=click.Choice([s.value for s in WorkloadState if not s.terminal]),
+    default=None,
+    help="Stop once it reaches this state (it always stops at succeeded, failed or cancelled).",
+)
+@click.option(
+    "--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True, help="Seconds between looks."
+)
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up after this many seconds (exit 1).")
+@connection_options
+def watch(
+    workload_id: str,
+    until: str | None,
+    interval: float,
+    timeout: float | None,
+    api: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Follow one workload: a line each time its state, reason, queue position or cluster changes,
+    until it finishes (exit 0; 1 when it failed or was cancelled) or reaches --until."""
+    client = Api.from_options(api, token)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen: tuple[object, ...] | None = None
+    while True:
+        workload = decoded(client.request("GET", workload_path(workload_id)))
+        state = workload["state"]
+        now = (state, workload.get("reason"), workload.get("queue_position"), workload.get("cluster"))
+        if now != seen:
+            seen = now
+            click.echo(json.dumps(workload) if as_json else watch_line(workload))
+        if WorkloadState(state).terminal:
+            if state != WorkloadState.SUCCEEDED:
+                sys.exit(1)
+            return
+        if until is not None and state == until:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            raise click.ClickException(f"{workload_id} is still {state} after {timeout:g} s")
+        time.sleep(interval)
+
+
+COMMANDS = (submit, list_workloads, show, cancel, queues, clusters, status, watch)
 
 
 def register(group: click.Group) -> None:

@@ -242,6 +242,19 @@ def tokens_table(tokens: list[Json]) -> Table:
     return table
 
 
+def watch_line(w: Mapping[str, Any]) -> str:
+    """One line of `gpufleet watch`: when, the state, and what goes with it."""
+    when = str(w.get("updated_at") or "")[:19].replace("T", " ")
+    parts = [when, w["state"]]
+    if w.get("queue_position") is not None:
+        parts.append(f"position {w['queue_position']}")
+    if w.get("cluster"):
+        parts.append(f"on {w['cluster']}")
+    if w.get("reason"):
+        parts.append(f"- {w['reason']}")
+    return "  ".join(part for part in parts if part)
+
+
 def gpus_table(status: Json) -> Table:
     """`GET /v1/status`'s fleet-wide GPUs: allocated of capacity per model and sharing mode."""
     table = new_table(f"{status['clusters']} cluster(s)")

@@ -37,6 +37,7 @@ SECTIONS: dict[str, dict[str, Lazy]] = {
         "list": Lazy(f"{_CLIENT}:list_workloads", "List workloads, newest first."),
         "show": Lazy(f"{_CLIENT}:show", "Show one workload: state, reason, placement, runs."),
         "cancel": Lazy(f"{_CLIENT}:cancel", "Cancel a workload that has not finished."),
+        "watch": Lazy(f"{_CLIENT}:watch", "Follow one workload until it finishes."),
         "queues": Lazy(f"{_CLIENT}:queues", "List queues with their quotas."),
         "report": Lazy("controlplane.cli.report_commands:report", "Reports over the fleet's history."),
         "audit": Lazy("controlplane.cli.audit_commands:audit", "Check the fleet against the GPU-fleet checklist."),

@@ -6,6 +6,8 @@ shown, updated and deleted, in a table, JSON or YAML; mistakes answered with the
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -87,10 +89,25 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
     CliRunner().invoke(main, ["job", "init", str(job), "--queue", "training"])
     submitted = cli.client("submit", str(job), token=secret).output
     workload_id = submitted.split()[1].rstrip(":")
+    # `watch` follows it in its own process while a scheduling cycle admits it.
+    command = ["watch", workload_id, "--until", "admitted", "--interval", "0.2", "--timeout", "60"]
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", *command, "--api", cli.url, "--token", secret],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert watcher.stdout is not None
+    first = watcher.stdout.readline()  # it has seen the workload queued
     now = utc_now()
     epoch = acquire_leadership(cli.wiring.uow, "cli-test", now, 15.0)
     assert epoch is not None
     run_cycle(cli.wiring.uow, "cli-test", epoch, Policy(), "gpufleet", now, 15_000.0, True)
+    rest, _ = watcher.communicate(timeout=60)
+    watched = first + rest
+    assert watcher.returncode == 0, watched
+    states = [line.split()[2] for line in watched.splitlines()]
+    assert states == ["queued", "admitted"], watched
     shown = json.loads(cli.client("show", workload_id, "--json", token=secret).output)
     assert shown["state"] == "admitted", shown
     assert shown["cluster"] == "lab"
@@ -125,6 +142,12 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
     cli("queue", "update", "training", "--limit", "H100-80GB=4")
     after = json.loads(cli("queue", "-o", "json", "show", "training").output)
     assert (after["limit"], after["weight"]) == ({"H100-80GB": 4.0}, 2.0)
+
+    # Watching a cancelled workload ends at once, with exit status 1.
+    cli.client("cancel", workload_id)
+    ended = CliRunner().invoke(main, ["watch", workload_id, "--api", cli.url, "--token", cli.admin])
+    assert ended.exit_code == 1
+    assert "cancelled" in ended.output
 
     # A revoked token is refused from then on.
     vision_ci = next(t for t in tokens if t["name"] == "vision-ci")
