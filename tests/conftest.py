@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,10 @@ from adapters.sql.migrate import upgrade_to_head
 from adapters.sql.tables import Base
 from controlplane.bootstrap import Wiring
 from controlplane.config import Settings
+
+# The client's saved contexts (`gpufleet login`) must not leak in from the machine's home: every
+# test, and every process it starts, reads a config file of its own that does not exist.
+os.environ["GPUFLEET_CONFIG"] = os.path.join(tempfile.gettempdir(), f"gpufleet-test-{os.getpid()}-config.yaml")
 
 PG_ADMIN_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

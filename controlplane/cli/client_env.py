@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from controlplane.cli.rest_api import DEFAULT_API
+from controlplane.cli.rest_api import DEFAULT_API, TOKEN_FILE
 from controlplane.paths import default_state_dir
 
 
@@ -21,3 +21,9 @@ def export_line(port: int, state_dir: Path) -> str | None:
     if api == DEFAULT_API and state == default_state_dir().resolve():
         return None
     return f"export GPUFLEET_API={shlex.quote(api)} GPUFLEET_STATE_DIR={shlex.quote(str(state))}"
+
+
+def login_line(port: int, state_dir: Path) -> str:
+    """The `gpufleet login` command that saves this API and its admin token as the current context."""
+    token = state_dir.expanduser().resolve() / TOKEN_FILE
+    return f"gpufleet login http://127.0.0.1:{port} --token-file {shlex.quote(str(token))} --name local-{port}"

@@ -14,6 +14,7 @@ from controlplane.cli.lazy_group import Lazy, LazyGroup
 _SERVER = "controlplane.cli.server_commands"
 _CLIENT = "controlplane.cli.client_commands"
 _OBJECTS = "controlplane.cli.object_commands"
+_CONTEXTS = "controlplane.cli.context_commands"
 
 SECTIONS: dict[str, dict[str, Lazy]] = {
     "Run the control plane": {
@@ -32,6 +33,8 @@ SECTIONS: dict[str, dict[str, Lazy]] = {
     },
     "Use it": {
         "job": Lazy("controlplane.cli.job_commands:job", "Workload files: `job init` writes a commented sample."),
+        "login": Lazy(f"{_CONTEXTS}:login", "Save an API and its token as the current context."),
+        "context": Lazy(f"{_CONTEXTS}:context", "Saved APIs and tokens: list, use, delete."),
         "status": Lazy(f"{_CLIENT}:status", "The fleet at a glance: GPUs, teams and queues, the scheduler."),
         "submit": Lazy(f"{_CLIENT}:submit", "Submit the workload described in a YAML file."),
         "list": Lazy(f"{_CLIENT}:list_workloads", "List workloads, newest first."),

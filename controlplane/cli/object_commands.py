@@ -65,16 +65,21 @@ def object_group(name: str, help_text: str) -> click.Group:
     """A group whose options (--api, --token, -o) apply to every verb under it."""
 
     @click.group(name=name, help=help_text)
-    @click.option("--api", envvar="GPUFLEET_API", default=DEFAULT_API, show_default=True, help="REST API base URL.")
+    @click.option(
+        "--api",
+        envvar="GPUFLEET_API",
+        default=None,
+        help=f"REST API base URL. Default: $GPUFLEET_API, else the current context, else {DEFAULT_API}.",
+    )
     @click.option(
         "--token",
         envvar="GPUFLEET_TOKEN",
         default=None,
-        help=f"API token. Default: $GPUFLEET_TOKEN, else {TOKEN_FILE} in $GPUFLEET_STATE_DIR (~/.gpufleet).",
+        help=f"API token. Default: $GPUFLEET_TOKEN, else the current context's, else {TOKEN_FILE} in the state dir.",
     )
     @click.option("-o", "--output", type=click.Choice(OUTPUTS), default="table", show_default=True)
     @click.pass_context
-    def group(ctx: click.Context, api: str, token: str | None, output: str) -> None:
+    def group(ctx: click.Context, api: str | None, token: str | None, output: str) -> None:
         ctx.obj = {"api": api, "token": token, "output": output}
 
     return group

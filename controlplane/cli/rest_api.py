@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
+from controlplane.cli import contexts
 from controlplane.paths import default_state_dir
 
 DEFAULT_API = "http://127.0.0.1:8080"
@@ -55,8 +56,11 @@ class Api:
     token: str | None
 
     @classmethod
-    def from_options(cls, url: str, token: str | None) -> Api:
-        # An empty --token/GPUFLEET_TOKEN means "not given", so the state-dir file still applies.
+    def from_options(cls, url: str | None, token: str | None) -> Api:
+        """--api and --token as given (None or empty: not given), completed from the current
+        context (`contexts.py`) and then from the local defaults: `gpufleet up`'s URL and the
+        admin token it wrote to the state directory."""
+        url, token = contexts.resolve(url, token, DEFAULT_API)
         return cls(url=url, token=token or read_token_file(token_file()))
 
     def request(
@@ -100,7 +104,7 @@ class Api:
         detail = error_detail(response)
         if response.status_code == 401:
             how = (
-                f"pass --token, set GPUFLEET_TOKEN, or put the token in {token_file()} "
+                f"pass --token, set GPUFLEET_TOKEN, save it with `gpufleet login`, or put it in {token_file()} "
                 "(`gpufleet up` writes the admin token there)"
             )
             if self.token is None:
@@ -157,13 +161,14 @@ def connection_options(command: F) -> F:
         "--token",
         envvar="GPUFLEET_TOKEN",
         default=None,
-        help=f"API token. Default: $GPUFLEET_TOKEN, else {TOKEN_FILE} in $GPUFLEET_STATE_DIR (~/.gpufleet).",
+        help=f"API token. Default: $GPUFLEET_TOKEN, else the current context's, else {TOKEN_FILE} in "
+        "$GPUFLEET_STATE_DIR (~/.gpufleet).",
     )(command)
     command = click.option(
         "--api",
         envvar="GPUFLEET_API",
-        default=DEFAULT_API,
-        show_default=True,
-        help="Base URL of the gpufleet REST API (env GPUFLEET_API).",
+        default=None,
+        help=f"Base URL of the gpufleet REST API. Default: $GPUFLEET_API, else the current context "
+        f"(`gpufleet login`), else {DEFAULT_API}.",
     )(command)
     return command

@@ -379,6 +379,8 @@ def up(
         if exports:
             banner.append("  the client (`gpufleet list`, `submit`, …) finds this API and its token after:")
             banner.append(f"    {exports}")
+            banner.append("  or, saved for every shell (a context, like kubectl's):")
+            banner.append(f"    {client_env.login_line(port, state)}")
         banner.append("Ctrl-C stops everything; running `gpufleet up` again resumes where it stopped.")
         # Said once the API answers, so the export line it prints works at once.
         extra.append(_announce_when_listening(port, banner, stop))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.cli.client_env import export_line
+from controlplane.cli.client_env import export_line, login_line
 
 
 @pytest.fixture(autouse=True)
@@ -38,3 +38,9 @@ def test_other_state_dir_is_absolute_and_quoted(tmp_path: Path, monkeypatch: pyt
     line = export_line(8080, Path("my state"))
     assert line is not None
     assert exported(line) == {"GPUFLEET_API": "http://127.0.0.1:8080", "GPUFLEET_STATE_DIR": str(tmp_path / "my state")}
+
+
+def test_the_login_line_names_the_port_and_the_admin_token_file(tmp_path: Path) -> None:
+    words = shlex.split(login_line(9000, tmp_path / "my state"))
+    assert words[:3] == ["gpufleet", "login", "http://127.0.0.1:9000"]
+    assert words[words.index("--token-file") + 1] == str(tmp_path / "my state" / "admin.token")

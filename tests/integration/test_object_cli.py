@@ -192,3 +192,39 @@ def test_deleting_objects_in_dependency_order(cli: Cli) -> None:
     cli("team", "delete", "t1")
     cli("cohort", "delete", "c1")
     assert json.loads(cli("cohort", "-o", "json", "list").output) == []
+
+
+def test_login_saves_a_context_that_every_command_then_uses(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "client" / "config.yaml"
+    monkeypatch.setenv("GPUFLEET_CONFIG", str(config))
+    monkeypatch.delenv("GPUFLEET_API", raising=False)
+    monkeypatch.delenv("GPUFLEET_TOKEN", raising=False)
+    monkeypatch.setenv("GPUFLEET_STATE_DIR", str(tmp_path / "no-state"))  # no admin.token to fall back on
+    runner = CliRunner()
+    # Without a context nothing finds this API (it is not on the default port).
+    assert runner.invoke(main, ["team", "list"]).exit_code == 1
+
+    wrong = runner.invoke(main, ["login", cli.url, "--token", "not-a-token"])
+    assert wrong.exit_code == 1
+    assert "rejected" in wrong.output
+    assert not config.exists()  # nothing saved for a token the API refused
+
+    logged = runner.invoke(main, ["login", cli.url, "--token", cli.admin, "--name", "lab"])
+    assert logged.exit_code == 0, logged.output
+    assert "context 'lab'" in logged.output
+    assert config.stat().st_mode & 0o777 == 0o600  # it holds the token: the owner's alone
+    assert yaml.safe_load(config.read_text())["current"] == "lab"
+
+    made = runner.invoke(main, ["cohort", "create", "from-context"])
+    assert made.exit_code == 0, made.output
+    assert "from-context" in runner.invoke(main, ["cohort", "list"]).output
+    assert runner.invoke(main, ["status", "--json"]).exit_code == 0
+
+    listed = runner.invoke(main, ["context", "list"]).output
+    assert "lab" in listed
+    assert cli.admin not in listed  # tokens are never printed
+    assert runner.invoke(main, ["context", "use", "elsewhere"]).exit_code == 1
+    assert runner.invoke(main, ["context", "delete", "lab"]).exit_code == 0
+    assert runner.invoke(main, ["team", "list"]).exit_code == 1  # back to the local default: nobody there
