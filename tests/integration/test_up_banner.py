@@ -51,6 +51,19 @@ def test_banner_export_line_lets_the_client_find_the_api(tmp_path: Path) -> None
         )  # fmt: skip
         assert listed.returncode == 0, listed.stderr
         assert "no workloads match" in listed.stdout or "ID" in listed.stdout
+        # The login line it prints saves a context (in this HOME): then no exports are needed.
+        [login] = [line.strip() for line in banner.splitlines() if line.strip().startswith("gpufleet login ")]
+        words = shlex.split(login)
+        logged = subprocess.run(
+            [sys.executable, "-m", "controlplane.cli.main", *words[1:]],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert logged.returncode == 0, logged.stderr
+        listed = subprocess.run(
+            [sys.executable, "-m", "controlplane.cli.main", "list"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
     finally:
         up.send_signal(signal.SIGINT)
         try:
