@@ -20,7 +20,7 @@ from controlplane.config import Settings
 
 # The client's saved contexts (`gpufleet login`) must not leak in from the machine's home: every
 # test, and every process it starts, reads a config file of its own that does not exist.
-os.environ["GPUFLEET_CONFIG"] = os.path.join(tempfile.gettempdir(), f"gpufleet-test-{os.getpid()}-config.yaml")
+os.environ["GPUFLEET_CLIENT_CONFIG"] = os.path.join(tempfile.gettempdir(), f"gpufleet-test-{os.getpid()}-client.yaml")
 
 PG_ADMIN_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

@@ -1,7 +1,7 @@
 """Where the client commands find the API when no --api is given: named contexts, like kubectl's.
 
 `gpufleet login` checks an API URL and token and saves them as a context in the client's config
-file (`$GPUFLEET_CONFIG`, default `~/.gpufleet/config.yaml`), made current; `gpufleet context`
+file (`$GPUFLEET_CLIENT_CONFIG`, default `~/.gpufleet/client.yaml`), made current; `gpufleet context`
 lists, switches and deletes them. The file holds tokens, so it is written readable by its owner
 only, and replaced whole (never half-written). Nothing else in gpufleet reads it.
 
@@ -22,8 +22,8 @@ import yaml
 
 from controlplane.paths import default_state_dir
 
-CONFIG_ENV = "GPUFLEET_CONFIG"
-CONFIG_FILE = "config.yaml"
+CONFIG_ENV = "GPUFLEET_CLIENT_CONFIG"
+CONFIG_FILE = "client.yaml"
 
 
 def config_path() -> Path:

@@ -198,7 +198,7 @@ def test_login_saves_a_context_that_every_command_then_uses(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = tmp_path / "client" / "config.yaml"
-    monkeypatch.setenv("GPUFLEET_CONFIG", str(config))
+    monkeypatch.setenv("GPUFLEET_CLIENT_CONFIG", str(config))
     monkeypatch.delenv("GPUFLEET_API", raising=False)
     monkeypatch.delenv("GPUFLEET_TOKEN", raising=False)
     monkeypatch.setenv("GPUFLEET_STATE_DIR", str(tmp_path / "no-state"))  # no admin.token to fall back on
