@@ -21,7 +21,6 @@ from adapters.kubernetes.manifest_model import (
     ENV_POD_SET,
     ENV_RUN_ID,
     ENV_WORLD_SIZE,
-    GPU_RESOURCE,
     HOSTNAME_LABEL,
     LABEL_ATTEMPT,
     LABEL_EPOCH,
@@ -43,7 +42,7 @@ from adapters.kubernetes.manifest_model import (
     PodSetSpread,
 )
 from controlplane.domain.model import CPU, GPU, MEM, SHARE, NodePool, Taint, reserved_label
-from controlplane.domain.sharing import SharingKind
+from controlplane.domain.resource_names import ResourceOverrides, requested_resource
 from controlplane.service.ports import RunOrder
 
 
@@ -75,6 +74,12 @@ def priority_class_manifest(name: str, gpufleet_class: str, value: int) -> Manif
     )
 
 
+def _overrides(settings: KubeSettings) -> ResourceOverrides:
+    return ResourceOverrides(
+        settings.gpu_resource, settings.timeslice_resource, settings.mps_resource, settings.mig_strategy
+    )
+
+
 def resource_amounts(demand: Mapping[str, int], pool: NodePool, settings: KubeSettings) -> dict[str, str]:
     """Kubernetes resource quantities for one pod's demand on a node of `pool`."""
     totals: dict[str, int] = {}
@@ -87,27 +92,17 @@ def resource_amounts(demand: Mapping[str, int], pool: NodePool, settings: KubeSe
             name = "cpu"
         elif key == MEM:
             name = "memory"
-        elif key == GPU:
-            name = settings.gpu_resource or pool.resource_names.get(GPU) or GPU_RESOURCE
-        elif key == SHARE:
-            if pool.sharing.kind is SharingKind.MPS:
-                override = settings.mps_resource
-            elif pool.sharing.kind is SharingKind.TIMESLICE:
-                override = settings.timeslice_resource
-            else:
+        elif key in (GPU, SHARE) or (key.startswith("mig:") and len(key) > 4):
+            found = requested_resource(key, pool.sharing.kind, pool.resource_names, _overrides(settings))
+            if found is None:
                 raise ManifestError(f"pool {pool.name} is {pool.sharing}, it has no shared GPUs")
-            name = override or pool.resource_names.get(SHARE) or GPU_RESOURCE
-            if pool.max_shares_per_pod and amount > pool.max_shares_per_pod:
+            name = found
+            if key == SHARE and pool.max_shares_per_pod and amount > pool.max_shares_per_pod:
                 # The kubelet would refuse the pod at admission; the core never plans this.
                 raise ManifestError(
                     f"{amount} shares of {name} in one container; pool {pool.name}'s device plugin serves "
                     f"at most {pool.max_shares_per_pod}"
                 )
-        elif key.startswith("mig:") and len(key) > 4:
-            if settings.mig_strategy is not None:  # the cluster's setting wins over what nodes said
-                name = f"nvidia.com/mig-{key[4:]}" if settings.mig_strategy == "mixed" else GPU_RESOURCE
-            else:
-                name = pool.resource_names.get(key) or f"nvidia.com/mig-{key[4:]}"
         else:
             raise ManifestError(f"unknown demand key {key!r}")
         totals[name] = totals.get(name, 0) + amount

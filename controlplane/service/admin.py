@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from controlplane.domain.model import GPU_EQ, Cluster, Node, NodePool
-from controlplane.domain.sharing import MIG_PROFILES
+from controlplane.domain.resource_names import ResourceOverrides, unadvertised
+from controlplane.domain.sharing import MIG_PROFILES, SharingMode
 from controlplane.service.cloud_ports import UnsafeKubeconfig, validate_user_kubeconfig
 from controlplane.service.cloud_state import SyncedPool
 from controlplane.service.cluster_specs import CLOUD_PROVIDERS, ClusterSpec, ClusterUpdate
@@ -105,6 +106,19 @@ def update_cluster(uow: UnitOfWork, ref: str, update: ClusterUpdate, actor: str,
                 raise Conflict(f"cluster {current.name} is simulated; it has no Kubernetes settings")
             # Only the fields the request names change; the inventory's own keys stay as they are.
             given = update.kubernetes.model_dump(include=update.kubernetes.model_fields_set)
+            overrides = ResourceOverrides.of({**current.kubernetes, **given})
+            problems = [
+                problem
+                for pool in current.pools
+                for problem in unadvertised(
+                    pool.name, SharingMode.parse(pool.sharing).kind, pool.resource_names, overrides
+                )
+            ]
+            if problems:
+                raise Conflict(
+                    "; ".join(problems) + ". Leave the override out (pods then ask for what the nodes advertise), "
+                    "or change the nodes' device plugin first"
+                )
             uow.admin.apply_node_schedulable(current.id, {}, given)
         if update.pools is not None:
             if current.provider in CLOUD_PROVIDERS:

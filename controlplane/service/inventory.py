@@ -23,6 +23,8 @@ from pydantic import AwareDatetime, Field
 
 from controlplane.core.decision import EndCause
 from controlplane.domain.model import WorkloadState
+from controlplane.domain.resource_names import ResourceOverrides, unadvertised
+from controlplane.domain.sharing import SharingMode
 from controlplane.service.audit_records import NodePods
 from controlplane.service.cloud_ports import DiscoveredPool
 from controlplane.service.cloud_state import PoolChanges
@@ -93,7 +95,17 @@ def apply_inventory(uow: UnitOfWork, cluster: str, report: InventoryReport, now:
         one_share_per_container=bool(view.kubernetes.get("fail_requests_greater_than_one", False)),
     )
     cloud_issues = [i for i in view.pool_issues if i.startswith(CLOUD_ISSUE)]
-    issues = list(dict.fromkeys([*plan.issues, *cloud_issues]))
+    # Names the cluster's settings override that these nodes do not advertise: shown with the
+    # cluster (its pods there would stay Pending), as PATCH refuses them for pools already known.
+    overrides = ResourceOverrides.of(view.kubernetes)
+    unoffered = [
+        problem
+        for pool in plan.pools
+        for problem in unadvertised(
+            pool.spec.name, SharingMode.parse(pool.spec.sharing).kind, pool.resource_names, overrides
+        )
+    ]
+    issues = list(dict.fromkeys([*plan.issues, *unoffered, *cloud_issues]))
     outcome = apply_node_plan(uow, view.id, view.name, known, report.nodes, plan, issues, now, prefix, mark)
     # What the audit reads about non-GPU pods on GPU nodes: this report's, replacing the last one's (a
     # node whose pods were not listed this time is forgotten rather than shown with stale pods).

@@ -281,3 +281,41 @@ def test_node_that_loses_its_gpus_under_a_run_takes_no_new_work(
     assert outcome is Outcome.APPLIED
     assert "requeued" not in detail  # the node is still there; its run is the pod status's to judge
     assert _nodes(client, admin)[held] is False
+
+
+def test_a_resource_name_the_nodes_do_not_advertise_is_refused_or_shown_with_the_cluster(
+    client: TestClient, admin: dict[str, str], wiring: Wiring, registered: dict[str, Any]
+) -> None:
+    """Real H100 nodes advertise nvidia.com/gpu and a MIG-mixed A100 nvidia.com/mig-<profile>: an
+    override that makes pods ask for another name would leave them Pending for ever."""
+    at = utc_now()
+    h100 = real.onprem_h100("hgx-h100-01")
+    mig = real.onprem_a100_mixed("dgx-a100-01", pool="a100-mig")
+    assert _report(wiring, at, h100, mig)[0] is Outcome.APPLIED
+    shared = {"kubernetes": {"gpu_resource": "nvidia.com/gpu.shared"}}
+    r = client.patch(f"/v1/clusters/{CLUSTER}", json=shared, headers=admin)
+    assert r.status_code == 409, r.text
+    assert (
+        "pool h100's nodes advertise nvidia.com/gpu for gpu, but this cluster's settings make its pods ask for "
+        "nvidia.com/gpu.shared, which no node offers: they would stay Pending" in r.json()["detail"]
+    )
+    single = {"kubernetes": {"mig_strategy": "single"}}  # the A100s are MIG-mixed
+    r = client.patch(f"/v1/clusters/{CLUSTER}", json=single, headers=admin)
+    assert r.status_code == 409, r.text
+    assert "pool a100-mig's nodes advertise nvidia.com/mig-1g.10gb for mig:1g.10gb" in r.json()["detail"]
+    assert client.get(f"/v1/clusters/{CLUSTER}", headers=admin).json()["kubernetes"].get("mig_strategy") is None
+    # What the nodes advertise, said again, is accepted.
+    r = client.patch(f"/v1/clusters/{CLUSTER}", json={"kubernetes": {"gpu_resource": "nvidia.com/gpu"}}, headers=admin)
+    assert r.status_code == 200, r.text
+    # Set before the nodes were known (here: a pool that joins later), the mismatch is shown with
+    # the cluster once the inventory brings them.
+    r = client.patch(f"/v1/clusters/{CLUSTER}", json={"kubernetes": {"mps_resource": "example.com/mps"}}, headers=admin)
+    assert r.status_code == 200, r.text  # no MPS pool yet: nothing to check against
+    mps = real.onprem_h100("hgx-mps-1", pool="h100-mps")
+    mps["metadata"]["labels"].update({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "4"})
+    mps["status"]["allocatable"]["nvidia.com/gpu"] = "32"
+    assert _report(wiring, at + timedelta(seconds=30), h100, mig, mps)[0] is Outcome.APPLIED
+    issues = client.get(f"/v1/clusters/{CLUSTER}", headers=admin).json()["pool_issues"]
+    assert any(
+        "pool h100-mps's nodes advertise nvidia.com/gpu for share" in i and "example.com/mps" in i for i in issues
+    )
