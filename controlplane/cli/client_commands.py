@@ -14,7 +14,6 @@ from typing import IO, Any
 from urllib.parse import quote
 
 import click
-import yaml
 
 from controlplane.cli.client_output import (
     clusters_table,
@@ -30,21 +29,14 @@ from controlplane.cli.client_output import (
     workload_panel,
     workloads_table,
 )
+from controlplane.cli.object_commands import read_spec
 from controlplane.cli.rest_api import Api, connection_options, decoded
 from controlplane.domain.model import WorkloadState
 
 
 def load_workload(source: IO[str], queue: str | None) -> dict[str, Any]:
     """The YAML body of POST /v1/workloads; the server validates it, the CLI only checks its shape."""
-    name = getattr(source, "name", "<stdin>")
-    try:
-        body = yaml.safe_load(source)
-    except yaml.YAMLError as exc:
-        raise click.ClickException(f"{name} is not valid YAML: {exc}") from exc
-    if not isinstance(body, dict):
-        raise click.ClickException(
-            f"{name}: expected a mapping (name, queue, pod_sets, ...), got {type(body).__name__}"
-        )
+    body = read_spec(source, "a mapping (name, queue, pod_sets, ...)")
     if queue is not None:
         body["queue"] = queue
     return body

@@ -120,14 +120,15 @@ def quota_body(weight: float | None, given: Mapping[str, tuple[str, ...]]) -> di
     return body
 
 
-def read_spec(source: IO[str]) -> dict[str, Any]:
+def read_spec(source: IO[str], expected: str = "a mapping") -> dict[str, Any]:
+    """A YAML file's mapping, the body of a request; the server validates it, the CLI only its shape."""
     name = getattr(source, "name", "<stdin>")
     try:
         body = yaml.safe_load(source)
     except yaml.YAMLError as exc:
         raise click.ClickException(f"{name} is not valid YAML: {exc}") from exc
     if not isinstance(body, dict):
-        raise click.ClickException(f"{name}: expected a mapping, got {type(body).__name__}")
+        raise click.ClickException(f"{name}: expected {expected}, got {type(body).__name__}")
     return body
 
 
