@@ -35,6 +35,7 @@ SECTIONS: dict[str, dict[str, Lazy]] = {
         "job": Lazy("controlplane.cli.job_commands:job", "Workload files: `job init` writes a commented sample."),
         "login": Lazy(f"{_CONTEXTS}:login", "Save an API and its token as the current context."),
         "context": Lazy(f"{_CONTEXTS}:context", "Saved APIs and tokens: list, use, delete."),
+        "completion": Lazy("controlplane.cli.completion_commands:completion", "Print the shell's completion script."),
         "status": Lazy(f"{_CLIENT}:status", "The fleet at a glance: GPUs, teams and queues, the scheduler."),
         "submit": Lazy(f"{_CLIENT}:submit", "Submit the workload described in a YAML file."),
         "list": Lazy(f"{_CLIENT}:list_workloads", "List workloads, newest first."),

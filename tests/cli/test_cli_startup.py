@@ -37,14 +37,14 @@ sys.stderr.write("LOADED=" + json.dumps(loaded) + "\\n")
 
 CLIENT_COMMANDS = (
     "list", "submit", "show", "cancel", "queues", "clusters", "report", "audit", "job", "status", "watch",
-    "login", "context", "cohort", "team", "queue", "priority-class", "token", "cluster",
+    "login", "context", "completion", "cohort", "team", "queue", "priority-class", "token", "cluster",
 )  # fmt: skip
 
 ALL_COMMANDS = {
     "up", "init", "migrate", "serve", "run", "scheduler", "dispatcher", "ingest", "relay",
     "create-admin-token", "nats-topology", "nats-auth-config",
-    "job", "login", "context", "status", "submit", "list", "show", "cancel", "watch", "queues", "clusters",
-    "report", "audit",
+    "job", "login", "context", "completion", "status", "submit", "list", "show", "cancel", "watch", "queues",
+    "clusters", "report", "audit",
     "cohort", "team", "queue", "priority-class", "token", "cluster",
     "agent", "bench", "sim", "scenario",
 }  # fmt: skip
