@@ -39,7 +39,6 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
-GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "main"
 
 # Env vars gpufleet sets on every container; a workload may not override them.

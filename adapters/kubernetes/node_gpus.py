@@ -12,9 +12,9 @@ import math
 import re
 from collections.abc import Mapping
 
+from controlplane.domain.resource_names import GPU_RESOURCE
 from controlplane.domain.sharing import MIG_PROFILES, InvalidSharingMode, SharingMode
 
-GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_SUFFIX = ".shared"  # the device plugin's renameByDefault suffix
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 

@@ -41,7 +41,7 @@ from adapters.kubernetes.manifest_model import (
     PlacementGroup,
     PodSetSpread,
 )
-from controlplane.domain.model import CPU, GPU, MEM, SHARE, NodePool, Taint, reserved_label
+from controlplane.domain.model import CPU, MEM, SHARE, NodePool, Taint, reserved_label
 from controlplane.domain.resource_names import ResourceOverrides, requested_resource
 from controlplane.service.ports import RunOrder
 
@@ -82,6 +82,7 @@ def _overrides(settings: KubeSettings) -> ResourceOverrides:
 
 def resource_amounts(demand: Mapping[str, int], pool: NodePool, settings: KubeSettings) -> dict[str, str]:
     """Kubernetes resource quantities for one pod's demand on a node of `pool`."""
+    overrides = _overrides(settings)
     totals: dict[str, int] = {}
     for key, amount in demand.items():
         if amount < 0:
@@ -92,10 +93,14 @@ def resource_amounts(demand: Mapping[str, int], pool: NodePool, settings: KubeSe
             name = "cpu"
         elif key == MEM:
             name = "memory"
-        elif key in (GPU, SHARE) or (key.startswith("mig:") and len(key) > 4):
-            found = requested_resource(key, pool.sharing.kind, pool.resource_names, _overrides(settings))
+        else:
+            found = requested_resource(key, pool.sharing.kind, pool.resource_names, overrides)
             if found is None:
-                raise ManifestError(f"pool {pool.name} is {pool.sharing}, it has no shared GPUs")
+                raise ManifestError(
+                    f"pool {pool.name} is {pool.sharing}, it has no shared GPUs"
+                    if key == SHARE
+                    else f"unknown demand key {key!r}"
+                )
             name = found
             if key == SHARE and pool.max_shares_per_pod and amount > pool.max_shares_per_pod:
                 # The kubelet would refuse the pod at admission; the core never plans this.
@@ -103,8 +108,6 @@ def resource_amounts(demand: Mapping[str, int], pool: NodePool, settings: KubeSe
                     f"{amount} shares of {name} in one container; pool {pool.name}'s device plugin serves "
                     f"at most {pool.max_shares_per_pod}"
                 )
-        else:
-            raise ManifestError(f"unknown demand key {key!r}")
         totals[name] = totals.get(name, 0) + amount
     quantities: dict[str, str] = {}
     for name, amount in sorted(totals.items()):

@@ -136,7 +136,7 @@ class Fitter:
         stamps = state.stamps
         for cluster in clusters:
             key = (shape, cluster.id, stamps.get(cluster.id, 0))
-            found = memo.parts.get(key) if memo is not None else None
+            found = memo.entries.get(key) if memo is not None else None
             if found is None:
                 answer = fits_in_cluster(workload, cluster, state.nodes_by_pool, state.pool_of_node, free, prefer)
                 found = answer if isinstance(answer, Miss) else self.scorer.part(answer, workload)

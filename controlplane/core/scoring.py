@@ -73,11 +73,11 @@ class Scorer:
         if memo.policy is not self.policy:
             memo.reset(self.policy)
         key = (id(placement), workload.spot)
-        found = memo.scores.get(key)
+        found = memo.entries.get(key)
         if found is not None and found[0] is placement:
             return found[1]
         score = self.score(placement, workload, fragmentation=False)
-        memo.remember(key, placement, score)
+        memo.remember(key, (placement, score))
         return score
 
     def _fragmentation(self, placement: Placement, workload: Workload) -> float:

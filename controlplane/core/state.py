@@ -12,7 +12,7 @@ A scheduler that keeps this state across cycles applies its changes through the 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from controlplane.core.capacity import FleetCapacity
 from controlplane.core.decision import NeverFits
@@ -42,42 +42,28 @@ def live_key(run: LiveRun) -> str:
     return run.run_id or run.workload_id
 
 
-class FitParts:
-    """Each cluster's ranked placements of a gang shape (`Fitter.parts_of`), per (shape id, cluster
-    id, the cluster's capacity stamp), for one policy. Bounded by a reset."""
+MemoKey = TypeVar("MemoKey")
+MemoValue = TypeVar("MemoValue")
 
-    LIMIT = 50_000
 
-    def __init__(self) -> None:
+class PolicyMemo(Generic[MemoKey, MemoValue]):
+    """Answers worked out under one policy (its weights, its preferences), bounded by a reset:
+    each cluster's ranked placements of a shape (`fit_parts`, `Fitter.parts_of`) and the cheap
+    placement scores (`cheap_scores`, `scoring.py`; their entries keep the placement alive, so
+    an id is never reused while remembered)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.policy: object | None = None
-        self.parts: dict[tuple[int, str, int], Any] = {}
+        self.entries: dict[MemoKey, MemoValue] = {}
 
     def reset(self, policy: object) -> None:
-        self.policy, self.parts = policy, {}
+        self.policy, self.entries = policy, {}
 
-    def remember(self, key: tuple[int, str, int], part: object) -> None:
-        if len(self.parts) >= self.LIMIT:
-            self.parts = {}
-        self.parts[key] = part
-
-
-class ScoreMemo:
-    """Cheap placement scores (`scoring.py`) by placement identity, for one policy. Entries keep
-    their placement alive, so an id is never reused while remembered; bounded by a reset."""
-
-    LIMIT = 200_000
-
-    def __init__(self) -> None:
-        self.policy: object | None = None
-        self.scores: dict[tuple[int, str], tuple[object, float]] = {}
-
-    def reset(self, policy: object) -> None:
-        self.policy, self.scores = policy, {}
-
-    def remember(self, key: tuple[int, str], placement: object, score: float) -> None:
-        if len(self.scores) >= self.LIMIT:
-            self.scores = {}
-        self.scores[key] = (placement, score)
+    def remember(self, key: MemoKey, value: MemoValue) -> None:
+        if len(self.entries) >= self.limit:
+            self.entries = {}
+        self.entries[key] = value
 
 
 class CycleState:
@@ -123,8 +109,10 @@ class CycleState:
         self._empty: FleetCapacity | None = None
         # prefer_same_pool -> shape id -> why no cluster could hold it empty (None: one could); for `Fitter`.
         self.never_fits_memo: dict[bool, dict[ShapeId, NeverFits | None]] = {}
-        self.cheap_scores = ScoreMemo()
-        self.fit_parts = FitParts()
+        # (id of a placement, the gang's spot wish) -> (the placement, its cheap score)
+        self.cheap_scores: PolicyMemo[tuple[int, str], tuple[object, float]] = PolicyMemo(200_000)
+        # (shape id, cluster id, the cluster's capacity stamp) -> its ranked placements, or its Miss
+        self.fit_parts: PolicyMemo[tuple[int, str, int], Any] = PolicyMemo(50_000)
         # id(run) -> (run, the units it holds): asked for every eviction attempt's candidates; the
         # run is kept so its id is not reused while remembered (bounded by the state's lifetime).
         self._run_units: dict[int, tuple[LiveRun, Usage]] = {}
