@@ -28,15 +28,16 @@ a cache whose cursor is older than the retention rebuilds instead of reading the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, func, or_, select, text
+from sqlalchemy import ColumnElement, delete, exists, func, not_, or_, select, text
 
 from adapters.sql.snapshot_repo import SqlSnapshotReader
 from adapters.sql.tables import IdleFindingRow, RunRow, SnapshotChangeRow, WorkloadRow
 from controlplane.core.history import UsageInterval
-from controlplane.service.snapshot_ports import ChangeCursor, SnapshotChanges
+from controlplane.service.snapshot_ports import ChangeCursor, OwnChanges, SnapshotChanges
 
 _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
 # Up to this many changed keys are bound as a list (the indexes on ids are used); more (a burst of
@@ -65,6 +66,25 @@ class SqlSnapshotChanges(SqlSnapshotReader):
     def latest_change(self) -> int:
         """The highest `seq` logged (one look-up at the end of the primary key's index)."""
         return int(self.s.scalar(select(func.coalesce(func.max(SnapshotChangeRow.seq), 0))) or 0)
+
+    def own_changes(self, seq_before: int) -> OwnChanges:
+        if self._postgresql():
+            # The top-level transaction id, as the triggers store it; None when it wrote nothing.
+            txid = self.s.scalar(text("SELECT pg_current_xact_id_if_assigned()::text::bigint"))
+            return OwnChanges(txid=None if txid is None else int(txid))
+        # Every transaction begins IMMEDIATE: nobody else logged a change since `seq_before`.
+        return OwnChanges(seqs=(seq_before, self.latest_change()))
+
+    def changed_besides(self, seq: int, own: Sequence[OwnChanges]) -> bool:
+        # Scans only what was logged past `seq`: at most one cycle's own changes and what came after.
+        others: list[ColumnElement[bool]] = [SnapshotChangeRow.seq > seq]
+        txids = [mark.txid for mark in own if mark.txid is not None]
+        if txids:
+            others.append(SnapshotChangeRow.txid.not_in(txids))
+        for mark in own:
+            if mark.seqs is not None and mark.seqs[1] > mark.seqs[0]:
+                others.append(not_(SnapshotChangeRow.seq.between(mark.seqs[0] + 1, mark.seqs[1])))
+        return bool(self.s.scalar(select(exists().where(*others))))
 
     def _after(self, cursor: ChangeCursor) -> ColumnElement[bool]:
         if self._postgresql():

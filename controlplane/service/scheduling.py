@@ -23,6 +23,7 @@ from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, second
 from controlplane.service.ports import PendingRecord, UnitOfWork, UnitOfWorkFactory
 from controlplane.service.report_records import EVICTION_ACTION, IDLE_RECLAIM_ACTION
 from controlplane.service.snapshot_cache import SnapshotCache
+from controlplane.service.snapshot_ports import OwnChanges
 from controlplane.service.wording import eviction_fields, eviction_text, pending_fields, pending_text
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class CycleResult:
     evicted: int = 0
     # Seconds per phase of this cycle, in order (what the cycle metrics report), for benches and logs.
     phases: tuple[tuple[CyclePhase, float], ...] = ()
+    # The changes this cycle's own writes logged: they do not wake the next cycle (the loop's poll
+    # looks past them), since the kept state already holds what they say.
+    own_changes: tuple[OwnChanges, ...] = ()
 
 
 def acquire_leadership(
@@ -211,19 +215,21 @@ def _store_reasons(
     ttl: float,
     cache: SnapshotCache,
     reasons: Sequence[PendingReason],
-) -> int:
+) -> tuple[int, OwnChanges | None]:
     """Store these pending reasons in their own transaction, under the epoch as every decision;
-    how many rows were written."""
+    how many rows were written, and the changes the transaction logged."""
     records = _pending_records(reasons)
     to_write = cache.pending_to_write(records)
     if not to_write:
-        return 0
+        return 0, None
     with uow_factory() as uow:
+        before = uow.snapshots.latest_change()
         written = uow.workloads.record_pending(to_write)
         _renew_under_epoch(uow, holder, epoch, now, ttl)
+        own = uow.snapshots.own_changes(before)
         uow.commit()
     cache.pending_written(records)
-    return written
+    return written, own
 
 
 def _write_evictions(
@@ -329,11 +335,15 @@ def _cycle(
     snapshot = cache.refresh(uow_factory, epoch, now, history_since=since, last_rebalance=policy.rebalance)
     phase_done(CyclePhase.SNAPSHOT)
     parked_written = 0
+    own: list[OwnChanges] = []
     if scheduler is not None:
         # What waits (behind its queue's heads, or parked) is known before any gang is decided in
         # order, and stored at once: a new gang behind its queue's heads learns so in a few
         # hundredths of a second, not after the ordered pass (0.3 to 1 s at 100,000 queued).
-        parked_written = _store_reasons(uow_factory, holder, epoch, now, ttl, cache, scheduler.park(snapshot, policy))
+        parked_written, parked_own = _store_reasons(
+            uow_factory, holder, epoch, now, ttl, cache, scheduler.park(snapshot, policy)
+        )
+        own.extend([parked_own] if parked_own is not None else [])
         phase_done(CyclePhase.PARK)
     decision = scheduler.decide(snapshot, policy, now) if scheduler is not None else schedule(snapshot, policy, now)
     phase_done(CyclePhase.SCHEDULE)
@@ -343,6 +353,7 @@ def _cycle(
     admitted = 0
     admitted_waits: list[tuple[str, float | None]] = []
     with uow_factory() as uow:
+        before = uow.snapshots.latest_change()  # first in the transaction (see `own_changes`)
         evictions_done = _write_evictions(uow, decision.evictions, epoch, prefix, now)
         queues = uow.workloads.admit_all(decision.admissions, epoch, now)
         submitted = uow.workloads.submitted_at(list(queues))
@@ -357,6 +368,7 @@ def _cycle(
         # the commit, never while the decision is written (the background renewal and a standby
         # would otherwise wait behind a long write and find the lease expired).
         _renew_under_epoch(uow, holder, epoch, now, ttl)
+        own.append(uow.snapshots.own_changes(before))
         uow.commit()
     cache.pending_written(records)
     phase_done(CyclePhase.APPLY)
@@ -375,4 +387,4 @@ def _cycle(
     for queue, waited in admitted_waits:
         metrics.admitted(queue, waited)
     metrics.cycle_done(time.perf_counter() - started, len(decision.pending))
-    return CycleResult(epoch, len(decision.pending), admitted, written, len(evictions_done), tuple(phases))
+    return CycleResult(epoch, len(decision.pending), admitted, written, len(evictions_done), tuple(phases), tuple(own))

@@ -5,7 +5,7 @@ A leaf module of the ports: `ports.py` re-exports its names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -23,6 +23,18 @@ class ChangeCursor:
 
     seq: int
     horizon: int | None = None
+
+
+@dataclass(frozen=True)
+class OwnChanges:
+    """The changes one writing transaction logged, so that its writer can tell them from others'
+    (the scheduler's own decision must not wake its next cycle). On PostgreSQL by the writer's
+    transaction id (`txid`, which the log's triggers store); on SQLite, whose writers are
+    serialised, by the range of `seq` the transaction took (`seqs`: after the first, up to the
+    second)."""
+
+    txid: int | None = None
+    seqs: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,16 @@ class SnapshotReader(Protocol):
         """The `seq` of the latest change logged: a cheap poll for "something changed since the
         cursor's seq". Only a hint (on PostgreSQL a change may commit after a later seq was seen);
         what changed is always read through `changes_since`."""
+        ...
+
+    def own_changes(self, seq_before: int) -> OwnChanges:
+        """The changes this unit of work's transaction has logged: call it last before the
+        commit, `seq_before` being `latest_change()` read first in the same transaction."""
+        ...
+
+    def changed_besides(self, seq: int, own: Sequence[OwnChanges]) -> bool:
+        """Whether a change past `seq` was logged by a transaction other than those of `own`: the
+        poll of `latest_change`, blind to the writer's own decisions. Also only a hint."""
         ...
 
     def stored_reasons(self) -> Mapping[str, tuple[str, str]]:

@@ -2,19 +2,23 @@
 snapshot cache and the core's fleet state across a leadership term.
 
 When the next cycle starts: as soon as the snapshot's change log has a change the last cycle did
-not read (polled every `CHANGE_POLL` seconds, one index look-up), and at the latest `interval`
-after the last cycle *started* (decisions that depend on time alone: minimum runtimes, history
-decay). A cycle longer than the interval is followed at once by the next. So a submit waits for
-the cycle under way to end plus its own cycle, not also a fixed sleep after a long cycle (at
-100,000 queued the sleep came after a 3 to 5 s cycle); an idle fleet logs nothing and polls only.
-A cycle that admitted or evicted logs its own writes, so one more cycle follows it (it decides on
-the state it made, finds nothing new, and the loop waits again)."""
+not read and did not write itself (polled every `CHANGE_POLL` seconds, one index range look-up),
+and at the latest `interval` after the last cycle *started* (decisions that depend on time alone:
+minimum runtimes, history decay). A cycle longer than the interval is followed at once by the
+next. So a submit waits for the cycle under way to end plus its own cycle, not also a fixed sleep
+after a long cycle (at 100,000 queued the sleep came after a 3 to 5 s cycle); an idle fleet logs
+nothing and polls only. The cycle's own writes (admissions, evictions, reasons) wake nothing: the
+kept state already holds them, and a cycle that followed each decision only to read it back kept
+the loop busy, so a new submit usually waited for that echo too. The next cycle still reads them
+with the changes it wakes for.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.snapshot import Policy
@@ -26,6 +30,7 @@ from controlplane.service.scheduling import (
     run_cycle,
 )
 from controlplane.service.snapshot_cache import DEFAULT_REBUILD_INTERVAL, SnapshotCache
+from controlplane.service.snapshot_ports import OwnChanges
 from controlplane.workers.lease_term import LeaseTerm, holder_id
 from controlplane.workers.loops import Clock, sleep_or_stop
 
@@ -33,16 +38,22 @@ log = logging.getLogger(__name__)
 CHANGE_POLL = 0.05  # seconds between looks at the change log while waiting for the next cycle
 
 
-def _changed_since(uow_factory: UnitOfWorkFactory, seq: int) -> bool:
+def _changed_since(uow_factory: UnitOfWorkFactory, seq: int, own: Sequence[OwnChanges]) -> bool:
     with uow_factory() as uow:
-        return uow.snapshots.latest_change() > seq
+        return uow.snapshots.changed_besides(seq, own)
 
 
 async def wait_for_next_cycle(
-    uow_factory: UnitOfWorkFactory, stop: asyncio.Event, cycle_started: float, interval: float, seen: int | None
+    uow_factory: UnitOfWorkFactory,
+    stop: asyncio.Event,
+    cycle_started: float,
+    interval: float,
+    seen: int | None,
+    own: Sequence[OwnChanges] = (),
 ) -> None:
     """Until `interval` after `cycle_started` (time.monotonic), or sooner once the change log holds
-    a change past `seen` (the last cycle's cursor; None: no cursor, wait the interval)."""
+    a change past `seen` (the last cycle's cursor; None: no cursor, wait the interval) that the
+    transactions of `own` (the last cycle's writes) did not log."""
     deadline = cycle_started + interval
     while not stop.is_set():
         left = deadline - time.monotonic()
@@ -50,7 +61,7 @@ async def wait_for_next_cycle(
             return
         if seen is not None:
             try:
-                if await asyncio.to_thread(_changed_since, uow_factory, seen):
+                if await asyncio.to_thread(_changed_since, uow_factory, seen, own):
                     return
             except Exception:  # the poll is only a hint: the database is down, the cycle will say so
                 seen = None
@@ -76,6 +87,7 @@ async def scheduler_loop(
     scheduler = IncrementalScheduler()
     while not stop.is_set():
         started = time.monotonic()
+        own: tuple[OwnChanges, ...] = ()
         try:
             epoch = await term.ensure()
             if epoch is None:
@@ -98,6 +110,7 @@ async def scheduler_loop(
                     cache,
                     scheduler,
                 )
+                own = result.own_changes
                 if result.admitted:
                     log.info("cycle: admitted %d, %d pending", result.admitted, result.pending, extra={"epoch": epoch})
         except LostLeadership as exc:
@@ -108,5 +121,5 @@ async def scheduler_loop(
             log.exception("scheduler cycle failed; retrying")
             cache = None
         seen = None if cache is None else cache.last_change_read
-        await wait_for_next_cycle(uow_factory, stop, started, interval, seen)
+        await wait_for_next_cycle(uow_factory, stop, started, interval, seen, own)
     await term.release()

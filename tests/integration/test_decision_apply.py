@@ -1,5 +1,6 @@
 """Writing a decision: the set-based pending reasons, the epoch fence, a restarted leader's first
-write, and the scheduler loop waking on a change (every test on SQLite and PostgreSQL)."""
+write, and the scheduler loop waking on a change that is not its own (every test on SQLite and
+PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -240,3 +241,32 @@ def test_a_loan_of_reserved_capacity_is_stored_with_its_run_and_taken_back_throu
     assert taken["runs"][-1]["end_cause"] == "taken-back"
     assert taken["runs"][-1]["message"].startswith("taken-back: this run borrowed capacity held for workload big")
     assert client.get(f"/v1/workloads/{big}", headers=tenant.headers).json()["state"] == "admitted"
+
+
+async def test_the_cycles_own_writes_do_not_wake_the_loop_anyone_elses_do(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    _submit(client, tenant, 3, replicas=1)
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), 3600.0)
+    assert epoch is not None
+    prefix, cache = wiring.settings.subject_prefix, SnapshotCache()
+    result = run_cycle(wiring.uow, "s", epoch, Policy(), prefix, utc_now(), 3600.0, True, cache=cache)
+    assert result.admitted >= 1
+    assert result.own_changes
+    seen = cache.last_change_read
+    assert seen is not None
+    stop = asyncio.Event()
+    # Blind to nothing, the poll sees the decision's own writes at once: they were logged.
+    await asyncio.wait_for(wait_for_next_cycle(wiring.uow, stop, time.monotonic(), 3600.0, seen), timeout=30)
+    waiting = asyncio.create_task(
+        wait_for_next_cycle(wiring.uow, stop, time.monotonic(), 3600.0, seen, result.own_changes)
+    )
+    await asyncio.sleep(0.3)  # several polls, all past only the cycle's own changes
+    assert not waiting.done()
+    await asyncio.to_thread(_submit, client, tenant, 1)
+    await asyncio.wait_for(waiting, timeout=30)  # someone else's change wakes it
+    # The next cycle still reads what its predecessor wrote: nothing admitted is admitted again.
+    again = run_cycle(wiring.uow, "s", epoch, Policy(), prefix, utc_now(), 3600.0, True, cache=cache)
+    with wiring.uow() as uow:
+        states = uow.session.execute(select(WorkloadRow.state)).scalars().all()  # type: ignore[attr-defined]
+    assert states.count("admitted") == result.admitted + again.admitted
