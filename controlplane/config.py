@@ -64,14 +64,20 @@ class Settings(BaseSettings):
     # Open NATS connections one credential may hold (0: no cap): a team or admin API token, and a
     # cluster credential (the telemetry agent connects from every GPU node of its cluster).
     nats_max_connections_per_identity: int = Field(default=16, ge=0)
+    # Open NATS connections one cluster credential may hold (the telemetry agent runs on every GPU node; 0: no cap).
     nats_max_connections_per_cluster: int = Field(default=1024, ge=0)
     # A source host with this many failed NATS authentications within the window is refused (0: no
     # limit) until they age out, except with a secret that authenticated before (docs/nats-security.md).
     nats_auth_failures_per_host: int = Field(default=20, ge=0)
+    # The window (seconds) of `nats_auth_failures_per_host`.
     nats_auth_failure_window: float = Field(default=60.0, gt=0)
+    # First token of every NATS subject.
     subject_prefix: str = Field(default="gpufleet", pattern=r"^[A-Za-z0-9_-]+$")
+    # The SQLite file, embedded NATS data, tokens and simulated cluster state.
     state_dir: Path = Field(default_factory=default_state_dir)
+    # Where `serve` listens.
     api_host: str = "127.0.0.1"
+    # The API's port.
     api_port: int = 8080
     # Bind the API port with SO_REUSEPORT, so several API processes on one host share it (the kernel
     # spreads connections among them), as several replicas behind a Service would.
@@ -89,6 +95,7 @@ class Settings(BaseSettings):
     # make per window before every authenticated request from it gets a 429 with Retry-After.
     # Counted in each API process's memory (IPv6 by /64), so N replicas allow up to N times this.
     auth_failure_limit: int = Field(default=100, ge=1, le=1_000_000)
+    # The window (seconds) of `auth_failure_limit`.
     auth_failure_window: float = Field(default=60.0, gt=0, le=86_400)
     # How long a dashboard login lasts (seconds); logging out, revoking the token or deleting its
     # team ends it at once.
@@ -97,6 +104,7 @@ class Settings(BaseSettings):
     # port; a process that runs the API also serves them on the API's own /metrics). Both answer
     # only a bearer token of role `metrics` or `admin`.
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    # The address of the metrics port.
     metrics_host: str = "127.0.0.1"
     # The SQL gauges (queues, quota, backlog, leases, idle GPUs) are read at most this often, however
     # often Prometheus scrapes; only processes that run the API export them.
@@ -104,19 +112,26 @@ class Settings(BaseSettings):
     # The per-run families on /metrics (effective utilization, serving latency) hold at most this
     # many runs each, the lowest-utilization (or slowest against its objective) first.
     metrics_max_run_series: int = Field(default=2_000, ge=0, le=100_000)
+    # Seconds between scheduling cycles.
     scheduler_interval: float = Field(default=1.0, gt=0)
     # The scheduler keeps its snapshot across cycles and reads only what changed (service/
     # snapshot_cache.py); as a safety net it still reloads everything at least this often (seconds).
     snapshot_rebuild_interval: float = Field(default=600.0, gt=0)
+    # Leader lease (scheduler, dispatcher), seconds: a dead holder's work stops for at most this long.
     lease_ttl: float = Field(default=15.0, gt=0)
+    # Seconds between dispatch passes.
     dispatcher_interval: float = Field(default=0.3, gt=0)
+    # Seconds between collections of cluster objects no run owns (orphans).
     orphan_gc_interval: float = Field(default=30.0, gt=0)
     # A run applied this long ago whose objects its cluster no longer lists is requeued (gang_timeout.py).
     vanished_run_grace: float = Field(default=60.0, gt=0)
+    # Outbox poll when idle, seconds.
     relay_interval: float = Field(default=0.2, gt=0)
     # `/readyz` fails while the oldest unpublished event is older than this (relay down or stuck).
     relay_ready_lag: float = Field(default=60.0, gt=0)
+    # Simulated clusters: seconds before pods run.
     sim_start_delay: float = Field(default=1.0, ge=0)
+    # Debug: check the core's invariants after every live cycle.
     check_invariants: bool = False
     # Real clusters. Per-provider keyword overrides for `adapters.clouds.build_provider` (local or
     # sovereign endpoints), e.g. {eks: {endpoint_url: ..., sts_endpoint_url: ...}, gke: {api_endpoint: ...}}.
@@ -124,14 +139,21 @@ class Settings(BaseSettings):
     # Talk to every real cluster's Kubernetes API at this URL instead of the discovered endpoint (tests,
     # tunnels); credentials still come from the cloud. http:// URLs skip TLS verification.
     kube_api_override: str = ""
+    # Seconds between syncs of one cloud cluster, and between node inventories of every real cluster.
     fleet_sync_interval: float = Field(default=60.0, gt=0)
+    # Renew Kubernetes tokens this many seconds before they expire.
     credential_refresh_margin: float = Field(default=300.0, ge=0)
+    # Seconds a dispatched gang may take to have every pod running; then it is torn down and requeued.
     gang_start_timeout: float = Field(default=600.0, gt=0)
+    # Seconds between gang start timeout checks.
     gang_timeout_interval: float = Field(default=5.0, gt=0)
     # An admitted run not applied to its cluster within this many seconds is requeued with a reason.
     dispatch_timeout: float = Field(default=300.0, gt=0)
+    # Scale cloud pools up for waiting gangs and down when unused.
     autoscale: bool = True
+    # Seconds between autoscaling passes.
     autoscale_interval: float = Field(default=30.0, gt=0)
+    # Seconds a pool must be unused before it is scaled down to its minimum.
     autoscale_cooldown: float = Field(default=600.0, ge=0)
     # Scheduling policy knobs (fields of `controlplane.core.snapshot.Policy`), e.g. fair-share
     # history or opt-in rebalancing; unset fields keep their defaults.
@@ -168,6 +190,7 @@ class Settings(BaseSettings):
     # Anti-hoarding: the idle policy (see `controlplane.service.idle.IdleRulesSpec`) and how often
     # running runs are judged from their telemetry.
     idle: dict[str, Any] = Field(default_factory=dict)
+    # Seconds between idle passes (the idle policy judging running runs).
     idle_interval: float = Field(default=60.0, gt=0)
     # Length of the telemetry roll-up windows the consumer writes. The idle policy counts these
     # windows, so its `window_seconds` is this value (setting it to anything else is an error).

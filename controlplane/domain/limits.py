@@ -3,7 +3,7 @@
 Each bound is chosen so that what the API accepts, the rest of the system can carry: a gang of
 `MAX_PODS_PER_GANG` pods can be dispatched, reported on by its cluster in one pod report under
 the 1 MiB NATS message cap (`cluster_status.PodReport.encode` trims pod messages to fit), listed
-and scheduled. README's REST reference lists them.
+and scheduled. docs/reference/rest.md ("Bounds") lists them.
 """
 
 from __future__ import annotations

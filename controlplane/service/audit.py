@@ -60,7 +60,7 @@ LIVE = ("admitted", "dispatching", "running")
 
 
 class AuditSettings(Strict):
-    """`audit:` of gpufleet.yaml (every field optional; the defaults are the README's)."""
+    """`audit:` of gpufleet.yaml (every field optional; defaults in docs/concepts/audit.md)."""
 
     # The defaults live with the thresholds themselves (`AuditThresholds`).
     lookback_hours: float = Field(default=AuditThresholds.lookback_hours, gt=0, le=24 * 92)

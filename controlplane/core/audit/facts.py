@@ -12,7 +12,7 @@ from controlplane.domain.sharing import SharingKind, SharingMode
 
 @dataclass(frozen=True)
 class AuditThresholds:
-    """The audit's configurable thresholds (`audit:` in gpufleet.yaml); defaults documented in the README."""
+    """The audit's configurable thresholds (`audit:` in gpufleet.yaml); defaults in docs/concepts/audit.md."""
 
     lookback_hours: float = 24.0  # allocation-vs-use and recently submitted training are judged over this
     min_utilization: float = 0.3  # a team's used / measured GPU-hours below this is far below its allocation
