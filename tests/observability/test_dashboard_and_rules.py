@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import markdown
 import pytest
 import yaml
 
@@ -22,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "deploy" / "observability"
 DASHBOARD = OBSERVABILITY / "grafana" / "gpufleet.json"
 RULES = OBSERVABILITY / "prometheus" / "gpufleet-alerts.yaml"
+RUNBOOKS = ROOT / "docs" / "operations" / "runbooks.md"
+PROMETHEUS_RULE = ROOT / "deploy" / "control-plane" / "components" / "monitoring" / "prometheus-rule.yaml"
 SCHEMA = Path(__file__).parent / "grafana_dashboard.schema.json"
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
@@ -153,6 +156,7 @@ def test_alert_rules_are_well_formed_and_refer_to_exported_metrics(exported: dic
         assert DURATION.match(str(rule["for"])), rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning")
         assert rule["annotations"]["summary"]
+        assert rule["annotations"]["runbook_url"], rule["alert"]
         check_expression(str(rule["expr"]), exported, rule["alert"])
     for wanted in (
         "GpufleetLeaderLost",
@@ -190,3 +194,46 @@ def test_alerts_fire_on_the_series_they_watch() -> None:
     tests = RULES.with_name("gpufleet-alerts.test.yaml")
     result = subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _runbook_sections() -> dict[str, str]:
+    """Section anchor -> text, with the anchors Python-Markdown's toc extension gives the headings
+    (what mkdocs renders the page with), not a slug rule of our own."""
+    text = RUNBOOKS.read_text()
+    md = markdown.Markdown(extensions=["toc"])
+    md.convert(text)
+    [page] = md.toc_tokens  # type: ignore[attr-defined]  # set by the toc extension
+    headings = [(h["id"], h["name"]) for h in page["children"]]
+    sections: dict[str, str] = {}
+    for i, (anchor, name) in enumerate(headings):
+        start = text.index(f"## {name}\n")
+        end = text.index(f"## {headings[i + 1][1]}\n") if i + 1 < len(headings) else len(text)
+        sections[anchor] = text[start:end]
+    return sections
+
+
+def test_every_alert_links_its_runbook_and_every_runbook_an_alert() -> None:
+    sections = _runbook_sections()
+    linked = set()
+    for rule in _rules():
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "docs/operations/runbooks.md", rule["alert"]
+        assert anchor in sections, f"{rule['alert']}: no section #{anchor} in {RUNBOOKS.name}"
+        assert sections[anchor].startswith(f"## {rule['alert']}\n"), rule["alert"]
+        for part in ("**Meaning.**", "**Impact.**", "**Diagnose.**", "**Fix.**"):
+            assert part in sections[anchor], f"the runbook of {rule['alert']} has no {part}"
+        linked.add(anchor)
+    assert set(sections) == linked, f"runbooks of no alert: {sorted(set(sections) - linked)}"
+    # an in-page link (one runbook pointing at another) lands on a section too
+    for target in re.findall(r"\]\(#([^)]+)\)", RUNBOOKS.read_text()):
+        assert target in sections, target
+
+
+def test_the_prometheus_rule_is_generated_from_the_rules_file() -> None:
+    """One source of truth: the PrometheusRule of the monitoring component is the rule file that
+    promtool tests, wrapped (deploy/observability/prometheus_rule.py)."""
+    render = runpy.run_path(str(OBSERVABILITY / "prometheus_rule.py"))["render"]
+    assert render() == PROMETHEUS_RULE.read_text(), "run python deploy/observability/prometheus_rule.py"
+    rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
