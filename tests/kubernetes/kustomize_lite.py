@@ -4,9 +4,9 @@ kustomization directories), `namespace`, `labels` (metadata only, as `includeSel
 `images`, `replicas` (by name), `configMapGenerator` (files, `disableNameSuffixHash`, labels),
 inline JSON 6902 `patches` with a kind/name target, and `components` (kind Component, applied in
 order after the kustomization's resources and before its own transformers, as kustomize does: a
-component's resources join the accumulated objects and its transformers apply to all of them). Anything else in a kustomization is refused
-rather than ignored. When kubectl is installed the tests check this renderer against it, object
-for object."""
+component's resources join the accumulated objects and its transformers apply to all of them).
+Anything else in a kustomization is refused rather than ignored. When kubectl is installed the
+tests check this renderer against it, object for object."""
 
 from __future__ import annotations
 
