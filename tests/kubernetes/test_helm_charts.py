@@ -107,6 +107,18 @@ def test_helm_lint_strict_passes(chart: Path, args: list[str]) -> None:
     assert chart_yaml["appVersion"] == "0.1.0"  # the image gpufleet builds (pyproject.toml)
 
 
+def test_a_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
+    """files/ links to the one rule file and the one counters file; `helm package` stores their contents."""
+    result = helm("package", str(CONTROL_PLANE), str(MEMBER), "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    packaged = template(tmp_path / "gpufleet-0.1.0.tgz", "gpufleet-system", *MONITORING_ON)
+    rule = control_plane.find(packaged, "PrometheusRule", "gpufleet")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    member_objects = template(tmp_path / "gpufleet-member-0.1.0.tgz", "gpufleet", "--set", "cluster=east")
+    counters = member.find(member_objects, "ConfigMap", "gpufleet-dcgm-counters")
+    assert counters["data"] == {"dcgm-metrics.csv": (ROOT / "deploy/dcgm-exporter/gpufleet-counters.csv").read_text()}
+
+
 @pytest.mark.parametrize("chart", [CONTROL_PLANE, MEMBER])
 def test_the_values_schema_is_json_schema_and_the_shipped_values_satisfy_it(chart: Path) -> None:
     schema = json.loads((chart / "values.schema.json").read_text())
