@@ -253,6 +253,8 @@ async def generate(settings: Settings, team_token: str, stop: asyncio.Event, wai
                 await submit("research", HOARDER_WORKLOAD, team_token, f"demo-hoarder-{story_id}")
                 story("demo", "submitted demo-hoarder (team demo, 32 A100-40GB GPUs, goes idle after 45 s)")
                 await bootstrap.loops.sleep_or_stop(stop, 15.0)
+                if stop.is_set():  # Ctrl-C while the hoarder starts: no new team connects on the way out
+                    return
                 await submit(WAITING_QUEUE, WAITING_WORKLOAD, waiting_token, f"demo-waiting-{story_id}")
                 story("demo", "submitted vision-finetune (team vision), which waits for those GPUs")
             except Exception as exc:
