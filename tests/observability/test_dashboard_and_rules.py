@@ -11,12 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import markdown
 import pytest
 import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as grafana
 
+from controlplane.cli.main import main
 from tests.observability import promql
 from tests.observability.exported import Family, exported_families, series_names
 
@@ -239,3 +241,27 @@ def test_the_prometheus_rule_is_generated_from_the_rules_file() -> None:
     assert render() == PROMETHEUS_RULE.read_text(), "run python deploy/observability/prometheus_rule.py"
     rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+
+def test_the_runbooks_name_real_commands_options_and_metrics(exported: dict[str, Family]) -> None:
+    """A runbook is read during an incident: every `gpufleet ...` command line it gives must be one
+    the CLI has (with the options it shows), every metric one gpufleet exports."""
+    text = RUNBOOKS.read_text()
+    commands = re.findall(r"`gpufleet ([^`]+)`", text)
+    assert len(commands) >= 10
+    for line in commands:
+        words = [w for w in line.split() if not w.startswith("<")]
+        command: click.Command = main
+        ctx = click.Context(main, info_name="gpufleet")
+        while isinstance(command, click.Group) and words and not words[0].startswith("-"):
+            sub = command.get_command(ctx, words[0])
+            assert sub is not None, f"`gpufleet {line}`: no command {words[0]!r}"
+            command, words = sub, words[1:]
+            ctx = click.Context(command, info_name=command.name, parent=ctx)
+        options = {opt for param in command.params for opt in param.opts}
+        unknown = [w for w in words if w.startswith("-") and w not in options]
+        assert not unknown, f"`gpufleet {line}`: no option {unknown}"
+    metrics = set(re.findall(r"\bgpufleet_[a-z_]+[a-z]", text))
+    assert metrics
+    known = set(exported) | {family.name for family in exported.values()}  # series, or a histogram's family
+    assert not metrics - known, f"not metrics gpufleet exports: {sorted(metrics - known)}"
