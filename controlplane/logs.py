@@ -16,6 +16,7 @@ import logging
 import re
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 LOG_FORMATS = ("text", "json")
@@ -78,18 +79,30 @@ class TextFormatter(logging.Formatter):
         return f"{text} [request {current}]" if current is not None else text
 
 
-def configure(log_format: str = "text", verbose: bool = False) -> None:
+def configure(log_format: str = "text", verbose: bool = False, log_file: Path | None = None) -> None:
     """Send every logger's records to stderr in `log_format` (`text` or `json`), replacing any
-    handler set up before (also uvicorn's own, whose lines then share the format)."""
+    handler set up before (also uvicorn's own, whose lines then share the format).
+
+    With `log_file` (what `gpufleet up` uses), every record goes to that file instead and stderr
+    gets warnings and errors only: the console of a process that also talks to a person (the
+    banner, the demo's story) stays readable. `verbose` puts every record on stderr as well."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    level = logging.DEBUG if verbose else logging.INFO
+    console = logging.StreamHandler()
+    handlers: list[logging.Handler] = [console]
+    if log_file is not None:
+        console.setLevel(level if verbose else logging.WARNING)
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+        if isinstance(old, logging.FileHandler):
+            old.close()
+    for handler in handlers:
+        handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+        root.addHandler(handler)
+    root.setLevel(level)
     logging.getLogger("nats").setLevel(logging.WARNING)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)

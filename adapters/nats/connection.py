@@ -58,7 +58,11 @@ async def connect(
         log.warning("nats %s: %s", name, exc)
 
     async def on_disconnect() -> None:
-        log.warning("nats %s: disconnected", name)
+        # nats-py calls this on our own close() too: only a lost connection is worth a warning.
+        if client.is_closed:
+            log.debug("nats %s: closed", name)
+        else:
+            log.warning("nats %s: disconnected", name)
 
     async def on_reconnect() -> None:
         log.info("nats %s: reconnected", name)

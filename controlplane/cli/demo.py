@@ -1,4 +1,8 @@
-"""What `gpufleet up` seeds, and the `--demo` workload generator."""
+"""What `gpufleet up` seeds, the `--demo` workload generator, and the story lines `up` prints.
+
+`up` sends the components' log lines to a file (controlplane.logs), so its console holds the banner,
+warnings and the story: the fleet's progress, and with --demo the hoarding story's steps and the
+idle policy's findings, each a time-stamped line with its topic, in colour on a terminal."""
 
 from __future__ import annotations
 
@@ -7,8 +11,11 @@ import json
 import logging
 import random
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import click
 
 from controlplane import bootstrap
 from controlplane.bootstrap.wiring import write_secret
@@ -44,6 +51,26 @@ WAITING_WORKLOAD: dict[str, Any] = {
 WAITING_TEAM, WAITING_QUEUE = "vision", "vision-train"
 DEMO_MIN_RUNTIME_SECONDS = 60
 DEMO_TEAM = "demo"
+# How each topic of the story stands out on a terminal (click drops the styles elsewhere).
+STORY_STYLES: dict[str, dict[str, Any]] = {
+    "fleet": {"dim": True},
+    "demo": {"fg": "cyan", "bold": True},
+    "anti-hoarding": {"fg": "yellow", "bold": True},
+    "reclaimed": {"fg": "green", "bold": True},
+}
+TOPIC_WIDTH = max(map(len, STORY_STYLES))
+
+
+def story_line(topic: str, text: str, now: datetime | None = None) -> str:
+    """One line of the console's story: the time, the topic in a column of its own, the text."""
+    if topic not in STORY_STYLES:
+        raise ValueError(f"unknown story topic {topic!r}")
+    return f"{(now or datetime.now()):%H:%M:%S}  {topic:>{TOPIC_WIDTH}} | {text}"
+
+
+def story(topic: str, text: str) -> None:
+    """Print a story line to the console, styled by its topic when the console is a terminal."""
+    click.secho(story_line(topic, text), **STORY_STYLES[topic])
 
 
 def demo_settings(settings: Settings) -> Settings:
@@ -169,7 +196,7 @@ def _random_workload(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
 def _idle_line(event: dict[str, Any]) -> str:
     data = event.get("data", {})
     return (
-        f"anti-hoarding: {event.get('type')} {data.get('workload')} (team {data.get('team')}, "
+        f"{event.get('type')} {data.get('workload')} (team {data.get('team')}, "
         f"{data.get('gpu_eq')} GPUs on {data.get('cluster')}): {data.get('reason')}"
     )
 
@@ -211,23 +238,25 @@ async def generate(settings: Settings, team_token: str, stop: asyncio.Event, wai
         )
 
     async def on_idle(msg: Any) -> None:
-        print(_idle_line(json.loads(msg.data)), flush=True)
+        story("anti-hoarding", _idle_line(json.loads(msg.data)))
 
     async def on_reclaimed(msg: Any) -> None:
         data = json.loads(msg.data).get("data", {})
-        print(f"anti-hoarding: workload {data.get('workload_id')} requeued: {data.get('reason', '')}", flush=True)
+        story("reclaimed", f"workload {data.get('workload_id')} requeued: {data.get('reason', '')}")
 
     try:
         if waiting_token is not None:
             await nc.subscribe(f"{prefix}.events.idle.>", cb=on_idle)
             await nc.subscribe(f"{prefix}.events.workload.*.*.reclaimed-idle", cb=on_reclaimed)
-            story = f"{rng.getrandbits(64):x}"
+            story_id = f"{rng.getrandbits(64):x}"
             try:
-                await submit("research", HOARDER_WORKLOAD, team_token, f"demo-hoarder-{story}")
-                print("demo: submitted demo-hoarder (32 A100-40GB GPUs, goes idle after 45 s)", flush=True)
+                await submit("research", HOARDER_WORKLOAD, team_token, f"demo-hoarder-{story_id}")
+                story("demo", "submitted demo-hoarder (team demo, 32 A100-40GB GPUs, goes idle after 45 s)")
                 await bootstrap.loops.sleep_or_stop(stop, 15.0)
-                await submit(WAITING_QUEUE, WAITING_WORKLOAD, waiting_token, f"demo-waiting-{story}")
-                print("demo: submitted vision-finetune (team vision), which waits for those GPUs", flush=True)
+                if stop.is_set():  # Ctrl-C while the hoarder starts: no new team connects on the way out
+                    return
+                await submit(WAITING_QUEUE, WAITING_WORKLOAD, waiting_token, f"demo-waiting-{story_id}")
+                story("demo", "submitted vision-finetune (team vision), which waits for those GPUs")
             except Exception as exc:
                 log.warning("demo hoarding story submit failed: %s", exc)
         while not stop.is_set():
@@ -262,5 +291,5 @@ async def report_progress(wiring: bootstrap.Wiring, stop: asyncio.Event, every: 
         if running:
             line += " | live per cluster: " + ", ".join(f"{k} {c}" for k, c in sorted(running.items()))
         if line != last:
-            print(line, flush=True)
+            story("fleet", line)
             last = line

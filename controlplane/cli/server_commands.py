@@ -36,8 +36,8 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
     return Settings.load(config, **overrides)
 
 
-def _logging(verbose: bool, log_format: str = "text") -> None:
-    logs.configure(log_format, verbose)
+def _logging(verbose: bool, log_format: str = "text", log_file: Path | None = None) -> None:
+    logs.configure(log_format, verbose, log_file)
 
 
 log_format_option = click.option(
@@ -325,6 +325,10 @@ def up(
     # private to the user running it.
     os.umask(PRIVATE_UMASK)
     private_dir(state)
+    # The components' INFO lines go to a file: the console keeps the banner, the fleet's progress,
+    # the demo's story and warnings (-v shows everything there too).
+    log_file = state / "gpufleet.log"
+    _logging(verbose, log_format, log_file)
     lock = (state / "gpufleet.lock").open("w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -373,6 +377,7 @@ def up(
         banner.append(f"  NATS        {settings.nats_url}   (written to {state / 'nats.url'}; connect with a token)")
         banner.append(f"  admin token {admin_token}   (written to {state / 'admin.token'})")
         banner.append(f"  database    {settings.effective_database_url}")
+        banner.append(f"  logs        {log_file}   (every component's lines; warnings show here too)")
         if added:
             banner.append(f"  registered {added} simulated clusters: eks, aks, gke and oke flavours")
         exports = client_env.export_line(port, state)

@@ -1,8 +1,10 @@
 """Writes grafana/gpufleet.json, the Grafana dashboard of gpufleet (`python deploy/observability/dashboard.py`).
 
-The dashboard is code so that its panels stay few, consistent and reviewable; the JSON beside it is
-what Grafana imports (or a provisioning sidecar loads), and a test keeps the two equal and checks
-every query against the metrics gpufleet exports.
+The dashboard is code, written with Grafana's own typed builders (grafana-foundation-sdk: the
+dashboard, panel, query and variable types generated from Grafana's schemas), so that its panels stay
+few, consistent and reviewable and a wrong field is a type error, not a dashboard Grafana silently
+repairs. The JSON beside it is what Grafana imports (or a provisioning sidecar loads); a test keeps
+the two equal and checks every query against the metrics gpufleet exports.
 
 Every API replica exports the same SQL gauges (`gpufleet_pending_gangs`, quota, leases, ...), so
 queries over them take `max by (...)` first: one value per series whatever the number of replicas.
@@ -12,45 +14,52 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Literal
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common, dashboard
 
 OUT = Path(__file__).parent / "grafana" / "gpufleet.json"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-WIDTH = 24
+DATASOURCE = dashboard.DataSourceRef(type_val="prometheus", uid="${datasource}")
+STACKED, UNSTACKED = common.StackingMode.NORMAL, common.StackingMode.NONE
+PanelKind = Literal["timeseries", "stat", "table"]
+PanelBuilder = timeseries.Panel | stat.Panel | table.Panel
 
 
-class Layout:
+class Board:
+    """The dashboard being built: rows with panels under them, laid out left to right by the SDK
+    (each row's widths add up to the grid's 24 columns), ids numbered in order."""
+
     def __init__(self) -> None:
-        self.panels: list[dict[str, Any]] = []
-        self.x = 0
-        self.y = 0
-        self.row_height = 0
+        self.builder = (
+            dashboard_builders.Dashboard("gpufleet")
+            .uid("gpufleet-overview")
+            .description("Fleet, queues, scheduler, event path, anti-hoarding and utilization of gpufleet")
+            .tags(["gpufleet", "gpu"])
+            .editable()
+            .tooltip(dashboard.DashboardCursorSync.CROSSHAIR)
+            .refresh("30s")
+            .timezone("utc")
+            .time("now-6h", "now")
+            .with_variable(dashboard_builders.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+            .with_variable(_variable("cluster", "label_values(gpufleet_cluster_gpus, cluster)"))
+            .with_variable(_variable("queue", "label_values(gpufleet_pending_gangs, queue)"))
+        )
+        self.last_id = 0
 
     def _next_id(self) -> int:
-        return len(self.panels) + 1
+        self.last_id += 1
+        return self.last_id
 
     def row(self, title: str) -> None:
-        self._newline()
-        self.panels.append(
-            {
-                "type": "row",
-                "title": title,
-                "id": self._next_id(),
-                "collapsed": False,
-                "gridPos": {"x": 0, "y": self.y, "w": WIDTH, "h": 1},
-                "panels": [],
-            }
-        )
-        self.y += 1
-
-    def _newline(self) -> None:
-        if self.x:
-            self.y += self.row_height
-        self.x, self.row_height = 0, 0
+        self.builder.with_row(dashboard_builders.Row(title).id(self._next_id()).collapsed(False))
 
     def panel(
         self,
-        kind: str,
+        kind: PanelKind,
         title: str,
         targets: list[tuple[str, str]],
         unit: str = "short",
@@ -59,29 +68,33 @@ class Layout:
         description: str = "",
         stack: bool = False,
     ) -> None:
-        if self.x + w > WIDTH:
-            self._newline()
-        panel: dict[str, Any] = {
-            "type": kind,
-            "title": title,
-            "id": self._next_id(),
-            "datasource": DATASOURCE,
-            "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h},
-            "targets": [
-                {"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": expr, "legendFormat": legend}
-                for i, (expr, legend) in enumerate(targets)
-            ],
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "options": {},
-        }
-        if description:
-            panel["description"] = description
+        panel: PanelBuilder
         if kind == "timeseries":
-            panel["fieldConfig"]["defaults"]["custom"] = {"stacking": {"mode": "normal" if stack else "none"}}
-            panel["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}}
-        self.panels.append(panel)
-        self.x += w
-        self.row_height = max(self.row_height, h)
+            panel = (
+                timeseries.Panel()
+                .stacking(common_builders.StackingConfig().mode(STACKED if stack else UNSTACKED))
+                .legend(
+                    common_builders.VizLegendOptions()
+                    .display_mode(common.LegendDisplayMode.LIST)
+                    .placement(common.LegendPlacement.BOTTOM)
+                    .show_legend(True)
+                )
+            )
+        elif kind == "stat":
+            panel = stat.Panel()
+        else:
+            panel = table.Panel()
+        panel = panel.id(self._next_id()).title(title).datasource(DATASOURCE).unit(unit).span(w).height(h)
+        if description:
+            panel = panel.description(description)
+        for i, (expr, legend) in enumerate(targets):
+            panel = panel.with_target(
+                prometheus.Dataquery().ref_id(chr(ord("A") + i)).datasource(DATASOURCE).expr(expr).legend_format(legend)
+            )
+        self.builder.with_panel(panel)
+
+    def build(self) -> dashboard.Dashboard:
+        return self.builder.build()
 
 
 def quantile(q: float, metric: str, by: str = "", window: str = "10m") -> str:
@@ -94,8 +107,8 @@ ALLOCATED = 'max by (cluster, gpu_model) (gpufleet_cluster_allocated_gpus{cluste
 QUEUE = 'queue=~"$queue"'
 
 
-def build() -> dict[str, Any]:
-    d = Layout()
+def build() -> dashboard.Dashboard:
+    d = Board()
     d.row("Fleet")
     d.panel(
         "timeseries",
@@ -352,39 +365,10 @@ def build() -> dict[str, Any]:
         w=12,
     )
     slo_row(d)
-    return {
-        "uid": "gpufleet-overview",
-        "title": "gpufleet",
-        "description": "Fleet, queues, scheduler, event path, anti-hoarding and utilization of gpufleet",
-        "tags": ["gpufleet", "gpu"],
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "30s",
-        "timezone": "utc",
-        "time": {"from": "now-6h", "to": "now"},
-        "annotations": {"list": []},
-        "links": [],
-        "templating": {
-            "list": [
-                {
-                    "name": "datasource",
-                    "label": "Prometheus",
-                    "type": "datasource",
-                    "query": "prometheus",
-                    "current": {},
-                    "hide": 0,
-                },
-                _variable("cluster", "label_values(gpufleet_cluster_gpus, cluster)"),
-                _variable("queue", "label_values(gpufleet_pending_gangs, queue)"),
-            ]
-        },
-        "panels": d.panels,
-    }
+    return d.build()
 
 
-def slo_row(d: Layout) -> None:
+def slo_row(d: Board) -> None:
     """Effective utilization per team and run, idle and unmeasured GPUs, waits, inference latency."""
     d.row("SLO: effective utilization, waits, inference latency")
     d.panel(
@@ -461,25 +445,21 @@ def slo_row(d: Layout) -> None:
     )
 
 
-def _variable(name: str, query: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "label": name,
-        "type": "query",
-        "datasource": DATASOURCE,
-        "query": {"query": query, "refId": f"{name}-values"},
-        "definition": query,
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "refresh": 2,
-        "current": {},
-        "hide": 0,
-    }
+def _variable(name: str, query: str) -> dashboard_builders.QueryVariable:
+    return (
+        dashboard_builders.QueryVariable(name)
+        .label(name)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": f"{name}-values"})
+        .include_all(True)
+        .all_value(".*")
+        .multi(True)
+        .refresh(dashboard.VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
 
 
 def render() -> str:
-    return json.dumps(build(), indent=2) + "\n"
+    return json.dumps(build(), cls=JSONEncoder, indent=2) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """docker-compose.yml and the image's build context: the compose file is valid Compose (the
 vendored compose-spec schema), every gpufleet container shares the one state volume (so a
 `kubernetes` cluster registered through the API has its kubeconfig where the dispatcher reads it),
-NATS runs with gpufleet's own authentication from a config nats-server accepts, and .dockerignore
+NATS runs with gpufleet's own authentication from a config nats-server accepts, published ports
+bind the loopback interface only, the one-shot `migrate` service registers the simulated fleet of
+`gpufleet up` (run here against real PostgreSQL), and .dockerignore
 keeps the virtualenv, .git, caches and local state out of the build context while letting through
 everything deploy/Dockerfile copies."""
 
@@ -21,8 +23,11 @@ import yaml
 from click.testing import CliRunner
 
 from adapters.nats.server import find_binary
-from controlplane.bootstrap import COMPONENTS
+from adapters.sim.fleet import default_fleet
+from controlplane.bootstrap import COMPONENTS, Wiring
 from controlplane.cli.main import main
+from controlplane.config import Settings
+from controlplane.service.admin import list_clusters
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Path(__file__).parent / "vendored" / "compose-spec.json"
@@ -117,6 +122,57 @@ def test_nats_runs_with_gpufleet_authentication_from_the_config_nats_config_writ
     assert 'listen: "0.0.0.0:4222"' in text
     checked = subprocess.run([find_binary(), "-c", str(written), "-t"], check=False, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _published(service: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each published port, short or long syntax."""
+    out = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            out.append((str(entry.get("host_ip", "")), str(entry.get("published", "")), str(entry["target"])))
+            continue
+        *host, container = str(entry).rsplit(":", 1)
+        address, _, port = (host[0] if host else "").rpartition(":")
+        out.append((address, port, container))
+    return out
+
+
+def test_published_ports_bind_the_loopback_interface_only() -> None:
+    published = {name: _published(s) for name, s in compose()["services"].items() if s.get("ports")}
+    assert set(published) == {"api"}, "only the API is published; PostgreSQL and NATS stay on the compose network"
+    for name, ports in published.items():
+        for address, _, _ in ports:
+            assert address in ("127.0.0.1", "[::1]"), f"{name} publishes on {address or 'every interface'}"
+    # the port published is the one the API listens on
+    [(_, host_port, container_port)] = published["api"]
+    words = compose()["services"]["api"]["command"]
+    assert words[words.index("--port") + 1] == container_port == host_port == "8080"
+
+
+def test_the_migrate_service_registers_the_simulated_fleet_of_up(tmp_path: Path, empty_postgresql: str) -> None:
+    """The one-shot `migrate` service's command, run as compose runs it (paths moved under tmp_path)
+    against PostgreSQL, registers the clusters `gpufleet up` registers; a second run (compose up
+    again) adds none."""
+    migrate = compose()["services"]["migrate"]
+    assert migrate["restart"] == "no"
+    assert {s for s, svc in compose()["services"].items() if "migrate" in (svc.get("depends_on") or {})} == set(
+        COMPONENTS
+    ), "every component starts after it"
+    words = [re.sub(r"^/state/", f"{tmp_path}/state/", w) for w in migrate["command"]]
+    env = {"GPUFLEET_DATABASE_URL": empty_postgresql, "GPUFLEET_STATE_DIR": str(tmp_path / "state")}
+    first = CliRunner().invoke(main, words, env=env)
+    assert first.exit_code == 0, first.output
+    assert f"registered {len(default_fleet())} simulated clusters" in first.output
+    again = CliRunner().invoke(main, words, env=env)
+    assert again.exit_code == 0, again.output
+    assert "registered 0 simulated clusters" in again.output
+    wiring = Wiring(Settings(database_url=empty_postgresql, state_dir=tmp_path / "state"))
+    try:
+        clusters = {(c.name, c.provider) for c in list_clusters(wiring.uow())}
+    finally:
+        wiring.close()
+    assert clusters == {(spec["name"], "sim") for spec in default_fleet()}
+    assert (tmp_path / "state" / "admin.token").exists()
 
 
 # --- .dockerignore ---------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """The subset of Kustomize that `deploy/member`, `deploy/control-plane` and `deploy/dcgm-exporter`
 use, in Python, for machines without kubectl 1.27+ (kustomize v5): `resources` (files and
 kustomization directories), `namespace`, `labels` (metadata only, as `includeSelectors: false`),
-`images`, `replicas` (by name), `configMapGenerator` (files, `disableNameSuffixHash`, labels) and
-inline JSON 6902 `patches` with a kind/name target. Anything else in a kustomization is refused
-rather than ignored. When kubectl is installed the tests check this renderer against it, object
-for object."""
+`images`, `replicas` (by name), `configMapGenerator` (files, `disableNameSuffixHash`, labels),
+inline JSON 6902 `patches` with a kind/name target, and `components` (kind Component, applied in
+order after the kustomization's resources and before its own transformers, as kustomize does: a
+component's resources join the accumulated objects and its transformers apply to all of them).
+Anything else in a kustomization is refused rather than ignored. When kubectl is installed the
+tests check this renderer against it, object for object."""
 
 from __future__ import annotations
 
@@ -24,16 +26,35 @@ KNOWN = {
     "replicas",
     "configMapGenerator",
     "patches",
+    "components",
 }
 _SCALABLE = {"Deployment", "ReplicaSet", "ReplicationController", "StatefulSet"}
 _CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "Node"}
 
 
 def render(directory: Path) -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    kustomization = _load(directory, "Kustomization")
+    objects = _resources(directory, kustomization)
+    for entry in kustomization.get("components", []):
+        component_dir = (directory / entry).resolve()
+        component = _load(component_dir, "Component")
+        objects += _resources(component_dir, component)
+        _transform(component, objects)
+    _transform(kustomization, objects)
+    return objects
+
+
+def _load(directory: Path, kind: str) -> dict[str, Any]:
+    kustomization: dict[str, Any] = yaml.safe_load((directory / "kustomization.yaml").read_text())
     unknown = set(kustomization) - KNOWN
     if unknown:
         raise ValueError(f"{directory}: kustomize_lite does not support {sorted(unknown)}")
+    if kustomization.get("kind", "Kustomization") != kind:
+        raise ValueError(f"{directory}: a {kustomization.get('kind')} where a {kind} is expected")
+    return kustomization
+
+
+def _resources(directory: Path, kustomization: dict[str, Any]) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for entry in kustomization.get("resources", []):
         path = (directory / entry).resolve()
@@ -43,6 +64,10 @@ def render(directory: Path) -> list[dict[str, Any]]:
             objects += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
     for generator in kustomization.get("configMapGenerator", []):
         objects.append(_config_map(directory, generator))
+    return objects
+
+
+def _transform(kustomization: dict[str, Any], objects: list[dict[str, Any]]) -> None:
     namespace = kustomization.get("namespace")
     for obj in objects:
         if namespace and obj["kind"] not in _CLUSTER_SCOPED:
@@ -63,7 +88,6 @@ def render(directory: Path) -> list[dict[str, Any]]:
             if obj["kind"] == target["kind"] and obj["metadata"]["name"] == target["name"]:
                 for op in yaml.safe_load(patch["patch"]):
                     _json6902(obj, op)
-    return objects
 
 
 def _config_map(directory: Path, generator: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ Kubernetes structural-schema extensions:
 - `x-kubernetes-embedded-resource`: apiVersion, kind and metadata are allowed;
 - `x-kubernetes-list-type: map` / `set`: items unique by their `x-kubernetes-list-map-keys` / whole;
 - `format: int32`: within the int32 range;
+- a Go regexp `pattern` starting `^(?i)`: the flag moved to the front, where Python's `re` wants it;
 - every other object schema with `properties`: an unknown property is REFUSED.
 
 On that last point a real API server prunes unknown fields of custom resources silently (with a
@@ -48,6 +49,7 @@ CRD_FILES = {
     ("scheduling.x-k8s.io", "podgroups"): "coscheduling_podgroups.yaml",
     ("jobset.x-k8s.io", "jobsets"): "jobset_jobsets.yaml",
     ("monitoring.coreos.com", "servicemonitors"): "monitoring_servicemonitors.yaml",
+    ("monitoring.coreos.com", "prometheusrules"): "monitoring_prometheusrules.yaml",
 }
 
 _MAX_ERRORS = 5
@@ -117,6 +119,13 @@ def _structural(schema: dict[str, Any]) -> dict[str, Any]:
     if schema.get("format") == "int32" and schema.get("type") == "integer":  # go-openapi's int32 check
         out.setdefault("minimum", -(2**31))
         out.setdefault("maximum", 2**31 - 1)
+    pattern = out.get("pattern")
+    if isinstance(pattern, str) and "(?i)" in pattern and not pattern.startswith("(?i)"):
+        # Go's regexp takes a flag group anywhere and applies it from there on; Python's only at the
+        # start. Where it follows nothing but `^` (the PrometheusRule CRD's `^(?i)(abort|warn)?$`)
+        # moving it to the front matches the same strings.
+        assert pattern.startswith("^(?i)"), pattern
+        out["pattern"] = "(?i)^" + pattern.removeprefix("^(?i)")
     if schema.get("nullable") and "type" in out:
         types = out["type"] if isinstance(out["type"], list) else [out["type"]]
         out["type"] = [*types, "null"]

@@ -1,6 +1,7 @@
 """deploy/control-plane: each overlay renders (kubectl kustomize, or the Python renderer checked
 against it), every object passes the API server's schemas (kubernetes-validate, strict; the
-ServiceMonitors the Prometheus Operator's CRD), and what the manifests say agrees with gpufleet
+ServiceMonitors and the PrometheusRule the Prometheus Operator's CRDs), the base applies without the
+Operator (its objects are an opt-in component), and what the manifests say agrees with gpufleet
 itself: every container runs a real `gpufleet` command line, every `GPUFLEET_*` setting is one
 Settings knows and validates, the leased components keep a standby, the shared state volume is
 where the settings put the state dir, and selectors of Services, budgets, policies and
@@ -33,6 +34,9 @@ LEASED = ("scheduler", "dispatcher", "relay")  # one works, the others stand by
 # The metrics port of each worker is the observability work's setting (issue 14, deliverable 1);
 # the workers' probes and ServiceMonitor use it.
 METRICS_PORT = 9090
+# The overlays that opt into components/monitoring (ServiceMonitors, PrometheusRule).
+MONITORED = {"production"}
+RULES = ROOT / "deploy" / "observability" / "prometheus" / "gpufleet-alerts.yaml"
 
 
 @functools.cache
@@ -73,6 +77,9 @@ def test_the_python_renderer_matches_kubectl_kustomize(target: str) -> None:
     assert keyed(kustomize_lite.render(TARGETS[target])) == real
 
 
+MONITORING_OBJECTS = ["ServiceMonitor/gpufleet-api", "ServiceMonitor/gpufleet-workers", "PrometheusRule/gpufleet"]
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_every_object_passes_the_schemas(target: str) -> None:
     objects = render(target)
@@ -88,8 +95,6 @@ def test_every_object_passes_the_schemas(target: str) -> None:
             "Job/gpufleet-migrate",
             "Service/gpufleet-api",
             "Service/gpufleet-workers",
-            "ServiceMonitor/gpufleet-api",
-            "ServiceMonitor/gpufleet-workers",
             "NetworkPolicy/gpufleet-default-deny",
             "NetworkPolicy/gpufleet-egress",
             "NetworkPolicy/gpufleet-dispatcher-egress",
@@ -97,6 +102,7 @@ def test_every_object_passes_the_schemas(target: str) -> None:
             "NetworkPolicy/gpufleet-metrics-ingress",
             *(f"Deployment/{name}" for name in DEPLOYMENTS),
             *(f"PodDisruptionBudget/{name}" for name in DEPLOYMENTS),
+            *(MONITORING_OBJECTS if target in MONITORED else []),
         ]
     )
     assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpufleet" for o in objects)
@@ -241,6 +247,8 @@ def test_probes_budgets_and_services_find_their_pods(target: str) -> None:
     assert workers["spec"]["ports"] == [
         {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}
     ]
+    if target not in MONITORED:
+        return
     for monitor, service, port in (("gpufleet-api", api, "http"), ("gpufleet-workers", workers, "metrics")):
         spec = find(objects, "ServiceMonitor", monitor)["spec"]
         assert selects(spec["selector"], service["metadata"]["labels"]), monitor
@@ -314,3 +322,17 @@ def test_the_migration_job_migrates_once_and_cleans_up() -> None:
     assert job["spec"]["ttlSecondsAfterFinished"] > 0
     [container] = job["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["init"]  # migrate + default priority classes; no token written anywhere
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_prometheus_operator_is_needed_only_by_overlays_that_opt_in(target: str) -> None:
+    """A kind the cluster does not know fails `kubectl apply` whole: base and small must carry none of
+    the Operator's kinds; production's PrometheusRule holds exactly the rules promtool tests."""
+    objects = render(target)
+    operator_kinds = [o for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")]
+    if target not in MONITORED:
+        assert operator_kinds == []
+        return
+    rule = find(objects, "PrometheusRule", "gpufleet")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    assert rule["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpufleet"

@@ -11,10 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import click
+import markdown
 import pytest
 import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as grafana
 
+from controlplane.cli.main import main
 from tests.observability import promql
 from tests.observability.exported import Family, exported_families, series_names
 
@@ -22,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "deploy" / "observability"
 DASHBOARD = OBSERVABILITY / "grafana" / "gpufleet.json"
 RULES = OBSERVABILITY / "prometheus" / "gpufleet-alerts.yaml"
-SCHEMA = Path(__file__).parent / "grafana_dashboard.schema.json"
+RUNBOOKS = ROOT / "docs" / "operations" / "runbooks.md"
+PROMETHEUS_RULE = ROOT / "deploy" / "control-plane" / "components" / "monitoring" / "prometheus-rule.yaml"
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
@@ -76,16 +81,18 @@ def test_unknown_metrics_and_labels_are_caught(exported: dict[str, Family]) -> N
 
 
 def test_dashboard_is_the_generated_one() -> None:
+    """The committed JSON is what Grafana's typed builders (grafana-foundation-sdk) build."""
     render = runpy.run_path(str(OBSERVABILITY / "dashboard.py"))["render"]
     assert render() == DASHBOARD.read_text(), "run python deploy/observability/dashboard.py"
 
 
-def test_dashboard_matches_the_grafana_model() -> None:
+def test_dashboard_is_grafanas_model_and_lays_out_its_panels() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
-    schema = json.loads(SCHEMA.read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.Draft202012Validator(schema).validate(dashboard)
-    # The schema cannot say these: ids unique, panels inside the 24-column grid and not overlapping.
+    # Decoded into the SDK's dashboard model (generated from Grafana's schema) and encoded again, it
+    # comes back unchanged: no field Grafana's model does not have, none of the wrong type.
+    decoded = grafana.Dashboard.from_json(dashboard)
+    assert json.loads(json.dumps(decoded, cls=JSONEncoder)) == dashboard
+    # What no schema says: ids unique, panels inside the 24-column grid and not overlapping.
     panels = dashboard["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
     cells: set[tuple[int, int]] = set()
@@ -153,6 +160,7 @@ def test_alert_rules_are_well_formed_and_refer_to_exported_metrics(exported: dic
         assert DURATION.match(str(rule["for"])), rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning")
         assert rule["annotations"]["summary"]
+        assert rule["annotations"]["runbook_url"], rule["alert"]
         check_expression(str(rule["expr"]), exported, rule["alert"])
     for wanted in (
         "GpufleetLeaderLost",
@@ -190,3 +198,70 @@ def test_alerts_fire_on_the_series_they_watch() -> None:
     tests = RULES.with_name("gpufleet-alerts.test.yaml")
     result = subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _runbook_sections() -> dict[str, str]:
+    """Section anchor -> text, with the anchors Python-Markdown's toc extension gives the headings
+    (what mkdocs renders the page with), not a slug rule of our own."""
+    text = RUNBOOKS.read_text()
+    md = markdown.Markdown(extensions=["toc"])
+    md.convert(text)
+    [page] = md.toc_tokens  # set by the toc extension
+    headings = [(h["id"], h["name"]) for h in page["children"]]
+    sections: dict[str, str] = {}
+    for i, (anchor, name) in enumerate(headings):
+        start = text.index(f"## {name}\n")
+        end = text.index(f"## {headings[i + 1][1]}\n") if i + 1 < len(headings) else len(text)
+        sections[anchor] = text[start:end]
+    return sections
+
+
+def test_every_alert_links_its_runbook_and_every_runbook_an_alert() -> None:
+    sections = _runbook_sections()
+    linked = set()
+    for rule in _rules():
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "docs/operations/runbooks.md", rule["alert"]
+        assert anchor in sections, f"{rule['alert']}: no section #{anchor} in {RUNBOOKS.name}"
+        assert sections[anchor].startswith(f"## {rule['alert']}\n"), rule["alert"]
+        for part in ("**Meaning.**", "**Impact.**", "**Diagnose.**", "**Fix.**"):
+            assert part in sections[anchor], f"the runbook of {rule['alert']} has no {part}"
+        linked.add(anchor)
+    assert set(sections) == linked, f"runbooks of no alert: {sorted(set(sections) - linked)}"
+    # an in-page link (one runbook pointing at another) lands on a section too
+    for target in re.findall(r"\]\(#([^)]+)\)", RUNBOOKS.read_text()):
+        assert target in sections, target
+
+
+def test_the_prometheus_rule_is_generated_from_the_rules_file() -> None:
+    """One source of truth: the PrometheusRule of the monitoring component is the rule file that
+    promtool tests, wrapped (deploy/observability/prometheus_rule.py)."""
+    render = runpy.run_path(str(OBSERVABILITY / "prometheus_rule.py"))["render"]
+    assert render() == PROMETHEUS_RULE.read_text(), "run python deploy/observability/prometheus_rule.py"
+    rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+
+def test_the_runbooks_name_real_commands_options_and_metrics(exported: dict[str, Family]) -> None:
+    """A runbook is read during an incident: every `gpufleet ...` command line it gives must be one
+    the CLI has (with the options it shows), every metric one gpufleet exports."""
+    text = RUNBOOKS.read_text()
+    commands = re.findall(r"`gpufleet ([^`]+)`", text)
+    assert len(commands) >= 10
+    for line in commands:
+        words = [w for w in line.split() if not w.startswith("<")]
+        command: click.Command = main
+        ctx = click.Context(main, info_name="gpufleet")
+        while isinstance(command, click.Group) and words and not words[0].startswith("-"):
+            sub = command.get_command(ctx, words[0])
+            assert sub is not None, f"`gpufleet {line}`: no command {words[0]!r}"
+            command, words = sub, words[1:]
+            ctx = click.Context(command, info_name=command.name, parent=ctx)
+        options = {opt for param in command.params for opt in param.opts}
+        unknown = [w for w in words if w.startswith("-") and w not in options]
+        assert not unknown, f"`gpufleet {line}`: no option {unknown}"
+    metrics = set(re.findall(r"\bgpufleet_[a-z_]+[a-z]", text))
+    assert metrics
+    known = set(exported) | {family.name for family in exported.values()}  # series, or a histogram's family
+    assert not metrics - known, f"not metrics gpufleet exports: {sorted(metrics - known)}"
