@@ -3,12 +3,10 @@ runs, queues and clusters built from the API's JSON."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
-import click
 from rich import box
 from rich.console import Console
 from rich.panel import Panel
@@ -29,10 +27,6 @@ def console() -> Console:
         # Piped into grep or a file: one line per row beats wrapping at rich's 80-column default.
         out.width = PIPE_WIDTH
     return out
-
-
-def print_json(data: Json) -> None:
-    click.echo(json.dumps(data, indent=2))
 
 
 def text(value: object) -> str:
@@ -166,24 +160,6 @@ def placement_table(run: Mapping[str, Any]) -> Table:
     table.add_column("nodes", justify="right")
     for p in run.get("placement", []):
         table.add_row(p["pod_set"], p["pool"], str(p["pods"]), str(p["nodes"]))
-    return table
-
-
-def queues_table(queues: list[Json]) -> Table:
-    table = new_table(f"{len(queues)} queue(s)")
-    table.add_column("name", no_wrap=True)
-    table.add_column("team", no_wrap=True)
-    table.add_column("guaranteed")
-    table.add_column("limit")
-    table.add_column("weight", justify="right")
-    for q in queues:
-        table.add_row(
-            q["name"],
-            q.get("parent") or NONE,
-            quota(q.get("guaranteed") or {}, NONE),
-            quota(q.get("limit") or {}, "unbounded"),
-            number(q.get("weight", 1.0)),
-        )
     return table
 
 
