@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,18 @@ class LazyGroup(click.Group):
                 raise RuntimeError(f"{self.lazy[cmd_name].target} is named {command.name!r}, not {cmd_name!r}")
             self.commands[cmd_name] = command
         return self.commands.get(cmd_name)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        # Names and summaries from the table: click's own would load every command to ask whether it
+        # is hidden, and `gpufleet <TAB>` would import the daemons and benchmarks (over 10 s).
+        items = [CompletionItem(name, help=entry.summary) for name, entry in self.lazy.items()]
+        items += [
+            CompletionItem(name, help=cmd.get_short_help_str())
+            for name, cmd in sorted(self.commands.items())
+            if name not in self.lazy and not cmd.hidden
+        ]
+        matching = [item for item in items if str(item.value).startswith(incomplete)]
+        return [*matching, *click.Command.shell_complete(self, ctx, incomplete)]
 
     def _alias(self, ctx: click.Context, old: str) -> click.Command:
         if old not in self.loaded_aliases:

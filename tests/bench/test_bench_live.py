@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, func, select
 from adapters.sql.tables import RunAssignmentRow, WorkloadRow
 from controlplane.cli.main import main
 
-TINY = ["bench", "live", "--pending", "300", "--clusters", "2", "--nodes", "40", "--queues", "8", "--json"]
+TINY = ["dev", "bench", "live", "--pending", "300", "--clusters", "2", "--nodes", "40", "--queues", "8", "--json"]
 
 
 def _run(*extra: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from controlplane.cli.main import main
 
-TINY = ["bench", "submit", "--count", "30", "--clusters", "2", "--nodes", "8", "--json"]
+TINY = ["dev", "bench", "submit", "--count", "30", "--clusters", "2", "--nodes", "8", "--json"]
 
 
 def test_bench_submit_by_rest_reports_every_submit() -> None:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import click
 import pytest
 from click.testing import CliRunner, Result
 
 from controlplane.cli import rest_api
-from controlplane.cli.client_commands import register
+from controlplane.cli.client_commands import workload as workload_group
+from controlplane.cli.main import main
 
 # --- a fake API -------------------------------------------------------------------------------------
 
@@ -118,17 +118,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return state
 
 
-def cli() -> click.Group:
-    group = click.Group("gpufleet")
-    register(group)
-    return group
-
-
 def run(api: FakeApi, *args: str, token: str | None = "tok-123", stdin: str | None = None) -> Result:
-    """Invoke `gpufleet <command> ...` against the fake API."""
-    command, *rest = args
+    """Invoke `gpufleet <command> ... --api URL --token TOKEN` against the fake API."""
     options = ["--api", api.url] + (["--token", token] if token is not None else [])
-    return CliRunner().invoke(cli(), [command, *options, *rest], input=stdin)
+    return CliRunner().invoke(main, [*args, *options], input=stdin)
 
 
 # --- canned API responses, shaped like controlplane.service.views --------------------------------------
@@ -303,7 +296,7 @@ def workload_file(tmp_path: Path) -> Path:
 def test_submit_posts_the_yaml_as_json_with_the_bearer_token(api: FakeApi, workload_file: Path) -> None:
     api.reply("POST", "/v1/workloads", QUEUED, status=201)
 
-    result = run(api, "submit", str(workload_file))
+    result = run(api, "workload", "submit", str(workload_file))
 
     assert result.exit_code == 0, result.output
     sent = api.only
@@ -318,7 +311,9 @@ def test_submit_posts_the_yaml_as_json_with_the_bearer_token(api: FakeApi, workl
 def test_submit_overrides_the_queue_and_sends_the_idempotency_key(api: FakeApi, workload_file: Path) -> None:
     api.reply("POST", "/v1/workloads", workload(queue="urgent"), status=201)
 
-    result = run(api, "submit", str(workload_file), "--queue", "urgent", "--idempotency-key", "nightly-2024-05-01")
+    result = run(
+        api, "workload", "submit", str(workload_file), "--queue", "urgent", "--idempotency-key", "nightly-2024-05-01"
+    )
 
     assert result.exit_code == 0, result.output
     assert api.only.body == {**WORKLOAD_BODY, "queue": "urgent"}
@@ -329,7 +324,7 @@ def test_submit_overrides_the_queue_and_sends_the_idempotency_key(api: FakeApi, 
 def test_submit_says_when_the_idempotency_key_matched_an_earlier_workload(api: FakeApi, workload_file: Path) -> None:
     api.reply("POST", "/v1/workloads", WORKLOAD, status=200)
 
-    result = run(api, "submit", str(workload_file), "--idempotency-key", "k1")
+    result = run(api, "workload", "submit", str(workload_file), "--idempotency-key", "k1")
 
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("already submitted wl_01hzabc: running")
@@ -338,7 +333,7 @@ def test_submit_says_when_the_idempotency_key_matched_an_earlier_workload(api: F
 def test_submit_reads_stdin_for_dash(api: FakeApi) -> None:
     api.reply("POST", "/v1/workloads", QUEUED, status=201)
 
-    result = run(api, "submit", "-", stdin=WORKLOAD_YAML)
+    result = run(api, "workload", "submit", "-", stdin=WORKLOAD_YAML)
 
     assert result.exit_code == 0, result.output
     assert api.only.body == WORKLOAD_BODY
@@ -347,7 +342,7 @@ def test_submit_reads_stdin_for_dash(api: FakeApi) -> None:
 def test_submit_sends_yaml_dates_as_iso_strings(api: FakeApi) -> None:
     api.reply("POST", "/v1/workloads", QUEUED, status=201)
 
-    result = run(api, "submit", "-", stdin=WORKLOAD_YAML.replace("project: llama", "release: 2024-05-01"))
+    result = run(api, "workload", "submit", "-", stdin=WORKLOAD_YAML.replace("project: llama", "release: 2024-05-01"))
 
     assert result.exit_code == 0, result.output
     assert api.only.body["labels"] == {"release": "2024-05-01"}
@@ -360,7 +355,7 @@ def test_submit_sends_yaml_dates_as_iso_strings(api: FakeApi) -> None:
 def test_submit_rejects_a_file_that_is_not_a_yaml_mapping_without_calling_the_api(
     api: FakeApi, document: str, message: str
 ) -> None:
-    result = run(api, "submit", "-", stdin=document)
+    result = run(api, "workload", "submit", "-", stdin=document)
 
     assert result.exit_code == 1
     assert message in result.stderr
@@ -371,7 +366,7 @@ def test_submit_prints_the_422_detail_on_stderr_and_exits_1(api: FakeApi, worklo
     detail = "pod_sets.0.gpus: Input should be less than or equal to 64"
     api.reply("POST", "/v1/workloads", {"detail": detail, "errors": []}, status=422)
 
-    result = run(api, "submit", str(workload_file))
+    result = run(api, "workload", "submit", str(workload_file))
 
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -382,7 +377,7 @@ def test_submit_formats_fastapis_default_validation_list(api: FakeApi, workload_
     detail = [{"loc": ["body", "pod_sets", 0, "gpus"], "msg": "too many", "type": "x"}]
     api.reply("POST", "/v1/workloads", {"detail": detail}, status=422)
 
-    result = run(api, "submit", str(workload_file))
+    result = run(api, "workload", "submit", str(workload_file))
 
     assert result.exit_code == 1
     assert "invalid request: pod_sets.0.gpus: too many" in result.stderr
@@ -394,7 +389,9 @@ def test_submit_formats_fastapis_default_validation_list(api: FakeApi, workload_
 def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads", page(WORKLOAD, QUEUED))
 
-    result = run(api, "list", "--queue", "research", "--state", "queued", "--state", "running", "--limit", "5")
+    result = run(
+        api, "workload", "list", "--queue", "research", "--state", "queued", "--state", "running", "--limit", "5"
+    )
 
     assert result.exit_code == 0, result.output
     sent = api.only
@@ -414,7 +411,7 @@ def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> 
 def test_list_without_filters_leaves_defaults_to_the_server(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads", page())
 
-    result = run(api, "list")
+    result = run(api, "workload", "list")
 
     assert result.exit_code == 0, result.output
     assert api.only.query == {}
@@ -422,7 +419,7 @@ def test_list_without_filters_leaves_defaults_to_the_server(api: FakeApi) -> Non
 
 
 def test_list_rejects_an_unknown_state_before_calling_the_api(api: FakeApi) -> None:
-    result = run(api, "list", "--state", "sleeping")
+    result = run(api, "workload", "list", "--state", "sleeping")
 
     assert result.exit_code == 2
     assert "sleeping" in result.stderr
@@ -434,7 +431,7 @@ def test_list_piped_keeps_each_workload_on_one_line(api: FakeApi, monkeypatch: p
     reason = "waiting for quota: " + ", ".join(f"pool-{i} has 0 of 8 H100-80GB free" for i in range(5))
     api.reply("GET", "/v1/workloads", page(workload(reason=reason)))
 
-    result = run(api, "list")
+    result = run(api, "workload", "list")
 
     assert result.exit_code == 0, result.output
     assert any("wl_01hzabc" in line and reason in line for line in result.stdout.splitlines())
@@ -447,7 +444,7 @@ def test_list_says_how_to_go_on_when_the_page_ends_early(api: FakeApi) -> None:
     # A page of the API ends at its byte cap (or at --limit) with a cursor to the rest.
     api.reply("GET", "/v1/workloads", page(WORKLOAD, following="1714557600000000.wl_01hzabc"))
 
-    result = run(api, "list", "--state", "running", "--cursor", "1714557700000000.wl_01hzzz")
+    result = run(api, "workload", "list", "--state", "running", "--cursor", "1714557700000000.wl_01hzzz")
 
     assert result.exit_code == 0, result.output
     assert api.only.query == {"state": ["running"], "cursor": ["1714557700000000.wl_01hzzz"]}
@@ -458,7 +455,7 @@ def test_list_says_how_to_go_on_when_the_page_ends_early(api: FakeApi) -> None:
 def test_show_prints_state_placement_runs_and_assignments(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert (api.only.method, api.only.path) == ("GET", "/v1/workloads/wl_01hzabc")
@@ -482,7 +479,7 @@ def test_show_says_which_gang_a_run_on_lent_capacity_was_held_for(api: FakeApi) 
     lent = {**WORKLOAD["runs"][0], "lent_to": "wl_01hzbig"}
     api.reply("GET", "/v1/workloads/wl_01hzabc", {**WORKLOAD, "runs": [lent]})
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert "on capacity held for wl_01hzbig" in result.stdout.replace("\n", " ")
@@ -499,7 +496,7 @@ def test_show_of_a_big_gang_prints_counts_not_pods(api: FakeApi) -> None:
     big = workload(nodes=nodes, node_count=626, runs=runs, attempts=30)
     api.reply("GET", "/v1/workloads/wl_01hzabc", big)
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     out = result.stdout
@@ -514,7 +511,7 @@ def test_show_of_a_big_gang_prints_counts_not_pods(api: FakeApi) -> None:
 def test_show_prints_reason_and_queue_position_of_a_queued_workload(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzqueued", QUEUED)
 
-    result = run(api, "show", "wl_01hzqueued")
+    result = run(api, "workload", "show", "wl_01hzqueued")
 
     assert result.exit_code == 0, result.output
     assert "waiting for quota: H100-80GB 16 > 8 free" in result.stdout
@@ -524,7 +521,7 @@ def test_show_prints_reason_and_queue_position_of_a_queued_workload(api: FakeApi
 
 
 def test_show_quotes_the_id_so_it_cannot_reach_another_route(api: FakeApi) -> None:
-    result = run(api, "show", "../clusters")
+    result = run(api, "workload", "show", "../clusters")
 
     assert result.exit_code == 1
     assert api.only.path == "/v1/workloads/..%2Fclusters"
@@ -533,7 +530,7 @@ def test_show_quotes_the_id_so_it_cannot_reach_another_route(api: FakeApi) -> No
 def test_show_prints_the_404_detail(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_nope", {"detail": "no workload wl_nope"}, status=404)
 
-    result = run(api, "show", "wl_nope")
+    result = run(api, "workload", "show", "wl_nope")
 
     assert result.exit_code == 1
     assert "no workload wl_nope (HTTP 404)" in result.stderr
@@ -546,7 +543,7 @@ def test_cancel_posts_the_reason(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="wrong dataset"))
 
-    result = run(api, "cancel", "wl_01hzabc", "--reason", "wrong dataset")
+    result = run(api, "workload", "cancel", "wl_01hzabc", "--reason", "wrong dataset")
 
     assert result.exit_code == 0, result.output
     asked, posted = api.requests
@@ -561,7 +558,7 @@ def test_cancel_without_reason_sends_no_body_so_the_server_default_applies(api: 
     api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="cancelled by user"))
 
-    result = run(api, "cancel", "wl_01hzabc")
+    result = run(api, "workload", "cancel", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert api.requests[-1].body is None
@@ -570,7 +567,7 @@ def test_cancel_without_reason_sends_no_body_so_the_server_default_applies(api: 
 def test_a_second_cancel_says_it_was_cancelled_already(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="cancelled", reason="wrong dataset"))
 
-    result = run(api, "cancel", "wl_01hzabc")
+    result = run(api, "workload", "cancel", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert result.stdout == "wl_01hzabc: already cancelled (wrong dataset)\n"
@@ -582,7 +579,7 @@ def test_cancel_of_a_finished_workload_prints_the_conflict(api: FakeApi) -> None
     api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="succeeded"))
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", {"detail": detail}, status=409)
 
-    result = run(api, "cancel", "wl_01hzabc")
+    result = run(api, "workload", "cancel", "wl_01hzabc")
 
     assert result.exit_code == 1
     assert detail in result.stderr
@@ -591,10 +588,10 @@ def test_cancel_of_a_finished_workload_prints_the_conflict(api: FakeApi) -> None
 # --- queues and clusters -------------------------------------------------------------------------------
 
 
-def test_queues_prints_quotas_and_weights(api: FakeApi) -> None:
+def test_queue_list_prints_quotas_and_weights(api: FakeApi) -> None:
     api.reply("GET", "/v1/queues", QUEUES)
 
-    result = run(api, "queues")
+    result = run(api, "queue", "list")
 
     assert result.exit_code == 0, result.output
     assert (api.only.method, api.only.path) == ("GET", "/v1/queues")
@@ -605,10 +602,10 @@ def test_queues_prints_quotas_and_weights(api: FakeApi) -> None:
     assert all(v in evals for v in ("gpu-eq=32", "0.5"))
 
 
-def test_clusters_prints_one_row_per_pool(api: FakeApi) -> None:
+def test_cluster_list_prints_one_row_per_pool(api: FakeApi) -> None:
     api.reply("GET", "/v1/clusters", CLUSTERS)
 
-    result = run(api, "clusters")
+    result = run(api, "cluster", "list")
 
     assert result.exit_code == 0, result.output
     assert (api.only.method, api.only.path) == ("GET", "/v1/clusters")
@@ -622,23 +619,23 @@ def test_clusters_prints_one_row_per_pool(api: FakeApi) -> None:
     assert all(v in l4 for v in ("gke-eu-west", "europe-west4", "timeslice:4", "0.70"))
 
 
-# --- --json on every command ---------------------------------------------------------------------------
+# --- --json (and -o json) on every command ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("args", "method", "path", "payload"),
     [
-        (["submit", "-"], "POST", "/v1/workloads", QUEUED),
-        (["list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED, following="1714557600000000.wl-0")),
-        (["show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
-        (["cancel", "wl_01hzabc"], "POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled")),
-        (["queues"], "GET", "/v1/queues", QUEUES),
-        (["clusters"], "GET", "/v1/clusters", CLUSTERS),
+        (["workload", "submit", "-"], "POST", "/v1/workloads", QUEUED),
+        (["workload", "list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED, following="1714557600000000.wl-0")),
+        (["workload", "show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
+        (["workload", "cancel", "wl_01hzabc"], "POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled")),
+        (["queue", "list"], "GET", "/v1/queues", QUEUES),
+        (["cluster", "list"], "GET", "/v1/clusters", CLUSTERS),
     ],
 )
 def test_json_prints_the_raw_response(api: FakeApi, args: list[str], method: str, path: str, payload: Any) -> None:
     api.reply(method, path, payload, status=201 if method == "POST" and path == "/v1/workloads" else 200)
-    if args[0] == "cancel":
+    if args[1] == "cancel":
         api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)  # asked first: not cancelled yet
 
     result = run(api, *args, "--json", stdin=WORKLOAD_YAML)
@@ -647,10 +644,10 @@ def test_json_prints_the_raw_response(api: FakeApi, args: list[str], method: str
     assert json.loads(result.stdout) == payload
 
 
-def test_every_command_takes_the_shared_connection_options() -> None:
-    for name, command in cli().commands.items():
+def test_every_workload_verb_takes_the_shared_connection_and_output_options() -> None:
+    for name, command in workload_group.commands.items():
         options = {opt for param in command.params for opt in param.opts}
-        assert {"--api", "--token", "--json"} <= options, name
+        assert {"--api", "--token", "-o", "--output", "--json"} <= options, name
 
 
 # --- connection and token ------------------------------------------------------------------------------
@@ -661,7 +658,7 @@ def test_token_falls_back_to_admin_token_in_the_state_dir(api: FakeApi, clean_en
     (clean_env / "admin.token").write_text("gpf_from_file\n")
     api.reply("GET", "/v1/queues", [])
 
-    result = run(api, "queues", token=None)
+    result = run(api, "queue", "list", token=None)
 
     assert result.exit_code == 0, result.output
     assert api.only.headers["authorization"] == "Bearer gpf_from_file"
@@ -675,8 +672,8 @@ def test_token_from_env_wins_over_the_file_and_the_option_over_both(
     monkeypatch.setenv("GPUFLEET_TOKEN", "gpf_from_env")
     api.reply("GET", "/v1/queues", [])
 
-    assert run(api, "queues", token=None).exit_code == 0
-    assert run(api, "queues", token="gpf_from_option").exit_code == 0
+    assert run(api, "queue", "list", token=None).exit_code == 0
+    assert run(api, "queue", "list", token="gpf_from_option").exit_code == 0
 
     assert [r.headers["authorization"] for r in api.requests] == ["Bearer gpf_from_env", "Bearer gpf_from_option"]
 
@@ -685,7 +682,7 @@ def test_api_url_comes_from_the_environment(api: FakeApi, monkeypatch: pytest.Mo
     monkeypatch.setenv("GPUFLEET_API", api.url)
     api.reply("GET", "/v1/clusters", [])
 
-    result = CliRunner().invoke(cli(), ["clusters", "--token", "t"])
+    result = CliRunner().invoke(main, ["cluster", "list", "--token", "t"])
 
     assert result.exit_code == 0, result.output
     assert api.only.path == "/v1/clusters"
@@ -694,7 +691,7 @@ def test_api_url_comes_from_the_environment(api: FakeApi, monkeypatch: pytest.Mo
 def test_401_without_a_token_says_how_to_provide_one(api: FakeApi, clean_env: Path) -> None:
     api.reply("GET", "/v1/workloads", {"detail": "missing, unknown or revoked API token"}, status=401)
 
-    result = run(api, "list", token=None)
+    result = run(api, "workload", "list", token=None)
 
     assert result.exit_code == 1
     assert "authorization" not in api.only.headers
@@ -706,7 +703,7 @@ def test_401_without_a_token_says_how_to_provide_one(api: FakeApi, clean_env: Pa
 def test_401_with_a_token_says_it_was_rejected(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads", {"detail": "missing, unknown or revoked API token"}, status=401)
 
-    result = run(api, "list", token="gpf_revoked")
+    result = run(api, "workload", "list", token="gpf_revoked")
 
     assert result.exit_code == 1
     assert "the API token was rejected (missing, unknown or revoked API token)" in result.stderr
@@ -716,7 +713,7 @@ def test_401_with_a_token_says_it_was_rejected(api: FakeApi) -> None:
 def test_a_non_json_error_body_is_still_shown(api: FakeApi) -> None:
     api.reply("GET", "/v1/queues", b"upstream connect error", status=502)
 
-    result = run(api, "queues")
+    result = run(api, "queue", "list")
 
     assert result.exit_code == 1
     assert "upstream connect error (HTTP 502)" in result.stderr
@@ -733,7 +730,7 @@ def closed_port() -> int:
 def test_unreachable_api_names_the_url_and_suggests_gpufleet_up(closed_port: int) -> None:
     url = f"http://127.0.0.1:{closed_port}"
 
-    result = CliRunner().invoke(cli(), ["list", "--api", url, "--token", "t"])
+    result = CliRunner().invoke(main, ["workload", "list", "--api", url, "--token", "t"])
 
     assert result.exit_code == 1
     assert f"not reachable at {url}" in result.stderr
@@ -744,7 +741,7 @@ def test_a_slow_api_times_out_with_a_message(api: FakeApi, monkeypatch: pytest.M
     monkeypatch.setattr(rest_api, "TIMEOUT_SECONDS", 0.05)
     api.reply("GET", "/v1/clusters", [], delay=0.3)
 
-    result = run(api, "clusters")
+    result = run(api, "cluster", "list")
 
     assert result.exit_code == 1
     assert f"{api.url} did not answer within 0.05 s" in result.stderr
@@ -759,7 +756,7 @@ def test_show_says_how_few_pods_a_pod_set_with_a_minimum_may_start_with(api: Fak
     )
     api.reply("GET", "/v1/workloads/wl_01hzabc", elastic)
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert "workers: 4 (at least 2) x 8 GPU on H100-80GB" in result.stdout

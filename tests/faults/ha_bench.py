@@ -95,7 +95,7 @@ def main() -> None:
         for log in logs:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "controlplane.cli.main", "scheduler"],
+                    [sys.executable, "-m", "controlplane.cli.main", "server", "scheduler"],
                     env=env,
                     stdout=log.open("ab"),
                     stderr=subprocess.STDOUT,

@@ -197,7 +197,7 @@ def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledge
     agent: TelemetryLoad | None = None
     try:
         for name, port in apis.items():
-            processes.run(name, "run", "api", "ingest", "relay", GPUFLEET_API_PORT=str(port))
+            processes.run(name, "server", "run", "api", "ingest", "relay", GPUFLEET_API_PORT=str(port))
         # Slow on a busy 2-core machine: each process imports the Kubernetes and cloud SDKs.
         eventually(lambda: processes.serving("a") and processes.serving("b"), 150, "both processes serving")
         for port in apis.values():
