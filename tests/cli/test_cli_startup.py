@@ -157,8 +157,8 @@ def test_every_listed_command_loads_under_its_name() -> None:
             command = main.get_command(ctx, name)
             assert command is not None
             assert command.name == name
-    for group, entries in ((server, SERVER_COMMANDS), (dev, DEV_COMMANDS)):
-        assert set(group.list_commands(ctx)) == {name for section in entries.values() for name in section}
+    for group, sections in ((server, SERVER_COMMANDS), (dev, DEV_COMMANDS)):
+        assert set(group.list_commands(ctx)) == {name for section in sections.values() for name in section}
         for name in group.list_commands(ctx):
             command = group.get_command(ctx, name)
             assert command is not None
