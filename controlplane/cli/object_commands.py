@@ -48,8 +48,7 @@ def _api(ctx: click.Context) -> Api:
 
 
 def _output(ctx: click.Context) -> str:
-    settings = ctx.ensure_object(dict)
-    return resolve_output(settings.get("output"), bool(settings.get("as_json")))
+    return str(ctx.ensure_object(dict).get("output") or "table")
 
 
 def _path(*parts: str) -> str:
@@ -59,11 +58,19 @@ def _path(*parts: str) -> str:
 
 def _settle(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     """Keep a connection or output option in the shared settings (ctx.obj). A verb's own value
-    wins over its group's, unless it only came from the environment and the group's was typed."""
+    wins over its group's, unless it only came from the environment and the group's was typed.
+    `--json` is `-o json`; the two disagreeing on one command line is refused."""
     settings = ctx.ensure_object(dict)
+    typed = ctx.get_parameter_source(param.name or "") == click.core.ParameterSource.COMMANDLINE
     name = param.name or ""
-    typed = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-    if value not in (None, False) and (typed or settings.get(name) in (None, False)):
+    if name == "as_json":
+        name, value = "output", ("json" if value else None)
+    if name == "output" and value is not None:
+        given_here = settings.setdefault("outputs_given", {}).setdefault(ctx.command_path, set())
+        given_here.add(value)
+        if len(given_here) > 1:
+            resolve_output(next(iter(given_here - {"json"})), as_json=True)  # raises the shared sentence
+    if value is not None and (typed or settings.get(name) is None):
         settings[name] = value
     else:
         settings.setdefault(name, value)

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from controlplane.cli import rest_api
@@ -761,3 +762,90 @@ def test_show_says_how_few_pods_a_pod_set_with_a_minimum_may_start_with(api: Fak
     assert result.exit_code == 0, result.output
     assert "workers: 4 (at least 2) x 8 GPU on H100-80GB" in result.stdout
     assert "launcher: 1 x 0 GPU" in result.stdout  # a minimum equal to the count says nothing
+
+
+# --- -o table|json|yaml: one rule for every command -------------------------------------------------
+
+PRINTING = [
+    (["workload", "submit", "-"], "POST", "/v1/workloads", QUEUED),
+    (["workload", "list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED)),
+    (["workload", "show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
+    (["queue", "list"], "GET", "/v1/queues", QUEUES),
+    (["cluster", "list"], "GET", "/v1/clusters", CLUSTERS),
+    (["cluster", "show", "eks-us-east"], "GET", "/v1/clusters/eks-us-east", CLUSTERS[0]),
+]
+
+
+@pytest.mark.parametrize(("args", "method", "path", "payload"), PRINTING, ids=[" ".join(p[0]) for p in PRINTING])
+def test_yaml_reads_back_as_the_same_data_as_json(
+    api: FakeApi, args: list[str], method: str, path: str, payload: Any
+) -> None:
+    api.reply(method, path, payload, status=201 if method == "POST" else 200)
+
+    as_json = run(api, *args, "-o", "json", stdin=WORKLOAD_YAML)
+    as_yaml = run(api, *args, "-o", "yaml", stdin=WORKLOAD_YAML)
+    older = run(api, *args, "--json", stdin=WORKLOAD_YAML)
+
+    for result in (as_json, as_yaml, older):
+        assert result.exit_code == 0, result.output
+    assert json.loads(as_json.stdout) == payload
+    assert yaml.safe_load(as_yaml.stdout) == payload
+    assert older.stdout == as_json.stdout
+
+
+def test_json_and_another_output_together_are_a_usage_error_before_anything_is_sent(api: FakeApi) -> None:
+    for args in (["workload", "list"], ["queue", "list"]):
+        result = run(api, *args, "--json", "-o", "yaml")
+        assert result.exit_code == 2, result.output
+        assert "--json means -o json" in result.stderr
+    assert api.requests == []
+
+
+def test_an_object_verb_takes_the_options_before_or_after_it_and_its_own_win(api: FakeApi) -> None:
+    api.reply("GET", "/v1/queues", QUEUES)
+    runner = CliRunner()
+    before = runner.invoke(main, ["queue", "--api", api.url, "--token", "t", "-o", "yaml", "list"])
+    after = runner.invoke(main, ["queue", "list", "--api", api.url, "--token", "t", "-o", "yaml"])
+    both = runner.invoke(
+        main, ["queue", "-o", "yaml", "--api", "http://127.0.0.1:1", "list", "--api", api.url, "--json"]
+    )
+
+    for result in (before, after, both):
+        assert result.exit_code == 0, result.output
+    assert before.stdout == after.stdout
+    assert yaml.safe_load(before.stdout) == QUEUES
+    assert json.loads(both.stdout) == QUEUES  # the verb's --api and --json over the group's
+    assert len(api.requests) == 3
+
+
+def test_watch_prints_one_document_per_change_as_yaml(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="succeeded"))
+
+    result = run(api, "workload", "watch", "wl_01hzabc", "-o", "yaml")
+
+    assert result.exit_code == 0, result.output
+    [document] = list(yaml.safe_load_all(result.stdout))
+    assert document == workload(state="succeeded")
+
+
+# --- the flat names of the previous release -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(["list"], ["workload", "list"]), (["queues"], ["queue", "list"]), (["clusters"], ["cluster", "list"])],
+)
+def test_an_old_name_prints_what_the_new_one_prints_and_names_it_on_stderr(
+    api: FakeApi, old: list[str], new: list[str]
+) -> None:
+    api.reply("GET", "/v1/workloads", page(WORKLOAD))
+    api.reply("GET", "/v1/queues", QUEUES)
+    api.reply("GET", "/v1/clusters", CLUSTERS)
+
+    deprecated = run(api, *old, "--json")
+    grouped = run(api, *new, "--json")
+
+    assert deprecated.exit_code == 0, deprecated.output
+    assert deprecated.stdout == grouped.stdout
+    assert f"use `gpufleet {' '.join(new)}`" in deprecated.stderr
+    assert grouped.stderr == ""
