@@ -377,7 +377,9 @@ def up(
             banner.append(f"  registered {added} simulated clusters: eks, aks, gke and oke flavours")
         exports = client_env.export_line(port, state)
         if exports:
-            banner.append("  the client (`gpufleet list`, `submit`, …) finds this API and its token after:")
+            banner.append(
+                "  the client (`gpufleet workload list`, `gpufleet status`, …) finds this API and its token after:"
+            )
             banner.append(f"    {exports}")
             banner.append("  or, saved for every shell (a context, like kubectl's):")
             banner.append(f"    {client_env.login_line(port, state)}")
