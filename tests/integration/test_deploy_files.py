@@ -37,8 +37,8 @@ def test_compose_runs_every_component_with_health_checks() -> None:
         assert name in services
     for name in ("postgres", "nats", "api"):
         assert "healthcheck" in services[name]
-    assert services["migrate"]["command"][0] == "init"
-    assert services["scheduler"]["command"] == ["scheduler"]
+    assert services["migrate"]["command"][:2] == ["server", "init"]
+    assert services["scheduler"]["command"] == ["server", "scheduler"]
 
 
 def test_nats_topology_replicates_every_stream_and_consumer_on_request() -> None:
