@@ -12,13 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import httpx
 
 from controlplane.cli import contexts
 from controlplane.paths import default_state_dir
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_API = "http://127.0.0.1:8080"
 TIMEOUT_SECONDS = 30.0
@@ -81,6 +83,9 @@ class Api:
             # strings instead of a TypeError.
             content = json.dumps(body, default=_json_default)
             sent["Content-Type"] = "application/json"
+        # Imported here: httpx takes about a third of a second to import, which every `--help` paid.
+        import httpx  # noqa: PLC0415
+
         try:
             with httpx.Client(base_url=self.url, timeout=TIMEOUT_SECONDS) as client:
                 response = client.request(method, path, params=params, content=content, headers=sent)
