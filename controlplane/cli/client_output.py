@@ -219,7 +219,7 @@ def tokens_table(tokens: list[Json]) -> Table:
 
 
 def watch_line(w: Mapping[str, Any]) -> str:
-    """One line of `gpufleet watch`: when, the state, and what goes with it."""
+    """One line of `gpufleet workload watch`: when, the state, and what goes with it."""
     when = str(w.get("updated_at") or "")[:19].replace("T", " ")
     parts = [when, w["state"]]
     if w.get("queue_position") is not None:

@@ -2,7 +2,7 @@
 when that command runs or shows its own help.
 
 Why: the daemons, benchmarks and the agent pull in SQLAlchemy, Alembic, nats-py, FastAPI and the
-Kubernetes client (several seconds of imports); `gpufleet list` needs none of them. The group's
+Kubernetes client (several seconds of imports); `gpufleet workload list` needs none of them. The group's
 help prints the summaries kept here, in sections, so `gpufleet --help` imports no command at all.
 
 A group may also keep older names as deprecated aliases (old name -> the path of the command that

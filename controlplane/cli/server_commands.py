@@ -135,7 +135,7 @@ def _component_command(name: str) -> click.Command:
 def run_many(
     config: Path | None, components: tuple[str, ...], verbose: bool, log_format: str, metrics_port: int | None
 ) -> None:
-    """Run several components in one process, e.g. `gpufleet run api ingest relay` (fewer processes
+    """Run several components in one process, e.g. `gpufleet server run api ingest relay` (fewer processes
     than one per component; the scheduler and dispatcher still elect one leader each by lease)."""
     _logging(verbose, log_format)
     settings = _settings(config, metrics_port=metrics_port)

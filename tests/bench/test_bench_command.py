@@ -1,4 +1,4 @@
-"""`gpufleet bench schedule` on a tiny fleet: it runs, and reports every figure with sane values.
+"""`gpufleet dev bench schedule` on a tiny fleet: it runs, and reports every figure with sane values.
 
 Only shape and sanity are checked here; the speed targets of issue 3 are measured, never asserted.
 """

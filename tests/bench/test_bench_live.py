@@ -1,4 +1,4 @@
-"""`gpufleet bench live` on a tiny bulk-seeded database: the seeding lands what the synthetic
+"""`gpufleet dev bench live` on a tiny bulk-seeded database: the seeding lands what the synthetic
 generator made, both leaders decide on it, a probe submit gets its first decision from the real
 scheduler process. Only completeness and consistency are checked; timings are never asserted."""
 

@@ -1,4 +1,4 @@
-"""`gpufleet bench metrics` builds its synthetic installation and reads the fleet gauges off it."""
+"""`gpufleet dev bench metrics` builds its synthetic installation and reads the fleet gauges off it."""
 
 from __future__ import annotations
 

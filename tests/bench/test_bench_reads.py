@@ -1,4 +1,4 @@
-"""`gpufleet bench reads` on a tiny fleet: a real `gpufleet serve`, gangs admitted and queued, every
+"""`gpufleet dev bench reads` on a tiny fleet: a real `gpufleet server serve`, gangs admitted and queued, every
 read answered and sized. Times are measured, never asserted."""
 
 from __future__ import annotations

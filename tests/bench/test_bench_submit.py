@@ -1,4 +1,4 @@
-"""`gpufleet bench submit` on a tiny fleet, by REST and by NATS: it runs real server processes and
+"""`gpufleet dev bench submit` on a tiny fleet, by REST and by NATS: it runs real server processes and
 reports every figure. Only completeness is checked; the speed targets are measured, never asserted."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """More than one machine, on a three-server JetStream cluster: gpufleet's streams and consumers
 replicated three times (`GPUFLEET_NATS_REPLICAS=3`), two control-plane processes each running
-`gpufleet run api ingest relay` against all three servers with gpufleet's NATS authentication: two
+`gpufleet server run api ingest relay` against all three servers with gpufleet's NATS authentication: two
 API replicas behind one PostgreSQL, two ingest and two telemetry workers sharing the durable
 consumers, two auth-callout responders in one queue group, two relays of which one holds the
 lease. A team submits steadily over NATS and over REST (each attempt to the other API replica),

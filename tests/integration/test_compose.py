@@ -78,8 +78,8 @@ def _nats_config_command() -> list[str]:
     gpufleet, _, rest = script.partition("&&")
     assert shlex.split(rest) == ["chown", "10001:10001", "/state/nats-secrets.json"]
     words = shlex.split(gpufleet)
-    assert words[:2] == ["gpufleet", "server"]
-    return words[2:]
+    assert words[:3] == ["gpufleet", "server", "nats-auth-config"]
+    return words[1:]
 
 
 def _option(words: list[str], name: str) -> str:

@@ -1,4 +1,4 @@
-"""`gpufleet init` prepares an installation the way the compose file relies on."""
+"""`gpufleet server init` prepares an installation the way the compose file relies on."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`gpufleet up` on a non-default port and state dir prints the export line, and a client shell that
-runs it finds the API and its admin token (before, `gpufleet list` went to :8080 without a token)."""
+runs it finds the API and its admin token (before, `gpufleet workload list` went to :8080 without a token)."""
 
 from __future__ import annotations
 

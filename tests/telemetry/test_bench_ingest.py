@@ -1,4 +1,4 @@
-"""`gpufleet bench ingest` on a tiny fleet: it runs end to end and reports every figure.
+"""`gpufleet dev bench ingest` on a tiny fleet: it runs end to end and reports every figure.
 
 Only shape and sanity are checked; the throughput target is measured and reported, never asserted.
 """
