@@ -766,6 +766,34 @@ def test_show_says_how_few_pods_a_pod_set_with_a_minimum_may_start_with(api: Fak
 
 # --- -o table|json|yaml: one rule for every command -------------------------------------------------
 
+STATUS: dict[str, Any] = {
+    "at": "2024-05-01T10:00:00Z",
+    "clusters": 2,
+    "gpus": [{"gpu_model": "H100-80GB", "sharing": "exclusive", "capacity": 32.0, "allocated": 16.0}],
+    "queues": [
+        {"level": "team", "name": "nlp", "team": "nlp", "pending": 1, "pending_by_reason": {"quota": 1},
+         "used_gpu_eq": 16.0, "guaranteed_gpu_eq": 8.0, "limit_gpu_eq": None},
+        {"level": "queue", "name": "research", "team": "nlp", "pending": 1, "pending_by_reason": {"quota": 1},
+         "used_gpu_eq": 16.0, "guaranteed_gpu_eq": 8.0, "limit_gpu_eq": 32.0},
+    ],
+    "control_plane": None,
+}  # fmt: skip
+
+
+def test_status_prints_gpus_then_teams_and_their_queues(api: FakeApi) -> None:
+    api.reply("GET", "/v1/status", STATUS)
+
+    result = run(api, "status")
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    h100 = next(line for line in lines if "H100-80GB" in line)
+    assert all(v in h100 for v in ("exclusive", "32", "16", "50 %"))
+    research = next(line for line in lines if "research" in line)
+    assert all(v in research for v in ("quota 1", "16", "8", "32"))
+    assert "scheduler" not in result.stdout  # a team token sees no control-plane line
+
+
 PRINTING = [
     (["workload", "submit", "-"], "POST", "/v1/workloads", QUEUED),
     (["workload", "list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED)),
@@ -773,6 +801,8 @@ PRINTING = [
     (["queue", "list"], "GET", "/v1/queues", QUEUES),
     (["cluster", "list"], "GET", "/v1/clusters", CLUSTERS),
     (["cluster", "show", "eks-us-east"], "GET", "/v1/clusters/eks-us-east", CLUSTERS[0]),
+    (["status"], "GET", "/v1/status", STATUS),
+    (["audit"], "GET", "/v1/audit", {"generated_at": "2024-05-01T10:00:00Z", "counts": {"high": 0}, "findings": []}),
 ]
 
 
