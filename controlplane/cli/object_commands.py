@@ -25,7 +25,7 @@ from controlplane.cli.client_output import (
     tokens_table,
     tree_table,
 )
-from controlplane.cli.output_options import API_HELP, OUTPUT_HELP, OUTPUTS, TOKEN_HELP, emit, resolve_output
+from controlplane.cli.output_options import emit, settled_connection, settled_options, settled_output
 from controlplane.cli.rest_api import Api, Json, decoded
 
 # level -> (the API's collection, the parent level's option, the body field naming the parent)
@@ -42,75 +42,29 @@ QUOTA_FIELDS = {
 }
 
 
-def _api(ctx: click.Context) -> Api:
-    settings = ctx.ensure_object(dict)
-    return Api.from_options(settings.get("api"), settings.get("token"))
-
-
-def _output(ctx: click.Context) -> str:
-    return str(ctx.ensure_object(dict).get("output") or "table")
-
-
 def _path(*parts: str) -> str:
     # Quoted so a name such as `../tokens` cannot address another route.
     return "/v1/" + "/".join(quote(part, safe="") for part in parts)
 
 
-def _settle(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-    """Keep a connection or output option in the shared settings (ctx.obj). A verb's own value
-    wins over its group's, unless it only came from the environment and the group's was typed.
-    `--json` is `-o json`; the two disagreeing on one command line is refused."""
-    settings = ctx.ensure_object(dict)
-    typed = ctx.get_parameter_source(param.name or "") == click.core.ParameterSource.COMMANDLINE
-    name = param.name or ""
-    if name == "as_json":
-        name, value = "output", ("json" if value else None)
-    if name == "output" and value is not None:
-        given_here = settings.setdefault("outputs_given", {}).setdefault(ctx.command_path, set())
-        given_here.add(value)
-        if len(given_here) > 1:
-            resolve_output(next(iter(given_here - {"json"})), as_json=True)  # raises the shared sentence
-    if value is not None and (typed or settings.get(name) is None):
-        settings[name] = value
-    else:
-        settings.setdefault(name, value)
-
-
-def settings_params() -> list[click.Parameter]:
-    """--api, --token, -o and --json, kept in ctx.obj for `_api` and `_output`: on each object group
-    and on each of its verbs, so `gpufleet queue -o json list` and `gpufleet queue list -o json`
-    both work, as do the older `gpufleet queues --json` that now runs `queue list`."""
-    return [
-        click.Option(["--api"], envvar="GPUFLEET_API", help=API_HELP, expose_value=False, callback=_settle),
-        click.Option(["--token"], envvar="GPUFLEET_TOKEN", help=TOKEN_HELP, expose_value=False, callback=_settle),
-        click.Option(
-            ["-o", "--output"],
-            type=click.Choice(OUTPUTS),
-            help=f"{OUTPUT_HELP} [default: table]",
-            expose_value=False,
-            callback=_settle,
-        ),
-        click.Option(
-            ["--json", "as_json"],
-            is_flag=True,
-            help="The same as -o json (the older spelling).",
-            expose_value=False,
-            callback=_settle,
-        ),
-    ]
-
-
 class ObjectGroup(click.Group):
-    """A group whose verbs all take the connection and output options too."""
+    """A group whose verbs all take the connection and output options too, so `gpufleet queue -o
+    json list` and `gpufleet queue list -o json` both work, as does the older `gpufleet queues
+    --json` that now runs `queue list`."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        cmd.params.extend(settings_params())
+        cmd.params.extend(settled_options())
         super().add_command(cmd, name)
 
 
 def object_group(name: str, help_text: str) -> click.Group:
     """A group of verbs on one kind of object; the options may come before or after the verb."""
-    return ObjectGroup(name=name, help=help_text, params=settings_params())
+    return ObjectGroup(name=name, help=help_text, params=settled_options())
+
+
+def _api(ctx: click.Context) -> Api:
+    api, token = settled_connection(ctx)
+    return Api.from_options(api, token)
 
 
 def parse_quota(values: tuple[str, ...], option: str) -> dict[str, float]:
@@ -177,7 +131,7 @@ def tree_group(level: str) -> click.Group:
         if parent is not None and belongs_to:
             body[parent] = belongs_to
         made = decoded(_api(ctx).request("POST", _path(plural), body=body))
-        emit(made, _output(ctx), lambda node: tree_table([node], level))
+        emit(made, settled_output(ctx), lambda node: tree_table([node], level))
 
     if parent is not None:
         required = level == "queue"  # a queue belongs to a team; a team may stand alone
@@ -187,13 +141,13 @@ def tree_group(level: str) -> click.Group:
     @click.pass_context
     def list_nodes(ctx: click.Context) -> None:
         found = decoded(_api(ctx).request("GET", _path(plural)))
-        emit(found, _output(ctx), lambda nodes: tree_table(nodes, level))
+        emit(found, settled_output(ctx), lambda nodes: tree_table(nodes, level))
 
     @group.command("show", help=f"Show one {level}, by name or id.")
     @click.argument("name")
     @click.pass_context
     def show(ctx: click.Context, name: str) -> None:
-        emit(_tree_node(ctx, level, name), _output(ctx), lambda node: tree_table([node], level))
+        emit(_tree_node(ctx, level, name), settled_output(ctx), lambda node: tree_table([node], level))
 
     @group.command("update", help=f"Change the weight or quotas named; the rest of the {level} stays.")
     @click.argument("name")
@@ -205,7 +159,7 @@ def tree_group(level: str) -> click.Group:
             raise click.UsageError("nothing to update: give --weight or a quota option")
         ref = _tree_node(ctx, level, name)["id"]
         changed = decoded(_api(ctx).request("PATCH", _path(plural, ref), body=body))
-        emit(changed, _output(ctx), lambda node: tree_table([node], level))
+        emit(changed, settled_output(ctx), lambda node: tree_table([node], level))
 
     @group.command("delete", help=f"Delete the {level} NAME (the API refuses while something belongs to it).")
     @click.argument("name")
@@ -260,7 +214,7 @@ def apply_priority_class(
         "is_default": is_default,
     }
     made = decoded(_api(ctx).request("POST", _path("priority-classes"), body=body))
-    emit(made, _output(ctx), lambda item: priority_classes_table([item]))
+    emit(made, settled_output(ctx), lambda item: priority_classes_table([item]))
 
 
 @priority_class.command("list")
@@ -268,7 +222,7 @@ def apply_priority_class(
 def list_priority_classes(ctx: click.Context) -> None:
     """List the priority classes, highest first."""
     found = decoded(_api(ctx).request("GET", _path("priority-classes")))
-    emit(found, _output(ctx), priority_classes_table)
+    emit(found, settled_output(ctx), priority_classes_table)
 
 
 @priority_class.command("delete")
@@ -296,8 +250,8 @@ def issue_token(ctx: click.Context, name: str, team: str | None, role: str) -> N
     if team is not None:
         body["team"] = team
     issued = decoded(_api(ctx).request("POST", _path("tokens"), body=body))
-    if _output(ctx) != "table":
-        emit(issued, _output(ctx), tokens_table)
+    if settled_output(ctx) != "table":
+        emit(issued, settled_output(ctx), tokens_table)
         return
     click.echo(f"token {issued['name']} ({issued['id']}, role {issued['role']}) issued; it is shown only now:")
     click.echo(issued["token"])
@@ -310,7 +264,7 @@ def list_tokens(ctx: click.Context, team: str | None) -> None:
     """List the tokens (never their secrets)."""
     params = {"team": team} if team else None
     found = decoded(_api(ctx).request("GET", _path("tokens"), params=params))
-    emit(found, _output(ctx), tokens_table)
+    emit(found, settled_output(ctx), tokens_table)
 
 
 @token.command("revoke")
@@ -337,8 +291,8 @@ def register_cluster(ctx: click.Context, source: IO[str]) -> None:
     A real cluster's NATS credential for its agent is printed once."""
     made = decoded(_api(ctx).request("POST", _path("clusters"), body=read_spec(source)))
     secret = made.pop("nats_credential", "")
-    emit(made, _output(ctx), lambda item: clusters_table([item]))
-    if secret and _output(ctx) == "table":
+    emit(made, settled_output(ctx), lambda item: clusters_table([item]))
+    if secret and settled_output(ctx) == "table":
         click.echo("the agent's NATS credential (shown only now):")
         click.echo(secret)
 
@@ -347,7 +301,7 @@ def register_cluster(ctx: click.Context, source: IO[str]) -> None:
 @click.pass_context
 def list_clusters(ctx: click.Context) -> None:
     """List the clusters and their node pools."""
-    emit(decoded(_api(ctx).request("GET", _path("clusters"))), _output(ctx), clusters_table)
+    emit(decoded(_api(ctx).request("GET", _path("clusters"))), settled_output(ctx), clusters_table)
 
 
 @cluster.command("show")
@@ -356,7 +310,7 @@ def list_clusters(ctx: click.Context) -> None:
 def show_cluster(ctx: click.Context, ref: str) -> None:
     """Show one cluster and its node pools."""
     found = decoded(_api(ctx).request("GET", _path("clusters", ref)))
-    emit(found, _output(ctx), lambda item: clusters_table([item]))
+    emit(found, settled_output(ctx), lambda item: clusters_table([item]))
 
 
 @cluster.command("update")
@@ -366,7 +320,7 @@ def show_cluster(ctx: click.Context, ref: str) -> None:
 def update_cluster(ctx: click.Context, ref: str, source: IO[str]) -> None:
     """Change a cluster's region, pools or Kubernetes settings from a file of those fields."""
     changed = decoded(_api(ctx).request("PATCH", _path("clusters", ref), body=read_spec(source)))
-    emit(changed, _output(ctx), lambda item: clusters_table([item]))
+    emit(changed, settled_output(ctx), lambda item: clusters_table([item]))
 
 
 @cluster.command("delete")

@@ -22,6 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 OUTPUTS = ("table", "json", "yaml")
 OUTPUT_HELP = "How to print: a table for people, json or yaml for scripts (the API's own fields)."
+JSON_HELP = "The same as -o json (the older spelling)."
 
 
 def resolve_output(output: str | None, as_json: bool, default: str = "table") -> str:
@@ -42,7 +43,7 @@ def output_options(extra: tuple[str, ...] = ()) -> Callable[[F], F]:
         def folded(*args: Any, output: str | None, as_json: bool, **kwargs: Any) -> Any:
             return func(*args, output=resolve_output(output, as_json), **kwargs)
 
-        with_json = click.option("--json", "as_json", is_flag=True, help="The same as -o json (the older spelling).")
+        with_json = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
         choices = click.Choice((*OUTPUTS, *extra))
         with_output = click.option("-o", "--output", type=choices, default=None, help=f"{OUTPUT_HELP} [default: table]")
         return cast(F, with_output(with_json(folded)))
@@ -69,6 +70,59 @@ def api_options(command: F) -> F:
 def connection_options(command: F) -> F:
     """--api, --token, -o and --json: what every command that asks the API and prints takes."""
     return api_options(output_options()(command))
+
+
+# --- the same options on a group and on each of its verbs (the object groups) -----------------------
+
+
+def settled_options() -> list[click.Parameter]:
+    """--api, --token, -o and --json for a group and each of its verbs, kept in ctx.obj (read with
+    `settled_connection` and `settled_output`) instead of passed as arguments: a verb's own value
+    wins over its group's, so they may come before or after the verb."""
+    return [
+        click.Option(["--api"], envvar="GPUFLEET_API", help=API_HELP, expose_value=False, callback=_settle),
+        click.Option(["--token"], envvar="GPUFLEET_TOKEN", help=TOKEN_HELP, expose_value=False, callback=_settle),
+        click.Option(
+            ["-o", "--output"],
+            type=click.Choice(OUTPUTS),
+            help=f"{OUTPUT_HELP} [default: table]",
+            expose_value=False,
+            callback=_settle,
+        ),
+        click.Option(["--json", "as_json"], is_flag=True, help=JSON_HELP, expose_value=False, callback=_settle),
+    ]
+
+
+def _settle(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """Keep one of `settled_options` in ctx.obj. A verb's value wins over its group's, unless it only
+    came from the environment and the group's was typed. `--json` is `-o json`; the two disagreeing
+    on one command line is refused with `resolve_output`'s sentence."""
+    settings = ctx.ensure_object(dict)
+    typed = ctx.get_parameter_source(param.name or "") == click.core.ParameterSource.COMMANDLINE
+    name = param.name or ""
+    if name == "as_json":
+        name, value = "output", ("json" if value else None)
+    if name == "output" and value is not None:
+        given_here = settings.setdefault("outputs_given", {}).setdefault(ctx.command_path, set())
+        given_here.add(value)
+        if len(given_here) > 1:
+            resolve_output(next(iter(given_here - {"json"})), as_json=True)  # raises
+    if value is not None and (typed or settings.get(name) is None):
+        settings[name] = value
+    else:
+        settings.setdefault(name, value)
+
+
+def settled_connection(ctx: click.Context) -> tuple[str | None, str | None]:
+    settings = ctx.ensure_object(dict)
+    return settings.get("api"), settings.get("token")
+
+
+def settled_output(ctx: click.Context) -> str:
+    return str(ctx.ensure_object(dict).get("output") or "table")
+
+
+# --- printing -------------------------------------------------------------------------------------
 
 
 def print_data(data: Json, output: str) -> None:
