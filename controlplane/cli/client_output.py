@@ -218,6 +218,15 @@ def tokens_table(tokens: list[Json]) -> Table:
     return table
 
 
+def credentials_table(credentials: list[Json]) -> Table:
+    table = new_table(f"{len(credentials)} credential(s)")
+    for column in ("id", "cluster", "created", "revoked"):
+        table.add_column(column, overflow="fold")
+    for item in credentials:
+        table.add_row(item["id"], item["cluster"], text(item.get("created_at")), text(item.get("revoked_at")))
+    return table
+
+
 def watch_line(w: Mapping[str, Any]) -> str:
     """One line of `gpufleet workload watch`: when, the state, and what goes with it."""
     when = str(w.get("updated_at") or "")[:19].replace("T", " ")

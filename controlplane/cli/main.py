@@ -42,9 +42,9 @@ SECTIONS: dict[str, dict[str, Lazy]] = {
         "team": Lazy(f"{_OBJECTS}:team", "Create, list, show, update and delete teams."),
         "queue": Lazy(f"{_OBJECTS}:queue", "Create, list, show, update and delete queues."),
         "cohort": Lazy(f"{_OBJECTS}:cohort", "Create, list, show, update and delete cohorts."),
-        "priority-class": Lazy(f"{_OBJECTS}:priority_class", "Apply, list and delete priority classes."),
+        "priority-class": Lazy(f"{_OBJECTS}:priority_class", "Apply, list, show and delete priority classes."),
         "token": Lazy(f"{_OBJECTS}:token", "Issue, list and revoke API tokens."),
-        "cluster": Lazy(f"{_OBJECTS}:cluster", "Register, list, show, update and delete clusters."),
+        "cluster": Lazy(f"{_OBJECTS}:cluster", "Register, list, show, update, delete clusters; agent credentials."),
     },
     "Developer tools": {
         "dev": Lazy("controlplane.cli.groups:dev", "Benchmarks, simulations and scenarios: bench, sim, scenario."),

@@ -21,6 +21,7 @@ import yaml
 
 from controlplane.cli.client_output import (
     clusters_table,
+    credentials_table,
     priority_classes_table,
     tokens_table,
     tree_table,
@@ -190,7 +191,7 @@ queue = tree_group("queue")
 
 # --- priority classes ---------------------------------------------------------------------------
 
-priority_class = object_group("priority-class", "Create or change (apply), list and delete priority classes.")
+priority_class = object_group("priority-class", "Create or change (apply), list, show and delete priority classes.")
 
 
 @priority_class.command("apply")
@@ -223,6 +224,18 @@ def list_priority_classes(ctx: click.Context) -> None:
     """List the priority classes, highest first."""
     found = decoded(_api(ctx).request("GET", _path("priority-classes")))
     emit(found, settled_output(ctx), priority_classes_table)
+
+
+@priority_class.command("show")
+@click.argument("name")
+@click.pass_context
+def show_priority_class(ctx: click.Context, name: str) -> None:
+    """Show one priority class (the API lists them; there are few)."""
+    for item in decoded(_api(ctx).request("GET", _path("priority-classes"))):
+        if item["name"] == name:
+            emit(item, settled_output(ctx), lambda one: priority_classes_table([one]))
+            return
+    raise click.ClickException(f"no priority class named {name!r} (HTTP 404)")
 
 
 @priority_class.command("delete")
@@ -278,7 +291,9 @@ def revoke_token(ctx: click.Context, token_id: str) -> None:
 
 # --- clusters -----------------------------------------------------------------------------------
 
-cluster = object_group("cluster", "Register, list, show, update and delete clusters.")
+cluster = object_group(
+    "cluster", "Register, list, show, update and delete clusters; list, rotate and revoke their agents' credentials."
+)
 
 
 @cluster.command("register")
@@ -321,6 +336,38 @@ def update_cluster(ctx: click.Context, ref: str, source: IO[str]) -> None:
     """Change a cluster's region, pools or Kubernetes settings from a file of those fields."""
     changed = decoded(_api(ctx).request("PATCH", _path("clusters", ref), body=read_spec(source)))
     emit(changed, settled_output(ctx), lambda item: clusters_table([item]))
+
+
+@cluster.command("credentials")
+@click.argument("ref", metavar="NAME")
+@click.pass_context
+def list_cluster_credentials(ctx: click.Context, ref: str) -> None:
+    """List the NATS credentials of a cluster's agent (never the secrets)."""
+    found = decoded(_api(ctx).request("GET", _path("clusters", ref, "credentials")))
+    emit(found, settled_output(ctx), credentials_table)
+
+
+@cluster.command("rotate-credential")
+@click.argument("ref", metavar="NAME")
+@click.pass_context
+def rotate_cluster_credential(ctx: click.Context, ref: str) -> None:
+    """Revoke the cluster's NATS credentials and issue a new one; the secret is printed once and
+    the cluster's agent must be given it."""
+    issued = decoded(_api(ctx).request("POST", _path("clusters", ref, "credentials", "rotate")))
+    if settled_output(ctx) != "table":
+        emit(issued, settled_output(ctx), credentials_table)
+        return
+    click.echo(f"credential {issued['id']} issued for cluster {issued['cluster']}; it is shown only now:")
+    click.echo(issued["credential"])
+
+
+@cluster.command("revoke-credentials")
+@click.argument("ref", metavar="NAME")
+@click.pass_context
+def revoke_cluster_credentials(ctx: click.Context, ref: str) -> None:
+    """Revoke every NATS credential of the cluster: its agent is disconnected until given a new one."""
+    _api(ctx).request("DELETE", _path("clusters", ref, "credentials"))
+    click.echo(f"every NATS credential of cluster {ref} revoked")
 
 
 @cluster.command("delete")

@@ -153,6 +153,18 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
     tokens = cli.data("token", "list")
     assert "vision-ci" in {t["name"] for t in tokens}
     assert "lab" in cli("cluster", "show", "lab").output
+    assert cli.data("priority-class", "show", "batch")["value"] == 100
+    assert "no priority class named 'ghost'" in cli("priority-class", "show", "ghost", ok=False).output
+
+    # The cluster agent's NATS credential: rotated (the new secret printed once), listed, revoked.
+    before = cli.data("cluster", "credentials", "lab")
+    rotated = cli("cluster", "rotate-credential", "lab").output
+    assert "shown only now" in rotated
+    after_rotation = cli.data("cluster", "credentials", "lab")
+    assert len(after_rotation) == len(before) + 1
+    assert [c["revoked_at"] is None for c in after_rotation].count(True) == 1
+    cli("cluster", "revoke-credentials", "lab")
+    assert all(c["revoked_at"] for c in cli.data("cluster", "credentials", "lab"))
 
     # Update changes only what is named.
     cli("queue", "update", "training", "--limit", "H100-80GB=4")
