@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from rich import box
@@ -55,29 +56,73 @@ def new_table(title: str) -> Table:
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
 
 
-def workloads_table(workloads: list[Json]) -> Table:
+def workloads_table(workloads: list[Json], now: datetime | None = None) -> Table:
+    now = now or datetime.now(UTC)
     table = new_table(f"{len(workloads)} workload(s)")
     # The id stays on one line so it can be copied; other cells fold rather than end in "…",
     # so no value is ever hidden in a narrow terminal.
     table.add_column("id", no_wrap=True)
     for column in ("name", "queue", "state"):
         table.add_column(column, overflow="fold")
+    table.add_column("gpus", overflow="fold")
     table.add_column("pods", justify="right")
     table.add_column("cluster", overflow="fold")
     table.add_column("position", justify="right")
+    table.add_column("age", justify="right", no_wrap=True)
     table.add_column("reason", overflow="fold")
     for w in workloads:
+        pod_sets = w.get("pod_sets") or []
         table.add_row(
             w["id"],
             w["name"],
             w["queue"],
             w["state"],
+            gpus_cell(pod_sets),
             text(w.get("pods")),
             text(w.get("cluster")),
             text(w.get("queue_position")),
+            age(w.get("created_at"), now),
             text(w.get("reason")),
         )
     return table
+
+
+def gpu_demand(pod_sets: list[Json]) -> str:
+    """What the whole gang asks for: whole GPUs summed, then MIG slices and GPU shares counted
+    (they are not whole GPUs, so they are not added in)."""
+    whole = 0
+    parts: list[str] = []
+    for pod_set in pod_sets:
+        replicas = int(pod_set.get("replicas", 1))
+        if pod_set.get("mig_profile"):
+            parts.append(f"{replicas} x MIG {pod_set['mig_profile']}")
+        elif pod_set.get("gpu_fraction"):
+            parts.append(f"{replicas} x {number(pod_set['gpu_fraction'])}")
+        else:
+            whole += replicas * int(pod_set.get("gpus") or 0)
+    return " + ".join(([str(whole)] if whole or not parts else []) + parts)
+
+
+def gpus_cell(pod_sets: list[Json]) -> str:
+    """The gang's GPUs and, when its pod sets name any, the models they may run on: `16 on H100-80GB`."""
+    demand = gpu_demand(pod_sets)
+    models = sorted({model for p in pod_sets for model in p.get("gpu_models") or []})
+    return f"{demand} on {'/'.join(models)}" if models and demand != "0" else demand
+
+
+def age(created_at: str | None, now: datetime) -> str:
+    """How long ago, in the largest whole unit (45s, 12m, 3h, 5d), as kubectl shows it."""
+    if not created_at:
+        return NONE
+    try:
+        seconds = (now - datetime.fromisoformat(created_at)).total_seconds()
+    except (TypeError, ValueError):
+        return NONE
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def pod_set_summary(pod_set: Mapping[str, Any]) -> str:

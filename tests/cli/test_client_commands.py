@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from click.testing import CliRunner, Result
 
 from controlplane.cli import rest_api
 from controlplane.cli.client_commands import workload as workload_group
+from controlplane.cli.client_output import age
 from controlplane.cli.main import main
 
 # --- a fake API -------------------------------------------------------------------------------------
@@ -879,3 +882,37 @@ def test_an_old_name_prints_what_the_new_one_prints_and_names_it_on_stderr(
     assert deprecated.stdout == grouped.stdout
     assert f"use `gpufleet {' '.join(new)}`" in deprecated.stderr
     assert grouped.stderr == ""
+
+
+def test_list_shows_each_gangs_gpus_models_and_age(api: FakeApi) -> None:
+    sliced = workload(
+        id="wl_01hzmig",
+        created_at="2024-05-01T09:58:00Z",
+        pod_sets=[
+            {"name": "server", "replicas": 2, "gpus": 0, "mig_profile": "1g.10gb", "gpu_models": ["A100-40GB"]},
+            {"name": "shared", "replicas": 4, "gpus": 0, "gpu_fraction": 0.25},
+            {"name": "launcher", "replicas": 1, "gpus": 0},
+        ],
+    )
+    api.reply("GET", "/v1/workloads", page(WORKLOAD, sliced))
+
+    result = run(api, "workload", "list")
+
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.stdout.splitlines() if "position" in line)
+    assert all(column in header for column in ("gpus", "age"))
+    whole = next(line for line in result.stdout.splitlines() if "wl_01hzabc" in line)
+    assert "16 on H100-80GB" in whole  # 2 pods x 8 GPUs
+    assert re.search(r" \d+d ", whole)  # created in 2024: days ago
+    mig = next(line for line in result.stdout.splitlines() if "wl_01hzmig" in line)
+    assert "2 x MIG 1g.10gb + 4 x 0.25 on A100-40GB" in mig
+
+
+def test_age_is_the_largest_whole_unit() -> None:
+    now = datetime(2024, 5, 2, 10, 0, 0, tzinfo=UTC)
+    assert age("2024-05-02T09:59:15Z", now) == "45s"
+    assert age("2024-05-02T09:48:00Z", now) == "12m"
+    assert age("2024-05-02T07:00:00+00:00", now) == "3h"
+    assert age("2024-04-27T10:00:00Z", now) == "5d"
+    assert age(None, now) == "-"
+    assert age("yesterday", now) == "-"
