@@ -198,6 +198,20 @@ def test_every_old_name_runs_the_command_that_replaced_it(old: str, new: tuple[s
     assert [p.name for p in alias.params] == [p.name for p in replacement.params]
 
 
+def test_up_and_the_client_basics_stay_top_level_and_are_not_deprecated() -> None:
+    # `up` is the README's first command; status, login, context and completion are top level by design.
+    kept = {"up", "status", "login", "context", "completion", "agent"}
+    assert not kept & set(DEPRECATED_ALIASES)
+    ctx = click.Context(main)
+    for name in kept:
+        command = main.get_command(ctx, name)
+        assert command is not None
+        assert not command.hidden
+    result = CliRunner().invoke(main, ["up", "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
 def test_an_old_name_says_the_new_one_on_stderr_and_still_works() -> None:
     result = CliRunner().invoke(main, ["nats-topology", "--prefix", "acme"])
     assert result.exit_code == 0, result.output
