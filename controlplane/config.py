@@ -22,7 +22,7 @@ POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
 # Queue heads a cycle decides per queue (`Policy.heads_per_queue`): at least one, and bounded so a
 # cycle never goes back to deciding the whole backlog.
 MAX_HEADS_PER_QUEUE = 10_000
-# The names `gpufleet up` and a local `gpufleet serve` are reached by (DNS-rebinding defence).
+# The names `gpufleet up` and a local `gpufleet server serve` are reached by (DNS-rebinding defence).
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # A list setting: a YAML list, or one string of comma-separated items (how an environment variable
 # or a ConfigMap value carries it).

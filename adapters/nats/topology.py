@@ -1,6 +1,6 @@
 """JetStream streams and consumers, declared as code and created (or updated) at start-up.
 
-`gpufleet nats-topology --out deploy/nats` writes the same declarations as JSON for operators
+`gpufleet server nats-topology --out deploy/nats` writes the same declarations as JSON for operators
 who manage streams with their own tooling; a test keeps the two in step.
 """
 

@@ -68,7 +68,7 @@ class SqlFleetGauges:
         activity_lookback: timedelta = timedelta(minutes=15),
         max_run_series: int = DEFAULT_MAX_RUN_SERIES,
         # An hour's figures move slowly, and computing them reads every window of the hour (6 s on
-        # SQLite for 64,000 windows in `gpufleet bench metrics`): at most once per five minutes.
+        # SQLite for 64,000 windows in `gpufleet dev bench metrics`): at most once per five minutes.
         team_interval: timedelta = timedelta(minutes=5),
     ) -> None:
         self.engine = engine

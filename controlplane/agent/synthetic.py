@@ -1,4 +1,4 @@
-"""Simulated agents of a synthetic fleet, for `gpufleet bench ingest`.
+"""Simulated agents of a synthetic fleet, for `gpufleet dev bench ingest`.
 
 They publish exactly what `gpufleet agent` would (one batch per node per scrape, same subject,
 payload and Nats-Msg-Id shapes), from their own process so that the consumer being measured does

@@ -1,4 +1,4 @@
-"""A synthetic but realistic fleet, queue tree, live load and pending backlog for `gpufleet bench`.
+"""A synthetic but realistic fleet, queue tree, live load and pending backlog for `gpufleet dev bench`.
 
 Everything here is a pure function of a `BenchSize` (which carries the seed) and the `now` the
 caller passes in: the same arguments give equal snapshots in any process. Nothing iterates a set

@@ -1,5 +1,5 @@
-"""`gpufleet audit`: the fleet against the GPU-fleet checklist, as a table or JSON; a CI gate with
-`--fail-on`."""
+"""`gpufleet audit`: the fleet against the GPU-fleet checklist, as a table, JSON or YAML; a CI gate
+with `--fail-on`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
-from controlplane.cli.client_output import console, new_table, print_json
-from controlplane.cli.rest_api import Api, connection_options, decoded
+from controlplane.cli.client_output import console, new_table
+from controlplane.cli.output_options import connection_options, print_data
+from controlplane.cli.rest_api import Api, decoded
 
 SEVERITIES = ("info", "warning", "high", "critical")
 # The exit status when a finding is at or above --fail-on (1 is click's own usage or API errors).
@@ -61,7 +62,7 @@ def print_findings(report: Mapping[str, Any]) -> None:
 @click.option("--min-severity", type=click.Choice(SEVERITIES), default=None, help="Only findings this severe or more.")
 @connection_options
 def audit(
-    *, fail_on: str | None, rules: tuple[str, ...], min_severity: str | None, api: str, token: str | None, as_json: bool
+    *, fail_on: str | None, rules: tuple[str, ...], min_severity: str | None, api: str, token: str | None, output: str
 ) -> None:
     """Check the fleet against the GPU-fleet checklist: one finding per broken rule."""
     params: dict[str, str | int | list[str]] = {}
@@ -70,10 +71,10 @@ def audit(
     if min_severity:
         params["min_severity"] = min_severity
     found = decoded(Api.from_options(api, token).request("GET", "/v1/audit", params=params))
-    if as_json:
-        print_json(found)
-    else:
+    if output == "table":
         print_findings(found)
+    else:
+        print_data(found, output)
     bad = failing(list(found.get("findings") or []), fail_on)
     if bad:
         click.echo(f"{bad} finding(s) at or above {fail_on}", err=True)

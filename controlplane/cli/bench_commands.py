@@ -1,4 +1,4 @@
-"""`gpufleet bench schedule`: time the pure scheduling core on a synthetic fleet.
+"""`gpufleet dev bench schedule`: time the pure scheduling core on a synthetic fleet.
 
 The clock and the resource meter live here, not in `controlplane.core` or `controlplane.bench`,
 which stay pure. Figures are measured, never asserted: the command reports what it saw.
@@ -172,7 +172,7 @@ def run_bench(
 
 
 def _table(result: dict[str, Any]) -> Table:
-    table = Table(title="gpufleet bench schedule", show_header=True)
+    table = Table(title="gpufleet dev bench schedule", show_header=True)
     table.add_column("measure")
     table.add_column("value", justify="right")
     for key, value in result.items():

@@ -1,4 +1,4 @@
-"""`gpufleet bench ingest`: DCGM samples through a real nats-server and the real consumer into SQL.
+"""`gpufleet dev bench ingest`: DCGM samples through a real nats-server and the real consumer into SQL.
 
 A separate process plays the agents of a synthetic fleet (one message per node per scrape, the
 way `gpufleet agent` publishes) while this process runs the production telemetry loop. Figures

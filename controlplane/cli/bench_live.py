@@ -1,4 +1,4 @@
-"""`gpufleet bench live`: the live scheduler on a real database holding a deep backlog.
+"""`gpufleet dev bench live`: the live scheduler on a real database holding a deep backlog.
 
 A child process seeds the database in bulk (the synthetic fleet of `bench schedule`, its live runs
 and `--pending` queued gangs); this process then plays the scheduler and measures
@@ -97,7 +97,7 @@ def _leader_cycle(wiring: Wiring, policy: Policy, settings: Settings, holder: st
 
 
 def _scheduler_process(url: str, workdir: Path, stop: EventType) -> None:
-    """The production scheduler loop, as `gpufleet run scheduler` runs it, until `stop` is set."""
+    """The production scheduler loop, as `gpufleet server run scheduler` runs it, until `stop` is set."""
     settings = Settings(database_url=url, state_dir=workdir, subject_prefix=PREFIX)
     wiring = Wiring(settings)
 

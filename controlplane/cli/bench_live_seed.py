@@ -1,4 +1,4 @@
-"""Seeding `gpufleet bench live`'s database: the synthetic fleet as rows, in bulk.
+"""Seeding `gpufleet dev bench live`'s database: the synthetic fleet as rows, in bulk.
 
 The service layer would take minutes to submit 100,000 gangs one by one; the bench wants the
 state they leave, not their submits, so the rows go in with SQLAlchemy Core executemany. The

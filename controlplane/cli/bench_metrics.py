@@ -1,4 +1,4 @@
-"""`gpufleet bench metrics`: what one read of the fleet gauges costs on a large installation.
+"""`gpufleet dev bench metrics`: what one read of the fleet gauges costs on a large installation.
 
 A synthetic installation is written straight into SQL (clusters with pools and nodes, teams and
 queues with quotas, queued gangs with pending reasons of every kind, live runs with their pod

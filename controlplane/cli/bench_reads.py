@@ -1,11 +1,11 @@
-"""`gpufleet bench reads`: how long the workload reads take, and how large they are, with big gangs.
+"""`gpufleet dev bench reads`: how long the workload reads take, and how large they are, with big gangs.
 
-A real `gpufleet serve` process on a real database (a new SQLite file, or `--database-url`), a
+A real `gpufleet server serve` process on a real database (a new SQLite file, or `--database-url`), a
 synthetic fleet of `--clusters` clusters, and `--gangs` gangs of `--pods` pods each submitted by
 REST. Scheduling cycles (run here, in this process, before any read is timed) admit every gang that
 fits; the rest stay queued with a reason. Then each read is timed from the client `--repeat` times:
 the REST list (`?limit=50` and `?limit=5`), one admitted and one queued workload, the dashboard's
-workload list and page, and `gpufleet list` and `gpufleet show` (run in this process). The client
+workload list and page, and `gpufleet workload list` and `gpufleet workload show` (run in this process). The client
 and the server share this machine's cores: the figures are what this machine does, reported, never
 asserted.
 """

@@ -1,9 +1,9 @@
-"""`gpufleet bench submit`: the submit path end to end, on a real nats-server and a real database.
+"""`gpufleet dev bench submit`: the submit path end to end, on a real nats-server and a real database.
 
-`--via rest`: `--api-processes` real `gpufleet serve` processes share one port (SO_REUSEPORT, as
+`--via rest`: `--api-processes` real `gpufleet server serve` processes share one port (SO_REUSEPORT, as
 replicas behind a Service would) and `--clients` concurrent clients POST gangs to them; latency is
 measured per request, from the client. `--via nats`: `--count` submits are published to JetStream
-first (as fast as one client can), then one `gpufleet run ingest` process is started and timed until
+first (as fast as one client can), then one `gpufleet server run ingest` process is started and timed until
 every one is a workload in SQL. The fleet is synthetic (`--clusters` x one pool, `--nodes` in all), so
 the submit-time fleet check works at fleet scale. The client and the servers share this machine's
 cores: the figures are what this machine does, reported hit or miss, never asserted.
@@ -151,7 +151,7 @@ async def _rest_load(
 ) -> tuple[list[float], dict[str, int], float]:
     """`clients` keep-alive connections, each posting one submit at a time. The client is aiohttp (its
     HTTP parser is in C): it shares this machine's two cores with the servers, and httpx spent more CPU
-    per request than a `gpufleet serve` process did, so the figure measured the client as much as the API."""
+    per request than a `gpufleet server serve` process did, so the figure measured the client as much as the API."""
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}

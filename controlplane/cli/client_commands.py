@@ -2,35 +2,36 @@
 
 They speak only HTTP, so they work the same against `gpufleet up` on a laptop and against
 a deployed API; nothing here touches the database or NATS. How they reach the API is
-`rest_api.py`'s, how they print `client_output.py`'s.
+`rest_api.py`'s, how they print `client_output.py`'s, and the options that choose both
+`output_options.py`'s. The workload verbs live in the `gpufleet workload` group; `status` stays top
+level.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import IO, Any
 from urllib.parse import quote
 
 import click
+from rich.console import Group
+from rich.table import Table
 
 from controlplane.cli.client_output import (
-    clusters_table,
     console,
     control_plane_line,
     gpus_table,
     placement_table,
-    print_json,
     queue_status_table,
-    queues_table,
     runs_table,
     watch_line,
     workload_panel,
     workloads_table,
 )
 from controlplane.cli.object_commands import read_spec
-from controlplane.cli.rest_api import Api, connection_options, decoded
+from controlplane.cli.output_options import connection_options, emit, emit_line, print_data
+from controlplane.cli.rest_api import Api, Json, decoded
 from controlplane.domain.model import WorkloadState
 
 
@@ -48,15 +49,15 @@ def load_workload(source: IO[str], queue: str | None) -> dict[str, Any]:
 @click.option("--idempotency-key", default=None, help="Sent as Idempotency-Key: a retry returns the first workload.")
 @connection_options
 def submit(
-    *, file: IO[str], queue: str | None, idempotency_key: str | None, api: str, token: str | None, as_json: bool
+    *, file: IO[str], queue: str | None, idempotency_key: str | None, api: str, token: str | None, output: str
 ) -> None:
     """Submit the workload described in FILE (YAML; `-` reads stdin)."""
     body = load_workload(file, queue)
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     response = Api.from_options(api, token).request("POST", "/v1/workloads", body=body, headers=headers)
     workload = decoded(response)
-    if as_json:
-        print_json(workload)
+    if output != "table":
+        print_data(workload, output)
         return
     # 200 instead of 201 means the key matched an earlier submission: say so, or users think a second copy runs.
     verb = "already submitted" if response.status_code == 200 else "submitted"
@@ -67,6 +68,7 @@ def submit(
 
 @click.command(name="list")
 @click.option("--queue", default=None, help="Only workloads of this queue.")
+@click.option("--name", default=None, help="Only workloads of this name.")
 @click.option(
     "--state",
     "states",
@@ -80,18 +82,21 @@ def submit(
 def list_workloads(
     *,
     queue: str | None,
+    name: str | None,
     states: tuple[str, ...],
     limit: int | None,
     cursor: str | None,
     api: str,
     token: str | None,
-    as_json: bool,
+    output: str,
 ) -> None:
     """List workloads, newest first as the API orders them (one page: at most --limit and 1 MiB)."""
     params: dict[str, str | int | list[str]] = {}
     # Only filters the user gave are sent, so the server's defaults stay the single source of truth.
     if queue is not None:
         params["queue"] = queue
+    if name is not None:
+        params["name"] = name
     if states:
         params["state"] = list(states)
     if limit is not None:
@@ -99,8 +104,8 @@ def list_workloads(
     if cursor is not None:
         params["cursor"] = cursor
     page = decoded(Api.from_options(api, token).request("GET", "/v1/workloads", params=params))
-    if as_json:
-        print_json(page)
+    if output != "table":
+        print_data(page, output)
         return
     workloads = page["items"]
     if not workloads:
@@ -120,11 +125,11 @@ def workload_path(workload_id: str, suffix: str = "") -> str:
 @click.command()
 @click.argument("workload_id", metavar="ID")
 @connection_options
-def show(workload_id: str, api: str, token: str | None, as_json: bool) -> None:
+def show(workload_id: str, api: str, token: str | None, output: str) -> None:
     """Show one workload: state, reason, queue position, placement and runs."""
     workload = decoded(Api.from_options(api, token).request("GET", workload_path(workload_id)))
-    if as_json:
-        print_json(workload)
+    if output != "table":
+        print_data(workload, output)
         return
     out = console()
     out.print(workload_panel(workload))
@@ -143,7 +148,7 @@ def show(workload_id: str, api: str, token: str | None, as_json: bool) -> None:
 @click.argument("workload_id", metavar="ID")
 @click.option("--reason", default=None, help="Why; recorded on the workload (server default: cancelled by user).")
 @connection_options
-def cancel(workload_id: str, reason: str | None, api: str, token: str | None, as_json: bool) -> None:
+def cancel(workload_id: str, reason: str | None, api: str, token: str | None, output: str) -> None:
     """Cancel a workload that has not finished."""
     client = Api.from_options(api, token)
     # Cancelling is idempotent on the server; asking first lets a second cancel say so.
@@ -152,8 +157,8 @@ def cancel(workload_id: str, reason: str | None, api: str, token: str | None, as
     if not already:
         body = {"reason": reason} if reason is not None else None
         workload = decoded(client.request("POST", workload_path(workload_id, "/cancel"), body=body))
-    if as_json:
-        print_json(workload)
+    if output != "table":
+        print_data(workload, output)
         return
     state = f"already {workload['state']}" if already else workload["state"]
     click.echo(f"{workload['id']}: {state}" + (f" ({workload['reason']})" if workload.get("reason") else ""))
@@ -161,41 +166,19 @@ def cancel(workload_id: str, reason: str | None, api: str, token: str | None, as
 
 @click.command()
 @connection_options
-def queues(api: str, token: str | None, as_json: bool) -> None:
-    """List queues with their quotas (a team token sees its own queues)."""
-    found = decoded(Api.from_options(api, token).request("GET", "/v1/queues"))
-    if as_json:
-        print_json(found)
-        return
-    console().print(queues_table(found))
-
-
-@click.command()
-@connection_options
-def clusters(api: str, token: str | None, as_json: bool) -> None:
-    """List clusters and their node pools."""
-    found = decoded(Api.from_options(api, token).request("GET", "/v1/clusters"))
-    if as_json:
-        print_json(found)
-        return
-    console().print(clusters_table(found))
-
-
-@click.command()
-@connection_options
-def status(api: str, token: str | None, as_json: bool) -> None:
+def status(api: str, token: str | None, output: str) -> None:
     """The fleet at a glance: GPUs allocated of capacity per model, each team and queue with its
     pending gangs and use against guarantee and limit, and (for admins) the scheduler and outbox."""
-    found = decoded(Api.from_options(api, token).request("GET", "/v1/status"))
-    if as_json:
-        print_json(found)
-        return
-    out = console()
-    out.print(gpus_table(found))
-    out.print(queue_status_table(found["queues"]))
+    emit(decoded(Api.from_options(api, token).request("GET", "/v1/status")), output, status_tables)
+
+
+def status_tables(found: Json) -> Group:
+    """The fleet's GPUs, then its teams and queues, then (for admins) a line on the control plane."""
+    parts: list[Table | str] = [gpus_table(found), queue_status_table(found["queues"])]
     control = found.get("control_plane")
     if control is not None:
-        click.echo(control_plane_line(control))
+        parts.append(control_plane_line(control))
+    return Group(*parts)
 
 
 @click.command()
@@ -218,7 +201,7 @@ def watch(
     timeout: float | None,
     api: str,
     token: str | None,
-    as_json: bool,
+    output: str,
 ) -> None:
     """Follow one workload: a line each time its state, reason, queue position or cluster changes,
     until it finishes (exit 0; 1 when it failed or was cancelled) or reaches --until."""
@@ -231,7 +214,7 @@ def watch(
         now = (state, workload.get("reason"), workload.get("queue_position"), workload.get("cluster"))
         if now != seen:
             seen = now
-            click.echo(json.dumps(workload) if as_json else watch_line(workload))
+            emit_line(workload, output, watch_line)
         if WorkloadState(state).terminal:
             if state != WorkloadState.SUCCEEDED:
                 sys.exit(1)
@@ -243,9 +226,13 @@ def watch(
         time.sleep(interval)
 
 
-COMMANDS = (submit, list_workloads, show, cancel, queues, clusters, status, watch)
+@click.group()
+def workload() -> None:
+    """Submit, list, show, cancel and watch workloads (gangs of pods).
+
+    A workload is written as a YAML file (`gpufleet job init` writes a commented sample) and
+    submitted to a queue; the API orders, admits and places it, and these commands follow it."""
 
 
-def register(group: click.Group) -> None:
-    for command in COMMANDS:
-        group.add_command(command)
+for _verb in (submit, list_workloads, show, cancel, watch):
+    workload.add_command(_verb)

@@ -3,12 +3,11 @@ runs, queues and clusters built from the API's JSON."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
-import click
 from rich import box
 from rich.console import Console
 from rich.panel import Panel
@@ -29,10 +28,6 @@ def console() -> Console:
         # Piped into grep or a file: one line per row beats wrapping at rich's 80-column default.
         out.width = PIPE_WIDTH
     return out
-
-
-def print_json(data: Json) -> None:
-    click.echo(json.dumps(data, indent=2))
 
 
 def text(value: object) -> str:
@@ -61,29 +56,73 @@ def new_table(title: str) -> Table:
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
 
 
-def workloads_table(workloads: list[Json]) -> Table:
+def workloads_table(workloads: list[Json], now: datetime | None = None) -> Table:
+    now = now or datetime.now(UTC)
     table = new_table(f"{len(workloads)} workload(s)")
     # The id stays on one line so it can be copied; other cells fold rather than end in "…",
     # so no value is ever hidden in a narrow terminal.
     table.add_column("id", no_wrap=True)
     for column in ("name", "queue", "state"):
         table.add_column(column, overflow="fold")
+    table.add_column("gpus", overflow="fold")
     table.add_column("pods", justify="right")
     table.add_column("cluster", overflow="fold")
     table.add_column("position", justify="right")
+    table.add_column("age", justify="right", no_wrap=True)
     table.add_column("reason", overflow="fold")
     for w in workloads:
+        pod_sets = w.get("pod_sets") or []
         table.add_row(
             w["id"],
             w["name"],
             w["queue"],
             w["state"],
+            gpus_cell(pod_sets),
             text(w.get("pods")),
             text(w.get("cluster")),
             text(w.get("queue_position")),
+            age(w.get("created_at"), now),
             text(w.get("reason")),
         )
     return table
+
+
+def gpu_demand(pod_sets: list[Json]) -> str:
+    """What the whole gang asks for: whole GPUs summed, then MIG slices and GPU shares counted
+    (they are not whole GPUs, so they are not added in)."""
+    whole = 0
+    parts: list[str] = []
+    for pod_set in pod_sets:
+        replicas = int(pod_set.get("replicas", 1))
+        if pod_set.get("mig_profile"):
+            parts.append(f"{replicas} x MIG {pod_set['mig_profile']}")
+        elif pod_set.get("gpu_fraction"):
+            parts.append(f"{replicas} x {number(pod_set['gpu_fraction'])}")
+        else:
+            whole += replicas * int(pod_set.get("gpus") or 0)
+    return " + ".join(([str(whole)] if whole or not parts else []) + parts)
+
+
+def gpus_cell(pod_sets: list[Json]) -> str:
+    """The gang's GPUs and, when its pod sets name any, the models they may run on: `16 on H100-80GB`."""
+    demand = gpu_demand(pod_sets)
+    models = sorted({model for p in pod_sets for model in p.get("gpu_models") or []})
+    return f"{demand} on {'/'.join(models)}" if models and demand != "0" else demand
+
+
+def age(created_at: str | None, now: datetime) -> str:
+    """How long ago, in the largest whole unit (45s, 12m, 3h, 5d), as kubectl shows it."""
+    if not created_at:
+        return NONE
+    try:
+        seconds = (now - datetime.fromisoformat(created_at)).total_seconds()
+    except (TypeError, ValueError):
+        return NONE
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def pod_set_summary(pod_set: Mapping[str, Any]) -> str:
@@ -169,24 +208,6 @@ def placement_table(run: Mapping[str, Any]) -> Table:
     return table
 
 
-def queues_table(queues: list[Json]) -> Table:
-    table = new_table(f"{len(queues)} queue(s)")
-    table.add_column("name", no_wrap=True)
-    table.add_column("team", no_wrap=True)
-    table.add_column("guaranteed")
-    table.add_column("limit")
-    table.add_column("weight", justify="right")
-    for q in queues:
-        table.add_row(
-            q["name"],
-            q.get("parent") or NONE,
-            quota(q.get("guaranteed") or {}, NONE),
-            quota(q.get("limit") or {}, "unbounded"),
-            number(q.get("weight", 1.0)),
-        )
-    return table
-
-
 def tree_table(nodes: list[Json], level: str) -> Table:
     """Cohorts, teams or queues with their quotas; a team's cohort, a queue's team."""
     parent = {"team": "cohort", "queue": "team"}.get(level)
@@ -242,8 +263,17 @@ def tokens_table(tokens: list[Json]) -> Table:
     return table
 
 
+def credentials_table(credentials: list[Json]) -> Table:
+    table = new_table(f"{len(credentials)} credential(s)")
+    for column in ("id", "cluster", "created", "revoked"):
+        table.add_column(column, overflow="fold")
+    for item in credentials:
+        table.add_row(item["id"], item["cluster"], text(item.get("created_at")), text(item.get("revoked_at")))
+    return table
+
+
 def watch_line(w: Mapping[str, Any]) -> str:
-    """One line of `gpufleet watch`: when, the state, and what goes with it."""
+    """One line of `gpufleet workload watch`: when, the state, and what goes with it."""
     when = str(w.get("updated_at") or "")[:19].replace("T", " ")
     parts = [when, w["state"]]
     if w.get("queue_position") is not None:

@@ -9,8 +9,9 @@ import click
 from rich.table import Table
 
 from controlplane.cli import contexts
-from controlplane.cli.client_output import console, new_table
-from controlplane.cli.rest_api import DEFAULT_API, Api, read_token_file, token_file
+from controlplane.cli.client_output import new_table
+from controlplane.cli.output_options import emit, output_options
+from controlplane.cli.rest_api import DEFAULT_API, Api, Json, read_token_file, token_file
 
 
 @click.command()
@@ -49,10 +50,22 @@ def context() -> None:
 
 
 @context.command("list")
-def list_contexts() -> None:
+@output_options()
+def list_contexts(output: str) -> None:
     """The saved contexts (tokens are never printed); * marks the current one."""
     saved = contexts.load()
-    console().print(contexts_table(saved))
+    emit(contexts_document(saved), output, lambda _: contexts_table(saved))
+
+
+def contexts_document(saved: contexts.Contexts) -> Json:
+    """What `-o json|yaml` prints: whether a token is saved, never the token."""
+    return {
+        "current": saved.current,
+        "contexts": [
+            {"name": item.name, "api": item.api, "token_saved": item.token is not None}
+            for item in sorted(saved.by_name.values(), key=lambda c: c.name)
+        ],
+    }
 
 
 def contexts_table(saved: contexts.Contexts) -> Table:

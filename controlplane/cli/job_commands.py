@@ -1,4 +1,4 @@
-"""`gpufleet job init`: a commented sample workload file to start from (what `gpufleet submit` reads)."""
+"""`gpufleet job init`: a commented sample workload file to start from (what `gpufleet workload submit` reads)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import click
 # Every field a submit accepts, the common ones set and the rest commented out, each with what it
 # does; the values are a small job that fits a simulated fleet (`gpufleet up`).
 SAMPLE = """\
-# A gpufleet workload: submit it with `gpufleet submit {file}`.
+# A gpufleet workload: submit it with `gpufleet workload submit {file}`.
 # The whole gang starts together or not at all; the server checks every field and says why if not.
-# name: a lowercase DNS label; queue: the queue it waits in (`gpufleet queues` lists yours)
+# name: a lowercase DNS label; queue: the queue it waits in (`gpufleet queue list` lists yours)
 name: {name}
 queue: {queue}
 # priority_class: batch        # optional: the default class otherwise
@@ -60,4 +60,4 @@ def init(file: Path, name: str, queue: str, force: bool) -> None:
     if file.exists() and not force:
         raise click.ClickException(f"{file} exists; add --force to overwrite it")
     file.write_text(text, encoding="utf-8")
-    click.echo(f"wrote {file}: edit it, then `gpufleet submit {file}`")
+    click.echo(f"wrote {file}: edit it, then `gpufleet workload submit {file}`")

@@ -5,12 +5,13 @@ the API validates every body and its sentences are printed as they come.
 
 Quotas are given as repeatable KEY=AMOUNT options (`--limit gpu-eq=16 --limit H100-80GB=8`): a key is
 `gpu-eq` or a GPU model of a registered pool, which the API checks. Every command prints a table,
-or `-o json` / `-o yaml` for scripts.
+or `-o json` / `-o yaml` for scripts. The connection and output options may be given on the group
+(`gpufleet team -o json list`) or, as on every other command, after the verb (`gpufleet team list
+-o json`); the verb's win.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 from urllib.parse import quote
@@ -20,14 +21,13 @@ import yaml
 
 from controlplane.cli.client_output import (
     clusters_table,
-    console,
+    credentials_table,
     priority_classes_table,
     tokens_table,
     tree_table,
 )
-from controlplane.cli.rest_api import DEFAULT_API, TOKEN_FILE, Api, Json, decoded
-
-OUTPUTS = ("table", "json", "yaml")
+from controlplane.cli.output_options import emit, settled_connection, settled_options, settled_output
+from controlplane.cli.rest_api import Api, Json, decoded
 
 # level -> (the API's collection, the parent level's option, the body field naming the parent)
 TREE_LEVELS: dict[str, tuple[str, str | None]] = {
@@ -43,46 +43,29 @@ QUOTA_FIELDS = {
 }
 
 
-def _api(ctx: click.Context) -> Api:
-    return Api.from_options(ctx.obj["api"], ctx.obj["token"])
-
-
 def _path(*parts: str) -> str:
     # Quoted so a name such as `../tokens` cannot address another route.
     return "/v1/" + "/".join(quote(part, safe="") for part in parts)
 
 
-def emit(data: Json, output: str, table: Callable[[Json], Any]) -> None:
-    if output == "json":
-        click.echo(json.dumps(data, indent=2))
-    elif output == "yaml":
-        click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
-    else:
-        console().print(table(data))
+class ObjectGroup(click.Group):
+    """A group whose verbs all take the connection and output options too, so `gpufleet queue -o
+    json list` and `gpufleet queue list -o json` both work, as does the older `gpufleet queues
+    --json` that now runs `queue list`."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.extend(settled_options())
+        super().add_command(cmd, name)
 
 
 def object_group(name: str, help_text: str) -> click.Group:
-    """A group whose options (--api, --token, -o) apply to every verb under it."""
+    """A group of verbs on one kind of object; the options may come before or after the verb."""
+    return ObjectGroup(name=name, help=help_text, params=settled_options())
 
-    @click.group(name=name, help=help_text)
-    @click.option(
-        "--api",
-        envvar="GPUFLEET_API",
-        default=None,
-        help=f"REST API base URL. Default: $GPUFLEET_API, else the current context, else {DEFAULT_API}.",
-    )
-    @click.option(
-        "--token",
-        envvar="GPUFLEET_TOKEN",
-        default=None,
-        help=f"API token. Default: $GPUFLEET_TOKEN, else the current context's, else {TOKEN_FILE} in the state dir.",
-    )
-    @click.option("-o", "--output", type=click.Choice(OUTPUTS), default="table", show_default=True)
-    @click.pass_context
-    def group(ctx: click.Context, api: str | None, token: str | None, output: str) -> None:
-        ctx.obj = {"api": api, "token": token, "output": output}
 
-    return group
+def _api(ctx: click.Context) -> Api:
+    api, token = settled_connection(ctx)
+    return Api.from_options(api, token)
 
 
 def parse_quota(values: tuple[str, ...], option: str) -> dict[str, float]:
@@ -139,7 +122,7 @@ def tree_group(level: str) -> click.Group:
     plural, parent = TREE_LEVELS[level]
     group = object_group(level, f"Create, list, show, update and delete {plural}.")
 
-    @group.command("create")
+    @group.command("create", help=f"Create the {level} NAME with the quotas given.")
     @click.argument("name")
     @quota_options
     @click.pass_context
@@ -149,25 +132,25 @@ def tree_group(level: str) -> click.Group:
         if parent is not None and belongs_to:
             body[parent] = belongs_to
         made = decoded(_api(ctx).request("POST", _path(plural), body=body))
-        emit(made, ctx.obj["output"], lambda node: tree_table([node], level))
+        emit(made, settled_output(ctx), lambda node: tree_table([node], level))
 
     if parent is not None:
         required = level == "queue"  # a queue belongs to a team; a team may stand alone
         create.params.append(click.Option([f"--{parent}"], required=required, help=f"The {parent} it belongs to."))
 
-    @group.command("list")
+    @group.command("list", help=f"List the {plural} with their quotas.")
     @click.pass_context
     def list_nodes(ctx: click.Context) -> None:
         found = decoded(_api(ctx).request("GET", _path(plural)))
-        emit(found, ctx.obj["output"], lambda nodes: tree_table(nodes, level))
+        emit(found, settled_output(ctx), lambda nodes: tree_table(nodes, level))
 
-    @group.command("show")
+    @group.command("show", help=f"Show one {level}, by name or id.")
     @click.argument("name")
     @click.pass_context
     def show(ctx: click.Context, name: str) -> None:
-        emit(_tree_node(ctx, level, name), ctx.obj["output"], lambda node: tree_table([node], level))
+        emit(_tree_node(ctx, level, name), settled_output(ctx), lambda node: tree_table([node], level))
 
-    @group.command("update")
+    @group.command("update", help=f"Change the weight or quotas named; the rest of the {level} stays.")
     @click.argument("name")
     @quota_options
     @click.pass_context
@@ -177,9 +160,9 @@ def tree_group(level: str) -> click.Group:
             raise click.UsageError("nothing to update: give --weight or a quota option")
         ref = _tree_node(ctx, level, name)["id"]
         changed = decoded(_api(ctx).request("PATCH", _path(plural, ref), body=body))
-        emit(changed, ctx.obj["output"], lambda node: tree_table([node], level))
+        emit(changed, settled_output(ctx), lambda node: tree_table([node], level))
 
-    @group.command("delete")
+    @group.command("delete", help=f"Delete the {level} NAME (the API refuses while something belongs to it).")
     @click.argument("name")
     @click.pass_context
     def delete(ctx: click.Context, name: str) -> None:
@@ -208,7 +191,7 @@ queue = tree_group("queue")
 
 # --- priority classes ---------------------------------------------------------------------------
 
-priority_class = object_group("priority-class", "Create or change (apply), list and delete priority classes.")
+priority_class = object_group("priority-class", "Create or change (apply), list, show and delete priority classes.")
 
 
 @priority_class.command("apply")
@@ -232,20 +215,34 @@ def apply_priority_class(
         "is_default": is_default,
     }
     made = decoded(_api(ctx).request("POST", _path("priority-classes"), body=body))
-    emit(made, ctx.obj["output"], lambda item: priority_classes_table([item]))
+    emit(made, settled_output(ctx), lambda item: priority_classes_table([item]))
 
 
 @priority_class.command("list")
 @click.pass_context
 def list_priority_classes(ctx: click.Context) -> None:
+    """List the priority classes, highest first."""
     found = decoded(_api(ctx).request("GET", _path("priority-classes")))
-    emit(found, ctx.obj["output"], priority_classes_table)
+    emit(found, settled_output(ctx), priority_classes_table)
+
+
+@priority_class.command("show")
+@click.argument("name")
+@click.pass_context
+def show_priority_class(ctx: click.Context, name: str) -> None:
+    """Show one priority class (the API lists them; there are few)."""
+    for item in decoded(_api(ctx).request("GET", _path("priority-classes"))):
+        if item["name"] == name:
+            emit(item, settled_output(ctx), lambda one: priority_classes_table([one]))
+            return
+    raise click.ClickException(f"no priority class named {name!r} (HTTP 404)")
 
 
 @priority_class.command("delete")
 @click.argument("name")
 @click.pass_context
 def delete_priority_class(ctx: click.Context, name: str) -> None:
+    """Delete the class NAME (the API says why when it refuses)."""
     _api(ctx).request("DELETE", _path("priority-classes", name))
     click.echo(f"priority class {name} deleted")
 
@@ -266,8 +263,8 @@ def issue_token(ctx: click.Context, name: str, team: str | None, role: str) -> N
     if team is not None:
         body["team"] = team
     issued = decoded(_api(ctx).request("POST", _path("tokens"), body=body))
-    if ctx.obj["output"] != "table":
-        emit(issued, ctx.obj["output"], tokens_table)
+    if settled_output(ctx) != "table":
+        emit(issued, settled_output(ctx), tokens_table)
         return
     click.echo(f"token {issued['name']} ({issued['id']}, role {issued['role']}) issued; it is shown only now:")
     click.echo(issued["token"])
@@ -277,22 +274,26 @@ def issue_token(ctx: click.Context, name: str, team: str | None, role: str) -> N
 @click.option("--team", default=None, help="Only the tokens of this team.")
 @click.pass_context
 def list_tokens(ctx: click.Context, team: str | None) -> None:
+    """List the tokens (never their secrets)."""
     params = {"team": team} if team else None
     found = decoded(_api(ctx).request("GET", _path("tokens"), params=params))
-    emit(found, ctx.obj["output"], tokens_table)
+    emit(found, settled_output(ctx), tokens_table)
 
 
 @token.command("revoke")
 @click.argument("token_id", metavar="ID")
 @click.pass_context
 def revoke_token(ctx: click.Context, token_id: str) -> None:
+    """Revoke a token: it is refused from then on."""
     _api(ctx).request("DELETE", _path("tokens", token_id))
     click.echo(f"token {token_id} revoked")
 
 
 # --- clusters -----------------------------------------------------------------------------------
 
-cluster = object_group("cluster", "Register, list, show, update and delete clusters.")
+cluster = object_group(
+    "cluster", "Register, list, show, update and delete clusters; list, rotate and revoke their agents' credentials."
+)
 
 
 @cluster.command("register")
@@ -305,8 +306,8 @@ def register_cluster(ctx: click.Context, source: IO[str]) -> None:
     A real cluster's NATS credential for its agent is printed once."""
     made = decoded(_api(ctx).request("POST", _path("clusters"), body=read_spec(source)))
     secret = made.pop("nats_credential", "")
-    emit(made, ctx.obj["output"], lambda item: clusters_table([item]))
-    if secret and ctx.obj["output"] == "table":
+    emit(made, settled_output(ctx), lambda item: clusters_table([item]))
+    if secret and settled_output(ctx) == "table":
         click.echo("the agent's NATS credential (shown only now):")
         click.echo(secret)
 
@@ -314,15 +315,17 @@ def register_cluster(ctx: click.Context, source: IO[str]) -> None:
 @cluster.command("list")
 @click.pass_context
 def list_clusters(ctx: click.Context) -> None:
-    emit(decoded(_api(ctx).request("GET", _path("clusters"))), ctx.obj["output"], clusters_table)
+    """List the clusters and their node pools."""
+    emit(decoded(_api(ctx).request("GET", _path("clusters"))), settled_output(ctx), clusters_table)
 
 
 @cluster.command("show")
 @click.argument("ref", metavar="NAME")
 @click.pass_context
 def show_cluster(ctx: click.Context, ref: str) -> None:
+    """Show one cluster and its node pools."""
     found = decoded(_api(ctx).request("GET", _path("clusters", ref)))
-    emit(found, ctx.obj["output"], lambda item: clusters_table([item]))
+    emit(found, settled_output(ctx), lambda item: clusters_table([item]))
 
 
 @cluster.command("update")
@@ -332,12 +335,45 @@ def show_cluster(ctx: click.Context, ref: str) -> None:
 def update_cluster(ctx: click.Context, ref: str, source: IO[str]) -> None:
     """Change a cluster's region, pools or Kubernetes settings from a file of those fields."""
     changed = decoded(_api(ctx).request("PATCH", _path("clusters", ref), body=read_spec(source)))
-    emit(changed, ctx.obj["output"], lambda item: clusters_table([item]))
+    emit(changed, settled_output(ctx), lambda item: clusters_table([item]))
+
+
+@cluster.command("credentials")
+@click.argument("ref", metavar="NAME")
+@click.pass_context
+def list_cluster_credentials(ctx: click.Context, ref: str) -> None:
+    """List the NATS credentials of a cluster's agent (never the secrets)."""
+    found = decoded(_api(ctx).request("GET", _path("clusters", ref, "credentials")))
+    emit(found, settled_output(ctx), credentials_table)
+
+
+@cluster.command("rotate-credential")
+@click.argument("ref", metavar="NAME")
+@click.pass_context
+def rotate_cluster_credential(ctx: click.Context, ref: str) -> None:
+    """Revoke the cluster's NATS credentials and issue a new one; the secret is printed once and
+    the cluster's agent must be given it."""
+    issued = decoded(_api(ctx).request("POST", _path("clusters", ref, "credentials", "rotate")))
+    if settled_output(ctx) != "table":
+        emit(issued, settled_output(ctx), credentials_table)
+        return
+    click.echo(f"credential {issued['id']} issued for cluster {issued['cluster']}; it is shown only now:")
+    click.echo(issued["credential"])
+
+
+@cluster.command("revoke-credentials")
+@click.argument("ref", metavar="NAME")
+@click.pass_context
+def revoke_cluster_credentials(ctx: click.Context, ref: str) -> None:
+    """Revoke every NATS credential of the cluster: its agent is disconnected until given a new one."""
+    _api(ctx).request("DELETE", _path("clusters", ref, "credentials"))
+    click.echo(f"every NATS credential of cluster {ref} revoked")
 
 
 @cluster.command("delete")
 @click.argument("ref", metavar="NAME")
 @click.pass_context
 def delete_cluster(ctx: click.Context, ref: str) -> None:
+    """Delete a cluster (the API says why when it refuses)."""
     _api(ctx).request("DELETE", _path("clusters", ref))
     click.echo(f"cluster {ref} deleted")

@@ -1,5 +1,5 @@
-"""`gpufleet report ...`: fleet reports from the REST API (a table, CSV, the raw JSON, or an HTML page
-with plots)."""
+"""`gpufleet report ...`: fleet reports from the REST API (a table, CSV, the raw JSON or YAML, or an
+HTML page with plots). `-o csv` and `--csv` are the same, as are `-o json` and `--json`."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from typing import Any
 
 import click
 
-from controlplane.cli.client_output import console, new_table, print_json
+from controlplane.cli.client_output import console, new_table
+from controlplane.cli.output_options import api_options, output_options, print_data
 from controlplane.cli.report_html import write_page
 from controlplane.cli.report_tables import LAYOUTS, cell, print_table
 from controlplane.cli.report_tables import write_csv as write_layout_csv
-from controlplane.cli.rest_api import Api, connection_options, decoded
+from controlplane.cli.rest_api import Api, decoded
 
 GROUP_BY = ("team", "queue", "cluster", "gpu_model")
 # A duration longer than any report range (92 days) is a typo, and `float` would take "inf".
@@ -123,13 +124,23 @@ def report_range(
 
 
 def _outputs(func: Any) -> Any:
-    func = click.option("--csv", "as_csv", is_flag=True, help="Print CSV with a header row.")(func)
+    """-o table|json|yaml|csv (with --json and --csv, the older spellings) and --html; the command
+    gets `output` and `html`."""
+
+    @functools.wraps(func)
+    def with_csv(*args: Any, output: str, as_csv: bool, **kwargs: Any) -> Any:
+        if as_csv and output not in ("table", "csv"):
+            raise click.UsageError(f"--csv means -o csv; it cannot go with -o {output}")
+        return func(*args, output="csv" if as_csv else output, **kwargs)
+
+    command = click.option("--csv", "as_csv", is_flag=True, help="The same as -o csv (the older spelling).")(with_csv)
+    command = output_options(extra=("csv",))(command)
     return click.option(
         "--html",
         "html",
         type=click.Path(dir_okay=False, writable=True, path_type=Path),
         help="Write a self-contained HTML page with tables and plots to this file.",
-    )(func)
+    )(command)
 
 
 def parse_duration(value: str) -> int:
@@ -167,13 +178,13 @@ def _get(api: str, token: str | None, kind: str, params: dict[str, str | int | l
     return decoded(Api.from_options(api, token).request("GET", f"/v1/reports/{kind}", params=params))
 
 
-def _show(kind: str, found: Any, *, as_json: bool, as_csv: bool, html: Path | None) -> None:
+def _show(kind: str, found: Any, *, output: str, html: Path | None) -> None:
     if html is not None:
         write_page(html, f"gpufleet {kind} report, {found.get('start')} to {found.get('end')}", {kind: found})
         console().print(f"wrote {html}")
-    elif as_json:
-        print_json(found)
-    elif as_csv:
+    elif output in ("json", "yaml"):
+        print_data(found, output)
+    elif output == "csv":
         write_layout_csv(found, LAYOUTS[kind])
     else:
         note = [str(found["note"])] if found.get("note") else []
@@ -185,18 +196,17 @@ def _show(kind: str, found: Any, *, as_json: bool, as_csv: bool, html: Path | No
 @click.option("--by", "by", type=click.Choice(GROUP_BY), default="team", show_default=True, help="Group rows by.")
 @click.option("--top", type=click.IntRange(0, 100), default=10, show_default=True, help="Idlest runs to list.")
 @_outputs
-@connection_options
+@api_options
 def utilization(
     *,
     start: datetime,
     end: datetime,
     by: str,
     top: int,
-    as_csv: bool,
     html: Path | None,
     api: str,
     token: str | None,
-    as_json: bool,
+    output: str,
 ) -> None:
     """Allocated, used, idle, unmeasured and reclaimed GPU-hours per group over [FROM, TO)."""
     params: dict[str, str | int | list[str]] = {
@@ -206,11 +216,9 @@ def utilization(
         "top": top,
     }
     found = decoded(Api.from_options(api, token).request("GET", "/v1/reports/utilization", params=params))
-    if html is not None:
-        _show("utilization", found, as_json=as_json, as_csv=as_csv, html=html)
-    elif as_json:
-        print_json(found)
-    elif as_csv:
+    if html is not None or output in ("json", "yaml"):
+        _show("utilization", found, output=output, html=html)
+    elif output == "csv":
         write_csv(found, by)
     else:
         print_tables(found, by)
@@ -219,14 +227,12 @@ def utilization(
 @report.command()
 @_range
 @_outputs
-@connection_options
-def waiting(
-    *, start: datetime, end: datetime, as_csv: bool, html: Path | None, api: str, token: str | None, as_json: bool
-) -> None:
+@api_options
+def waiting(*, start: datetime, end: datetime, html: Path | None, api: str, token: str | None, output: str) -> None:
     """p50/p95/max wait to first admission per team, queue and gang size (gpu-eq), for workloads
     submitted in [FROM, TO); ones never admitted count with their wait so far."""
     found = _get(api, token, "waiting", _params(start, end))
-    _show("waiting", found, as_json=as_json, as_csv=as_csv, html=html)
+    _show("waiting", found, output=output, html=html)
 
 
 @report.command()
@@ -234,57 +240,53 @@ def waiting(
 @click.option("--by", type=click.Choice(("queue", "team")), default="queue", show_default=True, help="Rows per.")
 @BUCKET
 @_outputs
-@connection_options
+@api_options
 def fairness(
     *,
     start: datetime,
     end: datetime,
     by: str,
     bucket: str | None,
-    as_csv: bool,
     html: Path | None,
     api: str,
     token: str | None,
-    as_json: bool,
+    output: str,
 ) -> None:
     """Per time bucket, each queue's (or team's) share of the fleet's allocated GPU-hours vs its
     entitlement (guarantee plus weight share of the rest)."""
     found = _get(api, token, "fairness", _params(start, end, by=by, bucket=parse_bucket(bucket)))
-    _show("fairness", found, as_json=as_json, as_csv=as_csv, html=html)
+    _show("fairness", found, output=output, html=html)
 
 
 @report.command()
 @_range
 @_outputs
-@connection_options
-def evictions(
-    *, start: datetime, end: datetime, as_csv: bool, html: Path | None, api: str, token: str | None, as_json: bool
-) -> None:
+@api_options
+def evictions(*, start: datetime, end: datetime, html: Path | None, api: str, token: str | None, output: str) -> None:
     """Preemptions and reclaims in [FROM, TO) by kind, victim and beneficiary team: GPU-hours of
     work lost and of idle capacity returned."""
     found = _get(api, token, "evictions", _params(start, end))
-    _show("evictions", found, as_json=as_json, as_csv=as_csv, html=html)
+    _show("evictions", found, output=output, html=html)
 
 
 @report.command()
 @_range
 @click.option("--by", "by", type=click.Choice(GROUP_BY), default="team", show_default=True, help="Group rows by.")
 @_outputs
-@connection_options
+@api_options
 def cost(
     *,
     start: datetime,
     end: datetime,
     by: str,
-    as_csv: bool,
     html: Path | None,
     api: str,
     token: str | None,
-    as_json: bool,
+    output: str,
 ) -> None:
     """GPU-hours x pool price: allocated vs used, and the money at stake (allocated - used)."""
     found = _get(api, token, "cost", _params(start, end, group_by=by))
-    _show("cost", found, as_json=as_json, as_csv=as_csv, html=html)
+    _show("cost", found, output=output, html=html)
 
 
 @report.command()
@@ -292,22 +294,21 @@ def cost(
 @click.option("--by", "by", type=click.Choice(GROUP_BY), default="team", show_default=True, help="Group rows by.")
 @BUCKET
 @_outputs
-@connection_options
+@api_options
 def timeline(
     *,
     start: datetime,
     end: datetime,
     by: str,
     bucket: str | None,
-    as_csv: bool,
     html: Path | None,
     api: str,
     token: str | None,
-    as_json: bool,
+    output: str,
 ) -> None:
     """The utilization figures per time bucket (allocated, used, idle ... GPU-hours)."""
     found = _get(api, token, "timeline", _params(start, end, group_by=by, bucket=parse_bucket(bucket)))
-    _show("timeline", found, as_json=as_json, as_csv=as_csv, html=html)
+    _show("timeline", found, output=output, html=html)
 
 
 @report.command(name="all")
@@ -320,9 +321,10 @@ def timeline(
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
     help="The HTML file to write.",
 )
-@connection_options
+@api_options
+@output_options()
 def all_reports(
-    *, start: datetime, end: datetime, bucket: str | None, html: Path, api: str, token: str | None, as_json: bool
+    *, start: datetime, end: datetime, bucket: str | None, html: Path, api: str, token: str | None, output: str
 ) -> None:
     """Every fleet report over [FROM, TO) in one self-contained HTML page with plots."""
     seconds = parse_bucket(bucket)
@@ -335,10 +337,10 @@ def all_reports(
         "cost": _get(api, token, "cost", _params(start, end, group_by="team")),
     }
     write_page(html, f"gpufleet fleet reports, {start.isoformat()} to {end.isoformat()} UTC", reports)
-    if as_json:
-        print_json(reports)
-    else:
+    if output == "table":
         console().print(f"wrote {html}")
+    else:
+        print_data(reports, output)
 
 
 def register(group: click.Group) -> None:

@@ -1,5 +1,5 @@
 """How the client commands reach the REST API: its URL, the token, one request whose failures become
-readable messages, and the --api/--token/--json options every command takes.
+readable messages (the options that choose them are `output_options.py`'s).
 
 Only HTTP: it works the same against `gpufleet up` on a laptop and against a deployed API.
 """
@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
-import httpx
 
 from controlplane.cli import contexts
 from controlplane.paths import default_state_dir
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_API = "http://127.0.0.1:8080"
 TIMEOUT_SECONDS = 30.0
 TOKEN_FILE = "admin.token"
 
-F = TypeVar("F", bound=Callable[..., Any])
 Json = Any  # a decoded JSON document: the CLI only reads the keys it shows
 
 
@@ -82,6 +83,9 @@ class Api:
             # strings instead of a TypeError.
             content = json.dumps(body, default=_json_default)
             sent["Content-Type"] = "application/json"
+        # Imported here: httpx takes about a third of a second to import, which every `--help` paid.
+        import httpx  # noqa: PLC0415
+
         try:
             with httpx.Client(base_url=self.url, timeout=TIMEOUT_SECONDS) as client:
                 response = client.request(method, path, params=params, content=content, headers=sent)
@@ -150,25 +154,3 @@ def decoded(response: httpx.Response) -> Json:
         raise click.ClickException(
             f"the API answered HTTP {response.status_code} with a body that is not JSON"
         ) from exc
-
-
-def connection_options(command: F) -> F:
-    """--api, --token and --json on every command, so each one works alone in a script."""
-    command = click.option("--json", "as_json", is_flag=True, help="Print the raw JSON response instead of a table.")(
-        command
-    )
-    command = click.option(
-        "--token",
-        envvar="GPUFLEET_TOKEN",
-        default=None,
-        help=f"API token. Default: $GPUFLEET_TOKEN, else the current context's, else {TOKEN_FILE} in "
-        "$GPUFLEET_STATE_DIR (~/.gpufleet).",
-    )(command)
-    command = click.option(
-        "--api",
-        envvar="GPUFLEET_API",
-        default=None,
-        help=f"Base URL of the gpufleet REST API. Default: $GPUFLEET_API, else the current context "
-        f"(`gpufleet login`), else {DEFAULT_API}.",
-    )(command)
-    return command

@@ -1,4 +1,4 @@
-"""`gpufleet scenario run FILE.yaml`: a scenario through the real core on a virtual clock."""
+"""`gpufleet dev scenario run FILE.yaml`: a scenario through the real core on a virtual clock."""
 
 from __future__ import annotations
 

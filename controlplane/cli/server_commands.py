@@ -135,7 +135,7 @@ def _component_command(name: str) -> click.Command:
 def run_many(
     config: Path | None, components: tuple[str, ...], verbose: bool, log_format: str, metrics_port: int | None
 ) -> None:
-    """Run several components in one process, e.g. `gpufleet run api ingest relay` (fewer processes
+    """Run several components in one process, e.g. `gpufleet server run api ingest relay` (fewer processes
     than one per component; the scheduler and dispatcher still elect one leader each by lease)."""
     _logging(verbose, log_format)
     settings = _settings(config, metrics_port=metrics_port)
@@ -382,7 +382,9 @@ def up(
             banner.append(f"  registered {added} simulated clusters: eks, aks, gke and oke flavours")
         exports = client_env.export_line(port, state)
         if exports:
-            banner.append("  the client (`gpufleet list`, `submit`, …) finds this API and its token after:")
+            banner.append(
+                "  the client (`gpufleet workload list`, `gpufleet status`, …) finds this API and its token after:"
+            )
             banner.append(f"    {exports}")
             banner.append("  or, saved for every shell (a context, like kubectl's):")
             banner.append(f"    {client_env.login_line(port, state)}")

@@ -1,4 +1,4 @@
-"""`gpufleet sim placement`: the FGD placement experiment (ATC'23) on the Alibaba openb trace.
+"""`gpufleet dev sim placement`: the FGD placement experiment (ATC'23) on the Alibaba openb trace.
 
 Figures are measured, never asserted: the command reports what the runs produced, next to the
 published figures for the `default` pod list. The progress bar goes to stderr so `--json` stdout

@@ -1,4 +1,4 @@
-"""`gpufleet sim run|generate|study`: the discrete-event queueing simulator of the real core.
+"""`gpufleet dev sim run|generate|study`: the discrete-event queueing simulator of the real core.
 
 Progress goes to stderr so `--json` stdout stays machine-readable. Figures are measured, never
 asserted.
@@ -190,7 +190,7 @@ def run_command(
             raise click.ClickException(str(exc)) from exc
     summary["inputs"] = {"fleet": str(fleet_path), "workload": str(workload_path)}
     if report_path is not None:
-        _write_report(report_path, f"gpufleet sim run: {policy} on {workload_path.name}", [(summary, curves)])
+        _write_report(report_path, f"gpufleet dev sim run: {policy} on {workload_path.name}", [(summary, curves)])
     if as_json:
         click.echo(json.dumps(summary))
     else:
@@ -331,7 +331,7 @@ def study_command(
     summaries = [summary for summary, _ in runs]
     if report_path is not None:
         _write_report(
-            report_path, f"gpufleet sim study: {n_jobs:,} jobs on {fleet.capacity_gpus:,} GPUs (seed {seed})", runs
+            report_path, f"gpufleet dev sim study: {n_jobs:,} jobs on {fleet.capacity_gpus:,} GPUs (seed {seed})", runs
         )
     if as_json:
         click.echo(

@@ -83,7 +83,7 @@ class Scorer:
     def _fragmentation(self, placement: Placement, workload: Workload) -> float:
         assert self.mix is not None
         # FGD-style: how much the gang grows the fleet's fragmentation against the expected
-        # workload (the score `gpufleet sim placement` measures on the openb trace).
+        # workload (the score `gpufleet dev sim placement` measures on the openb trace).
         state = self.state
         return gang_fragmentation_cost(
             self.mix, workload, placement.assignments, state.free, state.pool_of_node, self.fragmentation_memo

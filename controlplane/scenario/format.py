@@ -63,7 +63,7 @@ class PriorityClassDoc(Strict):
     default: bool = False
 
 
-# What `gpufleet init` seeds, so a scenario without priority classes behaves like a fresh install.
+# What `gpufleet server init` seeds, so a scenario without priority classes behaves like a fresh install.
 DEFAULT_PRIORITY_CLASSES = (
     PriorityClassDoc(name="batch", value=100, default=True),
     PriorityClassDoc(name="production", value=1000, preemptible=False),

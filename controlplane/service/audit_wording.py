@@ -171,7 +171,10 @@ def fix_text(finding: Finding) -> str:
         case Rule.SHARED_INFERENCE_NOT_MIG:
             return "serve from MIG slices (mig_profile) so each tenant has its own memory and fault domain"
         case Rule.TIMESLICE_POOL_OPEN_TO_ALL:
-            return "give the pool's GPU model a limit of 0 to the teams that should not share it, or turn it into MIG"
+            return (
+                "give the pool's GPU model a limit of 0 to the teams that should not share it "
+                "(`gpufleet team update NAME --limit MODEL=0`), or turn it into MIG"
+            )
         case Rule.TEAM_WITHOUT_LIMIT | Rule.QUEUE_WITHOUT_LIMIT:
             return (
                 "set a limit: `gpufleet team update NAME --limit gpu-eq=N` (or `gpufleet queue update`; "
@@ -179,19 +182,29 @@ def fix_text(finding: Finding) -> str:
             )
         case Rule.CLASS_WITHOUT_PREEMPTION_POLICY:
             return (
-                "set min_runtime_seconds (e.g. 600) so a started gang is safe for a while, "
-                "or make the class non-preemptible"
+                "set min_runtime_seconds (e.g. 600) so a started gang is safe for a while, or make the class "
+                "non-preemptible (`gpufleet priority-class apply NAME --value V --min-runtime 600` or "
+                "`--not-preemptible`)"
             )
         case Rule.FLEET_WITHOUT_GUARANTEE:
-            return "guarantee each team (or its main queue) a share, so borrowed GPUs can be reclaimed"
+            return (
+                "guarantee each team (or its main queue) a share, so borrowed GPUs can be reclaimed "
+                "(`gpufleet team update NAME --guaranteed gpu-eq=N`)"
+            )
         case Rule.TRAINING_WITHOUT_GANG:
-            return "set the cluster's kubernetes.gang to kueue, volcano or coscheduling"
+            return (
+                "set the cluster's kubernetes.gang to kueue, volcano or coscheduling "
+                "(`gpufleet cluster update NAME -f FILE`, FILE holding `kubernetes: {gang: kueue}`)"
+            )
         case Rule.CLUSTER_WITHOUT_TELEMETRY | Rule.RUN_UNMEASURED:
             return "deploy dcgm-exporter and `gpufleet agent` on the cluster (see deploy/dcgm-exporter)"
         case Rule.ALLOCATION_UNUSED:
             return "ask for fewer GPUs, share them (MIG), or let the idle policy reclaim them sooner"
         case Rule.IDLE_RUN:
-            return "stop or scale down the idle run; the idle policy reclaims it when another gang waits"
+            return (
+                "stop or scale down the idle run (`gpufleet workload cancel ID`); the idle policy reclaims it "
+                "when another gang waits"
+            )
         case Rule.IDLE_RECLAIMED:
             return "release GPUs when the work pauses (end the run, checkpoint and resubmit), or size it to its use"
         case Rule.INFERENCE_TRAFFIC_UNKNOWN:

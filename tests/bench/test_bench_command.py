@@ -1,4 +1,4 @@
-"""`gpufleet bench schedule` on a tiny fleet: it runs, and reports every figure with sane values.
+"""`gpufleet dev bench schedule` on a tiny fleet: it runs, and reports every figure with sane values.
 
 Only shape and sanity are checked here; the speed targets of issue 3 are measured, never asserted.
 """
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from controlplane.cli.main import main
 
-TINY = ["bench", "schedule", "--pending", "200", "--clusters", "2", "--nodes", "40", "--queues", "4"]
+TINY = ["dev", "bench", "schedule", "--pending", "200", "--clusters", "2", "--nodes", "40", "--queues", "4"]
 KEYS = {
     "pending",
     "admitted",
@@ -81,6 +81,6 @@ def test_without_json_it_prints_a_table(tmp_path: Path) -> None:
 
 
 def test_a_fleet_with_fewer_nodes_than_clusters_is_refused() -> None:
-    result = CliRunner().invoke(main, ["bench", "schedule", "--clusters", "3", "--nodes", "2", "--json"])
+    result = CliRunner().invoke(main, ["dev", "bench", "schedule", "--clusters", "3", "--nodes", "2", "--json"])
     assert result.exit_code != 0
     assert "at least one node per cluster" in result.output

@@ -1,4 +1,4 @@
-"""`gpufleet bench live` on a tiny bulk-seeded database: the seeding lands what the synthetic
+"""`gpufleet dev bench live` on a tiny bulk-seeded database: the seeding lands what the synthetic
 generator made, both leaders decide on it, a probe submit gets its first decision from the real
 scheduler process. Only completeness and consistency are checked; timings are never asserted."""
 
@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, func, select
 from adapters.sql.tables import RunAssignmentRow, WorkloadRow
 from controlplane.cli.main import main
 
-TINY = ["bench", "live", "--pending", "300", "--clusters", "2", "--nodes", "40", "--queues", "8", "--json"]
+TINY = ["dev", "bench", "live", "--pending", "300", "--clusters", "2", "--nodes", "40", "--queues", "8", "--json"]
 
 
 def _run(*extra: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`gpufleet bench metrics` builds its synthetic installation and reads the fleet gauges off it."""
+"""`gpufleet dev bench metrics` builds its synthetic installation and reads the fleet gauges off it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,21 @@ from controlplane.cli.main import main
 
 
 def test_bench_metrics_prints_its_figures() -> None:
-    args = ["bench", "metrics", "--nodes", "40", "--queues", "5", "--queued", "50", "--live", "10", "--reads", "2"]
+    args = [
+        "dev",
+        "bench",
+        "metrics",
+        "--nodes",
+        "40",
+        "--queues",
+        "5",
+        "--queued",
+        "50",
+        "--live",
+        "10",
+        "--reads",
+        "2",
+    ]
     result = CliRunner().invoke(main, [*args, "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)

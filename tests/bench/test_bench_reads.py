@@ -1,4 +1,4 @@
-"""`gpufleet bench reads` on a tiny fleet: a real `gpufleet serve`, gangs admitted and queued, every
+"""`gpufleet dev bench reads` on a tiny fleet: a real `gpufleet server serve`, gangs admitted and queued, every
 read answered and sized. Times are measured, never asserted."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from controlplane.cli.main import main
 
 def test_bench_reads_times_and_sizes_every_read() -> None:
     # Gangs of 4 pods x 8 GPUs on 10 nodes of 8 GPUs: two are admitted, the third waits.
-    args = ["bench", "reads", "--gangs", "3", "--pods", "4", "--clusters", "1", "--nodes-per-cluster", "10"]
+    args = ["dev", "bench", "reads", "--gangs", "3", "--pods", "4", "--clusters", "1", "--nodes-per-cluster", "10"]
     result = CliRunner().invoke(main, [*args, "--repeat", "1", "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output.strip().splitlines()[-1])

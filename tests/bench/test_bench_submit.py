@@ -1,4 +1,4 @@
-"""`gpufleet bench submit` on a tiny fleet, by REST and by NATS: it runs real server processes and
+"""`gpufleet dev bench submit` on a tiny fleet, by REST and by NATS: it runs real server processes and
 reports every figure. Only completeness is checked; the speed targets are measured, never asserted."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from controlplane.cli.main import main
 
-TINY = ["bench", "submit", "--count", "30", "--clusters", "2", "--nodes", "8", "--json"]
+TINY = ["dev", "bench", "submit", "--count", "30", "--clusters", "2", "--nodes", "8", "--json"]
 
 
 def test_bench_submit_by_rest_reports_every_submit() -> None:

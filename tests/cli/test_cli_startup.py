@@ -1,4 +1,5 @@
-"""`gpufleet` starts without importing the daemons' and agent's libraries, and its help is grouped.
+"""`gpufleet` starts without importing the daemons' and agent's libraries, its help is grouped, and the
+flat names of the previous release are deprecated aliases (they work, say the new name, stay hidden).
 
 Import checks, never timings: a command that imports SQLAlchemy, nats-py or the Kubernetes client
 costs seconds on every call, and only the modules it loaded say so reliably on a shared machine.
@@ -7,6 +8,7 @@ costs seconds on every call, and only the modules it loaded say so reliably on a
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +20,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from controlplane.cli.main import SECTIONS, main
+from controlplane.cli.groups import DEV_COMMANDS, SERVER_COMMANDS, dev, server
+from controlplane.cli.main import DEPRECATED_ALIASES, SECTIONS, main
 
 HEAVY = ("kubernetes", "sqlalchemy", "alembic", "nats", "fastapi", "boto3", "azure", "google.cloud", "oci")
 
@@ -36,17 +39,17 @@ sys.stderr.write("LOADED=" + json.dumps(loaded) + "\\n")
 """
 
 CLIENT_COMMANDS = (
-    "list", "submit", "show", "cancel", "queues", "clusters", "report", "audit", "job", "status", "watch",
-    "login", "context", "completion", "cohort", "team", "queue", "priority-class", "token", "cluster",
+    ("workload",), ("workload", "list"), ("workload", "submit"), ("workload", "watch"), ("report",), ("audit",),
+    ("job",), ("status",), ("login",), ("context",), ("completion",), ("cohort",), ("team",), ("queue",),
+    ("queue", "list"), ("priority-class",), ("token",), ("cluster",), ("server",), ("dev",),
+    ("list",), ("queues",), ("clusters",),  # deprecated aliases: still light
 )  # fmt: skip
 
 ALL_COMMANDS = {
-    "up", "init", "migrate", "serve", "run", "scheduler", "dispatcher", "ingest", "relay",
-    "create-admin-token", "nats-topology", "nats-auth-config",
-    "job", "login", "context", "completion", "status", "submit", "list", "show", "cancel", "watch", "queues",
-    "clusters", "report", "audit",
-    "cohort", "team", "queue", "priority-class", "token", "cluster",
-    "agent", "bench", "sim", "scenario",
+    "up", "server", "agent",
+    "status", "workload", "job", "report", "audit", "login", "context", "completion",
+    "team", "queue", "cohort", "priority-class", "token", "cluster",
+    "dev",
 }  # fmt: skip
 
 
@@ -65,10 +68,10 @@ def test_top_level_help_imports_no_command_module() -> None:
     assert loaded == []
 
 
-@pytest.mark.parametrize("command", CLIENT_COMMANDS)
-def test_client_command_help_imports_no_heavy_library(command: str) -> None:
-    loaded, out = loaded_heavy(command, "--help")
-    assert f"Usage: gpufleet {command}" in out
+@pytest.mark.parametrize("words", CLIENT_COMMANDS, ids=" ".join)
+def test_client_command_help_imports_no_heavy_library(words: tuple[str, ...]) -> None:
+    loaded, out = loaded_heavy(*words, "--help")
+    assert f"Usage: gpufleet {' '.join(words)}" in out
     assert loaded == []
 
 
@@ -97,15 +100,31 @@ def empty_api() -> Iterator[str]:
 
 
 def test_list_against_an_api_imports_no_heavy_library(empty_api: str) -> None:
-    loaded, out = loaded_heavy("list", "--api", empty_api, "--token", "t")
+    loaded, out = loaded_heavy("workload", "list", "--api", empty_api, "--token", "t")
     assert "no workloads match" in out
     assert loaded == []
 
 
+@pytest.mark.parametrize(
+    ("words", "offered"), [("gpufleet ", "up"), ("gpufleet server ", "serve"), ("gpufleet dev ", "bench")]
+)
+def test_completing_command_names_imports_no_command(words: str, offered: str) -> None:
+    # The shell asks on every <TAB>: the names and summaries come from the tables, not the modules.
+    env = {
+        **os.environ,
+        "_GPUFLEET_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split())),
+    }
+    loaded, out = loaded_heavy(env=env)
+    assert loaded == []
+    assert f"plain,{offered}" in out.splitlines()
+
+
 def test_heavy_commands_still_load_their_modules() -> None:
-    # The probe can see an import: `bench --help` loads the benchmark, which needs SQLAlchemy.
-    loaded, out = loaded_heavy("bench", "--help")
-    assert "Usage: gpufleet bench" in out
+    # The probe can see an import: `dev bench --help` loads the benchmark, which needs SQLAlchemy.
+    loaded, out = loaded_heavy("dev", "bench", "--help")
+    assert "Usage: gpufleet dev bench" in out
     assert "sqlalchemy" in loaded
 
 
@@ -113,25 +132,21 @@ def test_help_groups_every_command_once_under_its_section() -> None:
     result = CliRunner().invoke(main, ["--help"], terminal_width=100)
     assert result.exit_code == 0, result.output
     titles = re.findall(r"^(\S[^:\n]*):$", result.output, flags=re.MULTILINE)
-    assert titles == [
-        "Options",
-        "Run the control plane",
-        "Use it",
-        "Manage the fleet",
-        "Clusters and agents",
-        "Developer tools",
-    ]
+    assert titles == ["Options", "Run the control plane", "Use it", "Manage the fleet", "Developer tools"]
     listed = re.findall(r"^  ([a-z][a-z-]*)  ", result.output, flags=re.MULTILINE)
     assert sorted(listed) == sorted(ALL_COMMANDS)
     assert len(listed) == len(set(listed))
     # Each command sits under its own heading.
-    headings = r"^(?:Run the control plane|Use it|Manage the fleet|Clusters and agents|Developer tools):$"
+    headings = r"^(?:Run the control plane|Use it|Manage the fleet|Developer tools):$"
     sections = re.split(headings, result.output, flags=re.MULTILINE)
     assert "  up " in sections[1]
-    assert "  list " in sections[2]
+    assert "  server " in sections[1]
+    assert "  workload " in sections[2]
     assert "  team " in sections[3]
-    assert "  agent " in sections[4]
-    assert "  bench " in sections[5]
+    assert "  dev " in sections[4]
+    # No deprecated alias is listed; one sentence says they still work.
+    assert not {"list", "submit", "serve", "bench", "queues", "clusters"} & set(listed)
+    assert "still work" in result.output
 
 
 def test_every_listed_command_loads_under_its_name() -> None:
@@ -142,15 +157,84 @@ def test_every_listed_command_loads_under_its_name() -> None:
             command = main.get_command(ctx, name)
             assert command is not None
             assert command.name == name
-    sim = main.get_command(ctx, "sim")
+    for group, sections in ((server, SERVER_COMMANDS), (dev, DEV_COMMANDS)):
+        assert set(group.list_commands(ctx)) == {name for section in sections.values() for name in section}
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command is not None
+            assert command.name == name
+    sim = dev.get_command(ctx, "sim")
     assert isinstance(sim, click.Group)
     assert {"placement", "run", "generate", "study"} <= set(sim.commands)
-    bench = main.get_command(ctx, "bench")
+    bench = dev.get_command(ctx, "bench")
     assert isinstance(bench, click.Group)
     assert {"schedule", "ingest", "submit"} <= set(bench.commands)
+    workload = main.get_command(ctx, "workload")
+    assert isinstance(workload, click.Group)
+    assert set(workload.commands) == {"submit", "list", "show", "cancel", "watch"}
 
 
 def test_unknown_command_is_a_usage_error() -> None:
     result = CliRunner().invoke(main, ["lsit"])
     assert result.exit_code == 2
     assert "No such command 'lsit'" in result.output
+
+
+# --- deprecated aliases -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(DEPRECATED_ALIASES.items()))
+def test_every_old_name_runs_the_command_that_replaced_it(old: str, new: tuple[str, ...]) -> None:
+    ctx = click.Context(main)
+    alias = main.get_command(ctx, old)
+    replacement: click.Command | None = main
+    for word in new:
+        assert isinstance(replacement, click.Group)
+        replacement = replacement.get_command(ctx, word)
+    assert alias is not None
+    assert replacement is not None
+    assert alias.hidden
+    assert alias.callback is replacement.callback
+    assert [p.name for p in alias.params] == [p.name for p in replacement.params]
+
+
+def test_up_and_the_client_basics_stay_top_level_and_are_not_deprecated() -> None:
+    # `up` is the README's first command; status, login, context and completion are top level by design.
+    kept = {"up", "status", "login", "context", "completion", "agent"}
+    assert not kept & set(DEPRECATED_ALIASES)
+    ctx = click.Context(main)
+    for name in kept:
+        command = main.get_command(ctx, name)
+        assert command is not None
+        assert not command.hidden
+    result = CliRunner().invoke(main, ["up", "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
+def test_an_old_name_says_the_new_one_on_stderr_and_still_works() -> None:
+    result = CliRunner().invoke(main, ["nats-topology", "--prefix", "acme"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.strip() == (
+        "`gpufleet nats-topology` is deprecated and goes away in the next release: use `gpufleet server nats-topology`"
+    )
+    assert "acme" in result.stdout
+    # The grouped name says nothing on stderr and prints the same.
+    grouped = CliRunner().invoke(main, ["server", "nats-topology", "--prefix", "acme"])
+    assert grouped.exit_code == 0, grouped.output
+    assert grouped.stderr == ""
+    assert grouped.stdout == result.stdout
+
+
+def test_an_old_group_name_keeps_its_verbs_and_its_help_names_the_new_command() -> None:
+    result = CliRunner().invoke(main, ["sim", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "use `gpufleet dev sim`" in result.stderr
+    assert "placement" in result.stdout
+
+
+def test_old_list_names_are_aliases_of_the_object_groups_list_verbs() -> None:
+    result = CliRunner().invoke(main, ["queues", "--help"])
+    assert "use `gpufleet queue list`" in result.stderr
+    assert "--json" in result.stdout
+    assert "-o, --output" in result.stdout

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import click
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from controlplane.cli import rest_api
-from controlplane.cli.client_commands import register
+from controlplane.cli.client_commands import workload as workload_group
+from controlplane.cli.client_output import age
+from controlplane.cli.main import main
 
 # --- a fake API -------------------------------------------------------------------------------------
 
@@ -118,17 +122,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return state
 
 
-def cli() -> click.Group:
-    group = click.Group("gpufleet")
-    register(group)
-    return group
-
-
 def run(api: FakeApi, *args: str, token: str | None = "tok-123", stdin: str | None = None) -> Result:
-    """Invoke `gpufleet <command> ...` against the fake API."""
-    command, *rest = args
+    """Invoke `gpufleet <command> ... --api URL --token TOKEN` against the fake API."""
     options = ["--api", api.url] + (["--token", token] if token is not None else [])
-    return CliRunner().invoke(cli(), [command, *options, *rest], input=stdin)
+    return CliRunner().invoke(main, [*args, *options], input=stdin)
 
 
 # --- canned API responses, shaped like controlplane.service.views --------------------------------------
@@ -303,7 +300,7 @@ def workload_file(tmp_path: Path) -> Path:
 def test_submit_posts_the_yaml_as_json_with_the_bearer_token(api: FakeApi, workload_file: Path) -> None:
     api.reply("POST", "/v1/workloads", QUEUED, status=201)
 
-    result = run(api, "submit", str(workload_file))
+    result = run(api, "workload", "submit", str(workload_file))
 
     assert result.exit_code == 0, result.output
     sent = api.only
@@ -318,7 +315,9 @@ def test_submit_posts_the_yaml_as_json_with_the_bearer_token(api: FakeApi, workl
 def test_submit_overrides_the_queue_and_sends_the_idempotency_key(api: FakeApi, workload_file: Path) -> None:
     api.reply("POST", "/v1/workloads", workload(queue="urgent"), status=201)
 
-    result = run(api, "submit", str(workload_file), "--queue", "urgent", "--idempotency-key", "nightly-2024-05-01")
+    result = run(
+        api, "workload", "submit", str(workload_file), "--queue", "urgent", "--idempotency-key", "nightly-2024-05-01"
+    )
 
     assert result.exit_code == 0, result.output
     assert api.only.body == {**WORKLOAD_BODY, "queue": "urgent"}
@@ -329,7 +328,7 @@ def test_submit_overrides_the_queue_and_sends_the_idempotency_key(api: FakeApi, 
 def test_submit_says_when_the_idempotency_key_matched_an_earlier_workload(api: FakeApi, workload_file: Path) -> None:
     api.reply("POST", "/v1/workloads", WORKLOAD, status=200)
 
-    result = run(api, "submit", str(workload_file), "--idempotency-key", "k1")
+    result = run(api, "workload", "submit", str(workload_file), "--idempotency-key", "k1")
 
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("already submitted wl_01hzabc: running")
@@ -338,7 +337,7 @@ def test_submit_says_when_the_idempotency_key_matched_an_earlier_workload(api: F
 def test_submit_reads_stdin_for_dash(api: FakeApi) -> None:
     api.reply("POST", "/v1/workloads", QUEUED, status=201)
 
-    result = run(api, "submit", "-", stdin=WORKLOAD_YAML)
+    result = run(api, "workload", "submit", "-", stdin=WORKLOAD_YAML)
 
     assert result.exit_code == 0, result.output
     assert api.only.body == WORKLOAD_BODY
@@ -347,7 +346,7 @@ def test_submit_reads_stdin_for_dash(api: FakeApi) -> None:
 def test_submit_sends_yaml_dates_as_iso_strings(api: FakeApi) -> None:
     api.reply("POST", "/v1/workloads", QUEUED, status=201)
 
-    result = run(api, "submit", "-", stdin=WORKLOAD_YAML.replace("project: llama", "release: 2024-05-01"))
+    result = run(api, "workload", "submit", "-", stdin=WORKLOAD_YAML.replace("project: llama", "release: 2024-05-01"))
 
     assert result.exit_code == 0, result.output
     assert api.only.body["labels"] == {"release": "2024-05-01"}
@@ -360,7 +359,7 @@ def test_submit_sends_yaml_dates_as_iso_strings(api: FakeApi) -> None:
 def test_submit_rejects_a_file_that_is_not_a_yaml_mapping_without_calling_the_api(
     api: FakeApi, document: str, message: str
 ) -> None:
-    result = run(api, "submit", "-", stdin=document)
+    result = run(api, "workload", "submit", "-", stdin=document)
 
     assert result.exit_code == 1
     assert message in result.stderr
@@ -371,7 +370,7 @@ def test_submit_prints_the_422_detail_on_stderr_and_exits_1(api: FakeApi, worklo
     detail = "pod_sets.0.gpus: Input should be less than or equal to 64"
     api.reply("POST", "/v1/workloads", {"detail": detail, "errors": []}, status=422)
 
-    result = run(api, "submit", str(workload_file))
+    result = run(api, "workload", "submit", str(workload_file))
 
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -382,7 +381,7 @@ def test_submit_formats_fastapis_default_validation_list(api: FakeApi, workload_
     detail = [{"loc": ["body", "pod_sets", 0, "gpus"], "msg": "too many", "type": "x"}]
     api.reply("POST", "/v1/workloads", {"detail": detail}, status=422)
 
-    result = run(api, "submit", str(workload_file))
+    result = run(api, "workload", "submit", str(workload_file))
 
     assert result.exit_code == 1
     assert "invalid request: pod_sets.0.gpus: too many" in result.stderr
@@ -394,7 +393,9 @@ def test_submit_formats_fastapis_default_validation_list(api: FakeApi, workload_
 def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads", page(WORKLOAD, QUEUED))
 
-    result = run(api, "list", "--queue", "research", "--state", "queued", "--state", "running", "--limit", "5")
+    result = run(
+        api, "workload", "list", "--queue", "research", "--state", "queued", "--state", "running", "--limit", "5"
+    )
 
     assert result.exit_code == 0, result.output
     sent = api.only
@@ -414,7 +415,7 @@ def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> 
 def test_list_without_filters_leaves_defaults_to_the_server(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads", page())
 
-    result = run(api, "list")
+    result = run(api, "workload", "list")
 
     assert result.exit_code == 0, result.output
     assert api.only.query == {}
@@ -422,7 +423,7 @@ def test_list_without_filters_leaves_defaults_to_the_server(api: FakeApi) -> Non
 
 
 def test_list_rejects_an_unknown_state_before_calling_the_api(api: FakeApi) -> None:
-    result = run(api, "list", "--state", "sleeping")
+    result = run(api, "workload", "list", "--state", "sleeping")
 
     assert result.exit_code == 2
     assert "sleeping" in result.stderr
@@ -434,7 +435,7 @@ def test_list_piped_keeps_each_workload_on_one_line(api: FakeApi, monkeypatch: p
     reason = "waiting for quota: " + ", ".join(f"pool-{i} has 0 of 8 H100-80GB free" for i in range(5))
     api.reply("GET", "/v1/workloads", page(workload(reason=reason)))
 
-    result = run(api, "list")
+    result = run(api, "workload", "list")
 
     assert result.exit_code == 0, result.output
     assert any("wl_01hzabc" in line and reason in line for line in result.stdout.splitlines())
@@ -447,7 +448,7 @@ def test_list_says_how_to_go_on_when_the_page_ends_early(api: FakeApi) -> None:
     # A page of the API ends at its byte cap (or at --limit) with a cursor to the rest.
     api.reply("GET", "/v1/workloads", page(WORKLOAD, following="1714557600000000.wl_01hzabc"))
 
-    result = run(api, "list", "--state", "running", "--cursor", "1714557700000000.wl_01hzzz")
+    result = run(api, "workload", "list", "--state", "running", "--cursor", "1714557700000000.wl_01hzzz")
 
     assert result.exit_code == 0, result.output
     assert api.only.query == {"state": ["running"], "cursor": ["1714557700000000.wl_01hzzz"]}
@@ -458,7 +459,7 @@ def test_list_says_how_to_go_on_when_the_page_ends_early(api: FakeApi) -> None:
 def test_show_prints_state_placement_runs_and_assignments(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert (api.only.method, api.only.path) == ("GET", "/v1/workloads/wl_01hzabc")
@@ -482,7 +483,7 @@ def test_show_says_which_gang_a_run_on_lent_capacity_was_held_for(api: FakeApi) 
     lent = {**WORKLOAD["runs"][0], "lent_to": "wl_01hzbig"}
     api.reply("GET", "/v1/workloads/wl_01hzabc", {**WORKLOAD, "runs": [lent]})
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert "on capacity held for wl_01hzbig" in result.stdout.replace("\n", " ")
@@ -499,7 +500,7 @@ def test_show_of_a_big_gang_prints_counts_not_pods(api: FakeApi) -> None:
     big = workload(nodes=nodes, node_count=626, runs=runs, attempts=30)
     api.reply("GET", "/v1/workloads/wl_01hzabc", big)
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     out = result.stdout
@@ -514,7 +515,7 @@ def test_show_of_a_big_gang_prints_counts_not_pods(api: FakeApi) -> None:
 def test_show_prints_reason_and_queue_position_of_a_queued_workload(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzqueued", QUEUED)
 
-    result = run(api, "show", "wl_01hzqueued")
+    result = run(api, "workload", "show", "wl_01hzqueued")
 
     assert result.exit_code == 0, result.output
     assert "waiting for quota: H100-80GB 16 > 8 free" in result.stdout
@@ -524,7 +525,7 @@ def test_show_prints_reason_and_queue_position_of_a_queued_workload(api: FakeApi
 
 
 def test_show_quotes_the_id_so_it_cannot_reach_another_route(api: FakeApi) -> None:
-    result = run(api, "show", "../clusters")
+    result = run(api, "workload", "show", "../clusters")
 
     assert result.exit_code == 1
     assert api.only.path == "/v1/workloads/..%2Fclusters"
@@ -533,7 +534,7 @@ def test_show_quotes_the_id_so_it_cannot_reach_another_route(api: FakeApi) -> No
 def test_show_prints_the_404_detail(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_nope", {"detail": "no workload wl_nope"}, status=404)
 
-    result = run(api, "show", "wl_nope")
+    result = run(api, "workload", "show", "wl_nope")
 
     assert result.exit_code == 1
     assert "no workload wl_nope (HTTP 404)" in result.stderr
@@ -546,7 +547,7 @@ def test_cancel_posts_the_reason(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="wrong dataset"))
 
-    result = run(api, "cancel", "wl_01hzabc", "--reason", "wrong dataset")
+    result = run(api, "workload", "cancel", "wl_01hzabc", "--reason", "wrong dataset")
 
     assert result.exit_code == 0, result.output
     asked, posted = api.requests
@@ -561,7 +562,7 @@ def test_cancel_without_reason_sends_no_body_so_the_server_default_applies(api: 
     api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled", reason="cancelled by user"))
 
-    result = run(api, "cancel", "wl_01hzabc")
+    result = run(api, "workload", "cancel", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert api.requests[-1].body is None
@@ -570,7 +571,7 @@ def test_cancel_without_reason_sends_no_body_so_the_server_default_applies(api: 
 def test_a_second_cancel_says_it_was_cancelled_already(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="cancelled", reason="wrong dataset"))
 
-    result = run(api, "cancel", "wl_01hzabc")
+    result = run(api, "workload", "cancel", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert result.stdout == "wl_01hzabc: already cancelled (wrong dataset)\n"
@@ -582,7 +583,7 @@ def test_cancel_of_a_finished_workload_prints_the_conflict(api: FakeApi) -> None
     api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="succeeded"))
     api.reply("POST", "/v1/workloads/wl_01hzabc/cancel", {"detail": detail}, status=409)
 
-    result = run(api, "cancel", "wl_01hzabc")
+    result = run(api, "workload", "cancel", "wl_01hzabc")
 
     assert result.exit_code == 1
     assert detail in result.stderr
@@ -591,10 +592,10 @@ def test_cancel_of_a_finished_workload_prints_the_conflict(api: FakeApi) -> None
 # --- queues and clusters -------------------------------------------------------------------------------
 
 
-def test_queues_prints_quotas_and_weights(api: FakeApi) -> None:
+def test_queue_list_prints_quotas_and_weights(api: FakeApi) -> None:
     api.reply("GET", "/v1/queues", QUEUES)
 
-    result = run(api, "queues")
+    result = run(api, "queue", "list")
 
     assert result.exit_code == 0, result.output
     assert (api.only.method, api.only.path) == ("GET", "/v1/queues")
@@ -605,10 +606,10 @@ def test_queues_prints_quotas_and_weights(api: FakeApi) -> None:
     assert all(v in evals for v in ("gpu-eq=32", "0.5"))
 
 
-def test_clusters_prints_one_row_per_pool(api: FakeApi) -> None:
+def test_cluster_list_prints_one_row_per_pool(api: FakeApi) -> None:
     api.reply("GET", "/v1/clusters", CLUSTERS)
 
-    result = run(api, "clusters")
+    result = run(api, "cluster", "list")
 
     assert result.exit_code == 0, result.output
     assert (api.only.method, api.only.path) == ("GET", "/v1/clusters")
@@ -622,23 +623,23 @@ def test_clusters_prints_one_row_per_pool(api: FakeApi) -> None:
     assert all(v in l4 for v in ("gke-eu-west", "europe-west4", "timeslice:4", "0.70"))
 
 
-# --- --json on every command ---------------------------------------------------------------------------
+# --- --json (and -o json) on every command ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("args", "method", "path", "payload"),
     [
-        (["submit", "-"], "POST", "/v1/workloads", QUEUED),
-        (["list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED, following="1714557600000000.wl-0")),
-        (["show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
-        (["cancel", "wl_01hzabc"], "POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled")),
-        (["queues"], "GET", "/v1/queues", QUEUES),
-        (["clusters"], "GET", "/v1/clusters", CLUSTERS),
+        (["workload", "submit", "-"], "POST", "/v1/workloads", QUEUED),
+        (["workload", "list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED, following="1714557600000000.wl-0")),
+        (["workload", "show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
+        (["workload", "cancel", "wl_01hzabc"], "POST", "/v1/workloads/wl_01hzabc/cancel", workload(state="cancelled")),
+        (["queue", "list"], "GET", "/v1/queues", QUEUES),
+        (["cluster", "list"], "GET", "/v1/clusters", CLUSTERS),
     ],
 )
 def test_json_prints_the_raw_response(api: FakeApi, args: list[str], method: str, path: str, payload: Any) -> None:
     api.reply(method, path, payload, status=201 if method == "POST" and path == "/v1/workloads" else 200)
-    if args[0] == "cancel":
+    if args[1] == "cancel":
         api.reply("GET", "/v1/workloads/wl_01hzabc", WORKLOAD)  # asked first: not cancelled yet
 
     result = run(api, *args, "--json", stdin=WORKLOAD_YAML)
@@ -647,10 +648,10 @@ def test_json_prints_the_raw_response(api: FakeApi, args: list[str], method: str
     assert json.loads(result.stdout) == payload
 
 
-def test_every_command_takes_the_shared_connection_options() -> None:
-    for name, command in cli().commands.items():
+def test_every_workload_verb_takes_the_shared_connection_and_output_options() -> None:
+    for name, command in workload_group.commands.items():
         options = {opt for param in command.params for opt in param.opts}
-        assert {"--api", "--token", "--json"} <= options, name
+        assert {"--api", "--token", "-o", "--output", "--json"} <= options, name
 
 
 # --- connection and token ------------------------------------------------------------------------------
@@ -661,7 +662,7 @@ def test_token_falls_back_to_admin_token_in_the_state_dir(api: FakeApi, clean_en
     (clean_env / "admin.token").write_text("gpf_from_file\n")
     api.reply("GET", "/v1/queues", [])
 
-    result = run(api, "queues", token=None)
+    result = run(api, "queue", "list", token=None)
 
     assert result.exit_code == 0, result.output
     assert api.only.headers["authorization"] == "Bearer gpf_from_file"
@@ -675,8 +676,8 @@ def test_token_from_env_wins_over_the_file_and_the_option_over_both(
     monkeypatch.setenv("GPUFLEET_TOKEN", "gpf_from_env")
     api.reply("GET", "/v1/queues", [])
 
-    assert run(api, "queues", token=None).exit_code == 0
-    assert run(api, "queues", token="gpf_from_option").exit_code == 0
+    assert run(api, "queue", "list", token=None).exit_code == 0
+    assert run(api, "queue", "list", token="gpf_from_option").exit_code == 0
 
     assert [r.headers["authorization"] for r in api.requests] == ["Bearer gpf_from_env", "Bearer gpf_from_option"]
 
@@ -685,7 +686,7 @@ def test_api_url_comes_from_the_environment(api: FakeApi, monkeypatch: pytest.Mo
     monkeypatch.setenv("GPUFLEET_API", api.url)
     api.reply("GET", "/v1/clusters", [])
 
-    result = CliRunner().invoke(cli(), ["clusters", "--token", "t"])
+    result = CliRunner().invoke(main, ["cluster", "list", "--token", "t"])
 
     assert result.exit_code == 0, result.output
     assert api.only.path == "/v1/clusters"
@@ -694,7 +695,7 @@ def test_api_url_comes_from_the_environment(api: FakeApi, monkeypatch: pytest.Mo
 def test_401_without_a_token_says_how_to_provide_one(api: FakeApi, clean_env: Path) -> None:
     api.reply("GET", "/v1/workloads", {"detail": "missing, unknown or revoked API token"}, status=401)
 
-    result = run(api, "list", token=None)
+    result = run(api, "workload", "list", token=None)
 
     assert result.exit_code == 1
     assert "authorization" not in api.only.headers
@@ -706,7 +707,7 @@ def test_401_without_a_token_says_how_to_provide_one(api: FakeApi, clean_env: Pa
 def test_401_with_a_token_says_it_was_rejected(api: FakeApi) -> None:
     api.reply("GET", "/v1/workloads", {"detail": "missing, unknown or revoked API token"}, status=401)
 
-    result = run(api, "list", token="gpf_revoked")
+    result = run(api, "workload", "list", token="gpf_revoked")
 
     assert result.exit_code == 1
     assert "the API token was rejected (missing, unknown or revoked API token)" in result.stderr
@@ -716,7 +717,7 @@ def test_401_with_a_token_says_it_was_rejected(api: FakeApi) -> None:
 def test_a_non_json_error_body_is_still_shown(api: FakeApi) -> None:
     api.reply("GET", "/v1/queues", b"upstream connect error", status=502)
 
-    result = run(api, "queues")
+    result = run(api, "queue", "list")
 
     assert result.exit_code == 1
     assert "upstream connect error (HTTP 502)" in result.stderr
@@ -733,7 +734,7 @@ def closed_port() -> int:
 def test_unreachable_api_names_the_url_and_suggests_gpufleet_up(closed_port: int) -> None:
     url = f"http://127.0.0.1:{closed_port}"
 
-    result = CliRunner().invoke(cli(), ["list", "--api", url, "--token", "t"])
+    result = CliRunner().invoke(main, ["workload", "list", "--api", url, "--token", "t"])
 
     assert result.exit_code == 1
     assert f"not reachable at {url}" in result.stderr
@@ -744,7 +745,7 @@ def test_a_slow_api_times_out_with_a_message(api: FakeApi, monkeypatch: pytest.M
     monkeypatch.setattr(rest_api, "TIMEOUT_SECONDS", 0.05)
     api.reply("GET", "/v1/clusters", [], delay=0.3)
 
-    result = run(api, "clusters")
+    result = run(api, "cluster", "list")
 
     assert result.exit_code == 1
     assert f"{api.url} did not answer within 0.05 s" in result.stderr
@@ -759,8 +760,159 @@ def test_show_says_how_few_pods_a_pod_set_with_a_minimum_may_start_with(api: Fak
     )
     api.reply("GET", "/v1/workloads/wl_01hzabc", elastic)
 
-    result = run(api, "show", "wl_01hzabc")
+    result = run(api, "workload", "show", "wl_01hzabc")
 
     assert result.exit_code == 0, result.output
     assert "workers: 4 (at least 2) x 8 GPU on H100-80GB" in result.stdout
     assert "launcher: 1 x 0 GPU" in result.stdout  # a minimum equal to the count says nothing
+
+
+# --- -o table|json|yaml: one rule for every command -------------------------------------------------
+
+STATUS: dict[str, Any] = {
+    "at": "2024-05-01T10:00:00Z",
+    "clusters": 2,
+    "gpus": [{"gpu_model": "H100-80GB", "sharing": "exclusive", "capacity": 32.0, "allocated": 16.0}],
+    "queues": [
+        {"level": "team", "name": "nlp", "team": "nlp", "pending": 1, "pending_by_reason": {"quota": 1},
+         "used_gpu_eq": 16.0, "guaranteed_gpu_eq": 8.0, "limit_gpu_eq": None},
+        {"level": "queue", "name": "research", "team": "nlp", "pending": 1, "pending_by_reason": {"quota": 1},
+         "used_gpu_eq": 16.0, "guaranteed_gpu_eq": 8.0, "limit_gpu_eq": 32.0},
+    ],
+    "control_plane": None,
+}  # fmt: skip
+
+
+def test_status_prints_gpus_then_teams_and_their_queues(api: FakeApi) -> None:
+    api.reply("GET", "/v1/status", STATUS)
+
+    result = run(api, "status")
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    h100 = next(line for line in lines if "H100-80GB" in line)
+    assert all(v in h100 for v in ("exclusive", "32", "16", "50 %"))
+    research = next(line for line in lines if "research" in line)
+    assert all(v in research for v in ("quota 1", "16", "8", "32"))
+    assert "scheduler" not in result.stdout  # a team token sees no control-plane line
+
+
+PRINTING = [
+    (["workload", "submit", "-"], "POST", "/v1/workloads", QUEUED),
+    (["workload", "list"], "GET", "/v1/workloads", page(WORKLOAD, QUEUED)),
+    (["workload", "show", "wl_01hzabc"], "GET", "/v1/workloads/wl_01hzabc", WORKLOAD),
+    (["queue", "list"], "GET", "/v1/queues", QUEUES),
+    (["cluster", "list"], "GET", "/v1/clusters", CLUSTERS),
+    (["cluster", "show", "eks-us-east"], "GET", "/v1/clusters/eks-us-east", CLUSTERS[0]),
+    (["status"], "GET", "/v1/status", STATUS),
+    (["audit"], "GET", "/v1/audit", {"generated_at": "2024-05-01T10:00:00Z", "counts": {"high": 0}, "findings": []}),
+]
+
+
+@pytest.mark.parametrize(("args", "method", "path", "payload"), PRINTING, ids=[" ".join(p[0]) for p in PRINTING])
+def test_yaml_reads_back_as_the_same_data_as_json(
+    api: FakeApi, args: list[str], method: str, path: str, payload: Any
+) -> None:
+    api.reply(method, path, payload, status=201 if method == "POST" else 200)
+
+    as_json = run(api, *args, "-o", "json", stdin=WORKLOAD_YAML)
+    as_yaml = run(api, *args, "-o", "yaml", stdin=WORKLOAD_YAML)
+    older = run(api, *args, "--json", stdin=WORKLOAD_YAML)
+
+    for result in (as_json, as_yaml, older):
+        assert result.exit_code == 0, result.output
+    assert json.loads(as_json.stdout) == payload
+    assert yaml.safe_load(as_yaml.stdout) == payload
+    assert older.stdout == as_json.stdout
+
+
+def test_json_and_another_output_together_are_a_usage_error_before_anything_is_sent(api: FakeApi) -> None:
+    for args in (["workload", "list"], ["queue", "list"]):
+        result = run(api, *args, "--json", "-o", "yaml")
+        assert result.exit_code == 2, result.output
+        assert "--json means -o json" in result.stderr
+    assert api.requests == []
+
+
+def test_an_object_verb_takes_the_options_before_or_after_it_and_its_own_win(api: FakeApi) -> None:
+    api.reply("GET", "/v1/queues", QUEUES)
+    runner = CliRunner()
+    before = runner.invoke(main, ["queue", "--api", api.url, "--token", "t", "-o", "yaml", "list"])
+    after = runner.invoke(main, ["queue", "list", "--api", api.url, "--token", "t", "-o", "yaml"])
+    both = runner.invoke(
+        main, ["queue", "-o", "yaml", "--api", "http://127.0.0.1:1", "list", "--api", api.url, "--json"]
+    )
+
+    for result in (before, after, both):
+        assert result.exit_code == 0, result.output
+    assert before.stdout == after.stdout
+    assert yaml.safe_load(before.stdout) == QUEUES
+    assert json.loads(both.stdout) == QUEUES  # the verb's --api and --json over the group's
+    assert len(api.requests) == 3
+
+
+def test_watch_prints_one_document_per_change_as_yaml(api: FakeApi) -> None:
+    api.reply("GET", "/v1/workloads/wl_01hzabc", workload(state="succeeded"))
+
+    result = run(api, "workload", "watch", "wl_01hzabc", "-o", "yaml")
+
+    assert result.exit_code == 0, result.output
+    [document] = list(yaml.safe_load_all(result.stdout))
+    assert document == workload(state="succeeded")
+
+
+# --- the flat names of the previous release -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(["list"], ["workload", "list"]), (["queues"], ["queue", "list"]), (["clusters"], ["cluster", "list"])],
+)
+def test_an_old_name_prints_what_the_new_one_prints_and_names_it_on_stderr(
+    api: FakeApi, old: list[str], new: list[str]
+) -> None:
+    api.reply("GET", "/v1/workloads", page(WORKLOAD))
+    api.reply("GET", "/v1/queues", QUEUES)
+    api.reply("GET", "/v1/clusters", CLUSTERS)
+
+    deprecated = run(api, *old, "--json")
+    grouped = run(api, *new, "--json")
+
+    assert deprecated.exit_code == 0, deprecated.output
+    assert deprecated.stdout == grouped.stdout
+    assert f"use `gpufleet {' '.join(new)}`" in deprecated.stderr
+    assert grouped.stderr == ""
+
+
+def test_list_shows_each_gangs_gpus_models_and_age(api: FakeApi) -> None:
+    sliced = workload(
+        id="wl_01hzmig",
+        created_at="2024-05-01T09:58:00Z",
+        pod_sets=[
+            {"name": "server", "replicas": 2, "gpus": 0, "mig_profile": "1g.10gb", "gpu_models": ["A100-40GB"]},
+            {"name": "shared", "replicas": 4, "gpus": 0, "gpu_fraction": 0.25},
+            {"name": "launcher", "replicas": 1, "gpus": 0},
+        ],
+    )
+    api.reply("GET", "/v1/workloads", page(WORKLOAD, sliced))
+
+    result = run(api, "workload", "list")
+
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.stdout.splitlines() if "position" in line)
+    assert all(column in header for column in ("gpus", "age"))
+    whole = next(line for line in result.stdout.splitlines() if "wl_01hzabc" in line)
+    assert "16 on H100-80GB" in whole  # 2 pods x 8 GPUs
+    assert re.search(r" \d+d ", whole)  # created in 2024: days ago
+    mig = next(line for line in result.stdout.splitlines() if "wl_01hzmig" in line)
+    assert "2 x MIG 1g.10gb + 4 x 0.25 on A100-40GB" in mig
+
+
+def test_age_is_the_largest_whole_unit() -> None:
+    now = datetime(2024, 5, 2, 10, 0, 0, tzinfo=UTC)
+    assert age("2024-05-02T09:59:15Z", now) == "45s"
+    assert age("2024-05-02T09:48:00Z", now) == "12m"
+    assert age("2024-05-02T07:00:00+00:00", now) == "3h"
+    assert age("2024-04-27T10:00:00Z", now) == "5d"
+    assert age(None, now) == "-"
+    assert age("yesterday", now) == "-"

@@ -42,3 +42,14 @@ def test_commands_verbs_and_options_complete() -> None:
     assert {"team", "token"} <= set(_complete("gpufleet", "t"))
     assert set(_complete("gpufleet", "queue", "")) >= {"create", "list", "show", "update", "delete"}
     assert "--limit" in _complete("gpufleet", "queue", "create", "--l")
+
+
+def test_the_new_groups_complete_and_the_deprecated_names_are_not_offered() -> None:
+    assert {"workload", "server", "dev"} <= set(_complete("gpufleet", ""))
+    assert set(_complete("gpufleet", "workload", "")) == {"submit", "list", "show", "cancel", "watch"}
+    assert {"serve", "scheduler", "init", "up"} <= set(_complete("gpufleet", "server", ""))
+    assert set(_complete("gpufleet", "dev", "")) == {"bench", "sim", "scenario"}
+    assert "--output" in _complete("gpufleet", "workload", "list", "--o")
+    assert set(_complete("gpufleet", "workload", "list", "-o", "")) == {"table", "json", "yaml"}
+    # Old flat names still run, but the shell does not suggest them.
+    assert not {"list", "submit", "serve", "bench", "queues", "clusters"} & set(_complete("gpufleet", ""))

@@ -3,12 +3,16 @@ config file that is not ours said so plainly."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 import pytest
+import yaml
+from click.testing import CliRunner
 
 from controlplane.cli import contexts
+from controlplane.cli.main import main
 
 
 @pytest.fixture
@@ -35,3 +39,18 @@ def test_a_file_that_is_not_a_client_config_is_named_in_the_error(config: Path) 
         contexts.load()
     config.write_text("current: gone\ncontexts: {}\n")
     assert contexts.load().active() is None  # a current context that was deleted by hand: none
+
+
+def test_context_list_prints_yaml_and_json_alike_and_never_a_token(config: Path) -> None:
+    saved = contexts.Contexts("lab", {"lab": contexts.Context("lab", "https://lab.example", "gpf_secret")})
+    contexts.save(saved)
+    runner = CliRunner()
+    as_json = runner.invoke(main, ["context", "list", "-o", "json"])
+    as_yaml = runner.invoke(main, ["context", "list", "-o", "yaml"])
+    table = runner.invoke(main, ["context", "list"])
+    for result in (as_json, as_yaml, table):
+        assert result.exit_code == 0, result.output
+        assert "gpf_secret" not in result.output
+    expected = {"current": "lab", "contexts": [{"name": "lab", "api": "https://lab.example", "token_saved": True}]}
+    assert json.loads(as_json.stdout) == yaml.safe_load(as_yaml.stdout) == expected
+    assert "https://lab.example" in table.stdout

@@ -18,11 +18,11 @@ def test_init_writes_a_sample_the_submit_schema_accepts(tmp_path: Path, monkeypa
     result = CliRunner().invoke(main, ["job", "init", "--name", "bert-base", "--queue", "nlp-train"])
 
     assert result.exit_code == 0, result.output
-    assert "gpufleet submit job.yaml" in result.output
+    assert "gpufleet workload submit job.yaml" in result.output
     written = (tmp_path / "job.yaml").read_text()
     assert written.count("\n#") >= 10  # the optional fields are there, commented, with what they do
     with (tmp_path / "job.yaml").open() as file:
-        body = load_workload(file, None)  # what `gpufleet submit job.yaml` sends
+        body = load_workload(file, None)  # what `gpufleet workload submit job.yaml` sends
     spec = SubmitWorkload.model_validate(body)
     assert (spec.name, spec.queue) == ("bert-base", "nlp-train")
     assert spec.pod_sets[0].gpus == 1

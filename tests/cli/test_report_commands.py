@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,6 +13,7 @@ from typing import Any
 
 import click
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from controlplane.cli.report_commands import register
@@ -214,3 +216,24 @@ def test_every_report_table_formats_figures_alike(api: FakeApi) -> None:
     assert cell("efficiency", None) == "-"
     assert justify("allocated_gpu_hours") == "right"
     assert justify("team") == "left"
+
+
+def test_o_csv_and_o_json_are_the_older_csv_and_json_and_yaml_reads_back_the_same(api: FakeApi) -> None:
+    api.reply("GET", "/v1/reports/utilization", REPORT)
+    window = ["--from", "2026-05-01", "--to", "2026-05-02"]
+
+    printed = {flags: run(api, *window, *flags) for flags in (("--csv",), ("-o", "csv"), ("--json",), ("-o", "json"))}
+    as_yaml = run(api, *window, "-o", "yaml")
+
+    for result in (*printed.values(), as_yaml):
+        assert result.exit_code == 0, result.output
+    assert printed[("--csv",)].stdout == printed[("-o", "csv")].stdout
+    assert printed[("--json",)].stdout == printed[("-o", "json")].stdout
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(printed[("-o", "json")].stdout) == REPORT
+
+
+def test_csv_with_another_output_is_a_usage_error(api: FakeApi) -> None:
+    result = run(api, "--last", "1h", "--csv", "-o", "yaml")
+    assert result.exit_code == 2
+    assert "--csv means -o csv" in result.stderr
+    assert api.requests == []

@@ -4,7 +4,7 @@
 
 Creates a throw-away database on the test PostgreSQL (GPUFLEET_TEST_PG, default 127.0.0.1:5432)
 and its own nats-server, queues `--gangs` gangs on a small fleet (so most stay queued and every
-cycle reads them all), times one cycle, then runs two `gpufleet scheduler` processes with a lease
+cycle reads them all), times one cycle, then runs two `gpufleet server scheduler` processes with a lease
 TTL shorter than that cycle (`--ttl`, default half of it) and samples the lease. Before leases
 were renewed while worked, the two deposed each other every cycle; now the epoch should stay put
 and no cycle should be thrown away ("is no longer current")."""
@@ -95,7 +95,7 @@ def main() -> None:
         for log in logs:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "controlplane.cli.main", "scheduler"],
+                    [sys.executable, "-m", "controlplane.cli.main", "server", "scheduler"],
                     env=env,
                     stdout=log.open("ab"),
                     stderr=subprocess.STDOUT,

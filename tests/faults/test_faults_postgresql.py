@@ -148,10 +148,10 @@ def test_kill_leader_dispatcher_nats_and_postgresql_under_load(
     load: Load | None = None
     try:
         token_file = tmp_path / "admin.token"
-        assert plane.run("init", "init", "--admin-token-file", str(token_file)).wait(60) == 0
-        plane.run("front", "run", "api", "ingest", "relay")
-        plane.run("node-a", "run", "scheduler", "dispatcher")
-        plane.run("node-b", "run", "scheduler", "dispatcher")
+        assert plane.run("init", "server", "init", "--admin-token-file", str(token_file)).wait(60) == 0
+        plane.run("front", "server", "run", "api", "ingest", "relay")
+        plane.run("node-a", "server", "run", "scheduler", "dispatcher")
+        plane.run("node-b", "server", "run", "scheduler", "dispatcher")
         # Slow on a busy 2-core machine: each process imports the Kubernetes and cloud SDKs.
         eventually(lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, 150, "plane ready")
         eventually(lambda: plane.started("node-a", 0) and plane.started("node-b", 0), 150, "both nodes")

@@ -1,6 +1,6 @@
 """More than one machine, on a three-server JetStream cluster: gpufleet's streams and consumers
 replicated three times (`GPUFLEET_NATS_REPLICAS=3`), two control-plane processes each running
-`gpufleet run api ingest relay` against all three servers with gpufleet's NATS authentication: two
+`gpufleet server run api ingest relay` against all three servers with gpufleet's NATS authentication: two
 API replicas behind one PostgreSQL, two ingest and two telemetry workers sharing the durable
 consumers, two auth-callout responders in one queue group, two relays of which one holds the
 lease. A team submits steadily over NATS and over REST (each attempt to the other API replica),
@@ -197,7 +197,7 @@ def test_a_three_server_jetstream_cluster_loses_a_server_and_nothing_acknowledge
     agent: TelemetryLoad | None = None
     try:
         for name, port in apis.items():
-            processes.run(name, "run", "api", "ingest", "relay", GPUFLEET_API_PORT=str(port))
+            processes.run(name, "server", "run", "api", "ingest", "relay", GPUFLEET_API_PORT=str(port))
         # Slow on a busy 2-core machine: each process imports the Kubernetes and cloud SDKs.
         eventually(lambda: processes.serving("a") and processes.serving("b"), 150, "both processes serving")
         for port in apis.values():

@@ -2,7 +2,7 @@
 rest queued, the workload list carried every pod's placement (2.8 MB for `?limit=50`) and one
 workload's view its 5,000 assignments. Now a list item is a summary (pod sets, counts), a page
 stops before `MAX_PAGE_BYTES` with a `next` cursor, and a workload's placement is counted per pool.
-Times are measured by `gpufleet bench reads`, not asserted here."""
+Times are measured by `gpufleet dev bench reads`, not asserted here."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def _nats_config_command() -> list[str]:
     gpufleet, _, rest = script.partition("&&")
     assert shlex.split(rest) == ["chown", "10001:10001", "/state/nats-secrets.json"]
     words = shlex.split(gpufleet)
-    assert words[0] == "gpufleet"
+    assert words[:3] == ["gpufleet", "server", "nats-auth-config"]
     return words[1:]
 
 

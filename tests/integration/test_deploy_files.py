@@ -24,7 +24,7 @@ def test_exported_jetstream_topology_matches_the_code() -> None:
 
 
 def test_nats_topology_command_prints_the_declarations() -> None:
-    result = CliRunner().invoke(main, ["nats-topology", "--prefix", "acme"])
+    result = CliRunner().invoke(main, ["server", "nats-topology", "--prefix", "acme"])
     assert result.exit_code == 0
     streams = json.loads(result.output)["streams"]
     assert streams[0]["subjects"] == ["acme.in.submit.>", "acme.in.cancel.>", "acme.in.cluster.>"]
@@ -37,12 +37,12 @@ def test_compose_runs_every_component_with_health_checks() -> None:
         assert name in services
     for name in ("postgres", "nats", "api"):
         assert "healthcheck" in services[name]
-    assert services["migrate"]["command"][0] == "init"
-    assert services["scheduler"]["command"] == ["scheduler"]
+    assert services["migrate"]["command"][:2] == ["server", "init"]
+    assert services["scheduler"]["command"] == ["server", "scheduler"]
 
 
 def test_nats_topology_replicates_every_stream_and_consumer_on_request() -> None:
-    result = CliRunner().invoke(main, ["nats-topology", "--replicas", "3"])
+    result = CliRunner().invoke(main, ["server", "nats-topology", "--replicas", "3"])
     assert result.exit_code == 0, result.output
     declared = json.loads(result.output)
     assert [s["num_replicas"] for s in declared["streams"]] == [3, 3, 3, 3]
@@ -51,14 +51,14 @@ def test_nats_topology_replicates_every_stream_and_consumer_on_request() -> None
     # The exported file is the single-server default, what GPUFLEET_NATS_REPLICAS=1 creates.
     exported = json.loads((ROOT / "deploy" / "nats" / "jetstream.json").read_text())
     assert {s["num_replicas"] for s in exported["streams"]} == {1}
-    assert CliRunner().invoke(main, ["nats-topology", "--replicas", "6"]).exit_code != 0
+    assert CliRunner().invoke(main, ["server", "nats-topology", "--replicas", "6"]).exit_code != 0
 
 
 def test_nats_auth_config_writes_a_cluster_member_that_nats_server_accepts(tmp_path: Path) -> None:
     """Each server of a JetStream cluster: gpufleet's accounts and callout, its own name, every route."""
     secrets_file, config = tmp_path / "secrets.json", tmp_path / "nats.conf"
     routes = [f"nats-route://nats-{i}.nats:6222" for i in range(3)]
-    args = ["nats-auth-config", "--secrets-file", str(secrets_file), "--out", str(config)]
+    args = ["server", "nats-auth-config", "--secrets-file", str(secrets_file), "--out", str(config)]
     args += ["--store-dir", str(tmp_path / "js"), "--server-name", "nats-0"]
     args += [arg for route in routes for arg in ("--route", route)]
     result = CliRunner().invoke(main, args)
@@ -73,6 +73,6 @@ def test_nats_auth_config_writes_a_cluster_member_that_nats_server_accepts(tmp_p
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "is valid" in checked.stdout + checked.stderr
     # a member without routes (or routes without a name) is refused, not half-written
-    lonely = CliRunner().invoke(main, [*args[:7], "--server-name", "nats-0"])
+    lonely = CliRunner().invoke(main, [*args[:8], "--server-name", "nats-0"])
     assert lonely.exit_code != 0
     assert "--route" in lonely.output

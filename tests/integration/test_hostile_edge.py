@@ -1,4 +1,4 @@
-"""The API's edge against a real server (uvicorn as `gpufleet serve` runs it, over a real nats-server),
+"""The API's edge against a real server (uvicorn as `gpufleet server serve` runs it, over a real nats-server),
 as issue 21 found it: /metrics open to anyone and to any Host header, no bound on failed
 authentications, and an `X-Forwarded-Proto` believed from any local peer.
 

@@ -1,4 +1,4 @@
-"""`gpufleet init` prepares an installation the way the compose file relies on."""
+"""`gpufleet server init` prepares an installation the way the compose file relies on."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ def test_init_migrates_seeds_and_issues_one_admin_token(tmp_path: Path, monkeypa
     token_file = tmp_path / "secrets" / "admin.token"
     env = {"GPUFLEET_STATE_DIR": str(state), "GPUFLEET_DATABASE_URL": ""}
     runner = CliRunner()
-    first = runner.invoke(main, ["init", "--admin-token-file", str(token_file), "--sim-fleet"], env=env)
+    first = runner.invoke(main, ["server", "init", "--admin-token-file", str(token_file), "--sim-fleet"], env=env)
     assert first.exit_code == 0, first.output
     assert "written to" in first.output
     token = token_file.read_text().strip()
     assert token not in first.output
     assert oct(token_file.stat().st_mode & 0o777) == "0o600"
-    again = runner.invoke(main, ["init", "--admin-token-file", str(token_file)], env=env)
+    again = runner.invoke(main, ["server", "init", "--admin-token-file", str(token_file)], env=env)
     assert again.exit_code == 0, again.output
     assert "kept in" in again.output
     assert token_file.read_text().strip() == token

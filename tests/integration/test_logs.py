@@ -135,6 +135,7 @@ def test_a_server_process_logs_json_lines_and_serves_metrics(
                 sys.executable,
                 "-m",
                 "controlplane.cli.main",
+                "server",
                 "run",
                 "api",
                 "scheduler",

@@ -427,10 +427,10 @@ async def test_telemetry_credits_only_runs_on_the_sending_cluster(
 
 
 async def test_nats_auth_config_secures_an_external_server(tmp_path: Path) -> None:
-    """`gpufleet nats-auth-config` writes what an operator gives their own nats-server."""
+    """`gpufleet server nats-auth-config` writes what an operator gives their own nats-server."""
     port = free_port()
     secrets_file, config = tmp_path / "secrets.json", tmp_path / "nats.conf"
-    args = ["nats-auth-config", "--secrets-file", str(secrets_file), "--out", str(config)]
+    args = ["server", "nats-auth-config", "--secrets-file", str(secrets_file), "--out", str(config)]
     args += ["--host", "127.0.0.1", "--port", str(port), "--store-dir", str(tmp_path / "js")]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output

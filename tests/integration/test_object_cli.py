@@ -1,7 +1,9 @@
-"""A platform engineer's first session with the CLI alone, against the real API and database
+"""A platform engineer's first session with the grouped CLI alone, against the real API and database
 (SQLite and PostgreSQL): a cohort, a team, a queue, a priority class, a team token and a cluster,
-then a job submitted with the team's token and admitted by a scheduling cycle; every object listed,
-shown, updated and deleted, in a table, JSON or YAML; mistakes answered with the API's sentence."""
+then a job written by `job init`, submitted with `workload submit` and the team's token, followed by
+`workload watch` while a scheduling cycle admits it; every object listed, shown, updated and deleted,
+in a table, JSON or YAML (the YAML reading back as the same data); mistakes answered with the API's
+sentence."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -37,16 +40,24 @@ class Cli:
     wiring: Wiring
 
     def __call__(self, *args: str, token: str | None = None, ok: bool = True) -> Result:
-        result = CliRunner().invoke(main, [*args[:1], "--api", self.url, "--token", token or self.admin, *args[1:]])
+        """`gpufleet WORDS... --api URL --token TOKEN`: every command takes its options after the verb."""
+        result = CliRunner().invoke(main, [*args, "--api", self.url, "--token", token or self.admin])
         if ok:
             assert result.exit_code == 0, result.output
+            assert result.stderr == "", result.stderr  # no deprecation hint: every name used is current
         return result
 
-    def client(self, *args: str, token: str | None = None) -> Result:
-        """A workload command: its options come after the verb."""
-        result = CliRunner().invoke(main, [*args, "--api", self.url, "--token", token or self.admin])
-        assert result.exit_code == 0, result.output
-        return result
+    def data(self, *args: str, token: str | None = None, moving: tuple[str, ...] = ()) -> Any:
+        """The command's `-o json` output, checked to read back the same from its `-o yaml` (but for
+        the `moving` keys, such as a timestamp, which change between the two calls)."""
+        as_json = json.loads(self(*args, "-o", "json", token=token).stdout)
+        as_yaml = yaml.safe_load(self(*args, "-o", "yaml", token=token).stdout)
+
+        def steady(document: Any) -> Any:
+            return {k: v for k, v in document.items() if k not in moving} if moving else document
+
+        assert steady(as_yaml) == steady(as_json)
+        return as_json
 
 
 @pytest.fixture
@@ -86,11 +97,15 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
     assert secret.startswith("gpf_")
 
     job = tmp_path / "job.yaml"
-    CliRunner().invoke(main, ["job", "init", str(job), "--queue", "training"])
-    submitted = cli.client("submit", str(job), token=secret).output
+    written = CliRunner().invoke(main, ["job", "init", str(job), "--queue", "training"])
+    assert f"gpufleet workload submit {job}" in written.output  # it says the command to run next
+    submitted = cli("workload", "submit", str(job), token=secret).output
     workload_id = submitted.split()[1].rstrip(":")
-    # `watch` follows it in its own process while a scheduling cycle admits it.
-    command = ["watch", workload_id, "--until", "admitted", "--interval", "0.2", "--timeout", "60"]
+    assert [w["id"] for w in cli.data("workload", "list", "--queue", "training", token=secret)["items"]] == [
+        workload_id
+    ]
+    # `workload watch` follows it in its own process while a scheduling cycle admits it.
+    command = ["workload", "watch", workload_id, "--until", "admitted", "--interval", "0.2", "--timeout", "60"]
     watcher = subprocess.Popen(
         [sys.executable, "-m", "controlplane.cli.main", *command, "--api", cli.url, "--token", secret],
         stdout=subprocess.PIPE,
@@ -108,12 +123,12 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
     assert watcher.returncode == 0, watched
     states = [line.split()[2] for line in watched.splitlines()]
     assert states == ["queued", "admitted"], watched
-    shown = json.loads(cli.client("show", workload_id, "--json", token=secret).output)
+    shown = cli.data("workload", "show", workload_id, token=secret)
     assert shown["state"] == "admitted", shown
     assert shown["cluster"] == "lab"
 
     # The fleet at a glance: the admin sees every team and the scheduler; the team only its own.
-    status = json.loads(cli.client("status", "--json").output)
+    status = cli.data("status", moving=("at", "control_plane"))
     gpus = [(g["gpu_model"], g["capacity"], g["allocated"]) for g in status["gpus"]]
     assert gpus == [("H100-80GB", 16.0, 2.0)]  # `job init`'s sample: 2 pods of 1 GPU
     assert [(q["level"], q["name"], q["used_gpu_eq"]) for q in status["queues"]] == [
@@ -121,38 +136,51 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
         ("queue", "training", 2.0),
     ]
     assert status["control_plane"]["scheduler_epoch"] == epoch
-    table = cli.client("status").output
+    table = cli("status").output
     assert "H100-80GB" in table
     assert "a scheduler leads" in table
-    assert json.loads(cli.client("status", "--json", token=secret).output)["control_plane"] is None
+    assert cli.data("status", token=secret, moving=("at",))["control_plane"] is None
 
     # Every object lists, shows, and prints as JSON and YAML.
-    queues = json.loads(cli("queue", "-o", "json", "list").output)
+    queues = cli.data("queue", "list")
     assert [(q["name"], q["parent"], q["limit"], q["weight"]) for q in queues] == [
         ("training", "vision", {"H100-80GB": 8.0}, 2.0)
     ]
-    assert yaml.safe_load(cli("team", "-o", "yaml", "show", "vision").output)["guaranteed"] == {"gpu-eq": 8.0}
+    assert cli.data("team", "show", "vision")["guaranteed"] == {"gpu-eq": 8.0}
+    assert yaml.safe_load(cli("team", "-o", "yaml", "show", "vision").output)["weight"] == 1.0  # group-level -o
     assert "research" in cli("cohort", "show", "research").output
     assert "batch" in cli("priority-class", "list").output
-    tokens = json.loads(cli("token", "-o", "json", "list").output)
+    tokens = cli.data("token", "list")
     assert "vision-ci" in {t["name"] for t in tokens}
     assert "lab" in cli("cluster", "show", "lab").output
+    assert cli.data("priority-class", "show", "batch")["value"] == 100
+    assert "no priority class named 'ghost'" in cli("priority-class", "show", "ghost", ok=False).output
+
+    # The cluster agent's NATS credential: rotated (the new secret printed once), listed, revoked.
+    before = cli.data("cluster", "credentials", "lab")
+    rotated = cli("cluster", "rotate-credential", "lab").output
+    assert "shown only now" in rotated
+    after_rotation = cli.data("cluster", "credentials", "lab")
+    assert len(after_rotation) == len(before) + 1
+    assert [c["revoked_at"] is None for c in after_rotation].count(True) == 1
+    cli("cluster", "revoke-credentials", "lab")
+    assert all(c["revoked_at"] for c in cli.data("cluster", "credentials", "lab"))
 
     # Update changes only what is named.
     cli("queue", "update", "training", "--limit", "H100-80GB=4")
-    after = json.loads(cli("queue", "-o", "json", "show", "training").output)
+    after = cli.data("queue", "show", "training")
     assert (after["limit"], after["weight"]) == ({"H100-80GB": 4.0}, 2.0)
 
     # Watching a cancelled workload ends at once, with exit status 1.
-    cli.client("cancel", workload_id)
-    ended = CliRunner().invoke(main, ["watch", workload_id, "--api", cli.url, "--token", cli.admin])
+    cli("workload", "cancel", workload_id)
+    ended = CliRunner().invoke(main, ["workload", "watch", workload_id, "--api", cli.url, "--token", cli.admin])
     assert ended.exit_code == 1
     assert "cancelled" in ended.output
 
     # A revoked token is refused from then on.
     vision_ci = next(t for t in tokens if t["name"] == "vision-ci")
     cli("token", "revoke", vision_ci["id"])
-    refused = CliRunner().invoke(main, ["list", "--api", cli.url, "--token", secret])
+    refused = CliRunner().invoke(main, ["workload", "list", "--api", cli.url, "--token", secret])
     assert refused.exit_code == 1
     assert "rejected" in refused.output
 
@@ -191,7 +219,7 @@ def test_deleting_objects_in_dependency_order(cli: Cli) -> None:
     assert cli("queue", "delete", "q1").output.strip() == "queue q1 deleted"
     cli("team", "delete", "t1")
     cli("cohort", "delete", "c1")
-    assert json.loads(cli("cohort", "-o", "json", "list").output) == []
+    assert cli.data("cohort", "list") == []
 
 
 def test_login_saves_a_context_that_every_command_then_uses(

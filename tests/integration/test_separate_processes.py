@@ -79,10 +79,10 @@ def _eventually(check: object, timeout: float) -> None:
 @pytest.mark.timeout(240)
 def test_separate_processes_with_scheduler_failover(plane: Plane, empty_postgresql: str, tmp_path: Path) -> None:
     token_file = tmp_path / "admin.token"
-    init = plane.run("init", "init", "--admin-token-file", str(token_file))
+    init = plane.run("init", "server", "init", "--admin-token-file", str(token_file))
     assert init.wait(60) == 0
     for name in ("serve", "scheduler-a", "scheduler-b", "dispatcher", "ingest", "relay"):
-        plane.run(name, name.split("-")[0])
+        plane.run(name, "server", name.split("-")[0])
     base = f"http://127.0.0.1:{plane.env['GPUFLEET_API_PORT']}"
 
     def ready() -> bool:

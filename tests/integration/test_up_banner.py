@@ -1,5 +1,5 @@
 """`gpufleet up` on a non-default port and state dir prints the export line, and a client shell that
-runs it finds the API and its admin token (before, `gpufleet list` went to :8080 without a token)."""
+runs it finds the API and its admin token (before, `gpufleet workload list` went to :8080 without a token)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_banner_export_line_lets_the_client_find_the_api(tmp_path: Path) -> None
         assert lines == [f"export GPUFLEET_API=http://127.0.0.1:{port} GPUFLEET_STATE_DIR={state}"], banner
         client_env = {**env, **dict(word.split("=", 1) for word in shlex.split(lines[0])[1:])}
         listed = subprocess.run(
-            [sys.executable, "-m", "controlplane.cli.main", "list"],
+            [sys.executable, "-m", "controlplane.cli.main", "workload", "list"],
             env=client_env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert listed.returncode == 0, listed.stderr
@@ -60,7 +60,7 @@ def test_banner_export_line_lets_the_client_find_the_api(tmp_path: Path) -> None
         )  # fmt: skip
         assert logged.returncode == 0, logged.stderr
         listed = subprocess.run(
-            [sys.executable, "-m", "controlplane.cli.main", "list"],
+            [sys.executable, "-m", "controlplane.cli.main", "workload", "list"],
             env=env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert listed.returncode == 0, listed.stderr

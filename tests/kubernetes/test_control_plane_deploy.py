@@ -113,11 +113,16 @@ def test_every_object_passes_the_schemas(target: str) -> None:
 
 def _command(args: list[str]) -> tuple[str, click.Context]:
     """Parse a container's args as the image's entrypoint (`gpufleet`) would: unknown commands,
-    options or component names fail here."""
+    options or component names fail here, and so does a deprecated flat name (every control-plane
+    container runs `gpufleet server ...`)."""
     ctx = click.Context(main, info_name="gpufleet")
-    command = main.get_command(ctx, args[0])
-    assert command is not None, f"gpufleet has no command {args[0]!r}"
-    return args[0], command.make_context(args[0], list(args[1:]), parent=ctx)
+    assert args[0] == "server", f"{args} does not run a `gpufleet server` command"
+    group = main.get_command(ctx, "server")
+    assert isinstance(group, click.Group)
+    group_ctx = click.Context(group, info_name="server", parent=ctx)
+    command = group.get_command(group_ctx, args[1])
+    assert command is not None, f"gpufleet server has no command {args[1]!r}"
+    return args[1], command.make_context(args[1], list(args[2:]), parent=group_ctx)
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -321,7 +326,7 @@ def test_the_migration_job_migrates_once_and_cleans_up() -> None:
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
     assert job["spec"]["ttlSecondsAfterFinished"] > 0
     [container] = job["spec"]["template"]["spec"]["containers"]
-    assert container["args"] == ["init"]  # migrate + default priority classes; no token written anywhere
+    assert container["args"] == ["server", "init"]  # migrate + default priority classes; no token written anywhere
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

@@ -104,7 +104,7 @@ def serve_on_postgresql(empty_postgresql: str, running_nats: NatsServerProcess, 
     }
     token_file = tmp_path / "admin.token"
     subprocess.run(
-        _gpufleet("init", "--admin-token-file", str(token_file), "--sim-fleet"),
+        _gpufleet("server", "init", "--admin-token-file", str(token_file), "--sim-fleet"),
         env=env,
         check=True,
         capture_output=True,
@@ -113,7 +113,7 @@ def serve_on_postgresql(empty_postgresql: str, running_nats: NatsServerProcess, 
     log = tmp_path / "server.log"
     with log.open("ab") as out:
         server = subprocess.Popen(
-            _gpufleet("serve", "--port", str(port)), stdout=out, stderr=subprocess.STDOUT, env=env
+            _gpufleet("server", "serve", "--port", str(port)), stdout=out, stderr=subprocess.STDOUT, env=env
         )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -1,4 +1,4 @@
-"""The scenario format, runner and `gpufleet scenario run` themselves (the cases are elsewhere)."""
+"""The scenario format, runner and `gpufleet dev scenario run` themselves (the cases are elsewhere)."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def write(tmp_path: Path, doc: object, name: str = "s.yaml") -> Path:
 
 def test_cli_json_prints_every_workload(tmp_path: Path) -> None:
     path = write(tmp_path, small(expect={"workloads": {"b": {"admitted_at": 30}}}))
-    result = CliRunner().invoke(main, ["scenario", "run", str(path), "--json"])
+    result = CliRunner().invoke(main, ["dev", "scenario", "run", str(path), "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert [w["name"] for w in out["workloads"]] == ["a", "b"]
@@ -187,7 +187,7 @@ def test_cli_json_prints_every_workload(tmp_path: Path) -> None:
 
 
 def test_cli_table_has_a_row_per_workload(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["scenario", "run", str(write(tmp_path, small()))])
+    result = CliRunner().invoke(main, ["dev", "scenario", "run", str(write(tmp_path, small()))])
     assert result.exit_code == 0, result.output
     rows = [line.split()[0] for line in result.output.splitlines() if line.strip().startswith(("a ", "b "))]
     assert rows == ["a", "b"]
@@ -196,20 +196,20 @@ def test_cli_table_has_a_row_per_workload(tmp_path: Path) -> None:
 def test_cli_refuses_an_invalid_document_with_paths(tmp_path: Path) -> None:
     doc = small()
     doc["workloads"][0]["queue"] = "nope"
-    result = CliRunner().invoke(main, ["scenario", "run", str(write(tmp_path, doc))])
+    result = CliRunner().invoke(main, ["dev", "scenario", "run", str(write(tmp_path, doc))])
     assert result.exit_code == 1
     assert "is not a valid scenario" in result.output
     assert "workloads.0.queue: unknown queue 'nope'" in result.output
 
 
 def test_cli_refuses_broken_yaml(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["scenario", "run", str(write(tmp_path, "fleet: [unclosed"))])
+    result = CliRunner().invoke(main, ["dev", "scenario", "run", str(write(tmp_path, "fleet: [unclosed"))])
     assert result.exit_code == 1
     assert "not valid YAML" in result.output
 
 
 def test_cli_check_fails_on_a_missed_expectation(tmp_path: Path) -> None:
     path = write(tmp_path, small(expect={"workloads": {"b": {"admitted_at": 0}}}))
-    result = CliRunner().invoke(main, ["scenario", "run", str(path), "--check"])
+    result = CliRunner().invoke(main, ["dev", "scenario", "run", str(path), "--check"])
     assert result.exit_code == 1
     assert "b: admitted_at expected 0, got 30" in result.output

@@ -1,4 +1,4 @@
-"""`gpufleet bench ingest` on a tiny fleet: it runs end to end and reports every figure.
+"""`gpufleet dev bench ingest` on a tiny fleet: it runs end to end and reports every figure.
 
 Only shape and sanity are checked; the throughput target is measured and reported, never asserted.
 """
@@ -31,7 +31,20 @@ KEYS = {
 
 
 def test_bench_ingest_prints_every_figure_as_json() -> None:
-    args = ["bench", "ingest", "--nodes", "5", "--gpus-per-node", "2", "--seconds", "3", "--clusters", "2", "--json"]
+    args = [
+        "dev",
+        "bench",
+        "ingest",
+        "--nodes",
+        "5",
+        "--gpus-per-node",
+        "2",
+        "--seconds",
+        "3",
+        "--clusters",
+        "2",
+        "--json",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""`gpufleet sim placement` on the small vendored openb sample: JSON shape and determinism."""
+"""`gpufleet dev sim placement` on the small vendored openb sample: JSON shape and determinism."""
 
 from __future__ import annotations
 

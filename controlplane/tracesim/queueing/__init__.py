@@ -1,1 +1,1 @@
-"""Discrete-event queueing simulation of the real scheduling core: `gpufleet sim run|generate|study`."""
+"""Discrete-event queueing simulation of the real scheduling core: `gpufleet dev sim run|generate|study`."""
