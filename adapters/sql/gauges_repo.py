@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, String, and_, cast, func, select
 from sqlalchemy.orm import Session
 
-from adapters.sql import slo_gauges
+from adapters.sql import pool_gauges, slo_gauges
 from adapters.sql.convert import pool_from_row
 from adapters.sql.slo_gauges import activity_terms, demand_of
 from adapters.sql.tables import (
@@ -125,6 +125,9 @@ class SqlFleetGauges:
             unmeasured = slo_gauges.unmeasured_gpus(s, cluster_names, pools, now, self.activity_lookback)
             waits = slo_gauges.queue_waits(s, queues, teams, now)
             serving = slo_gauges.serving(s, self.max_run_series)
+            by_pool = pool_gauges.pool_gpus(s, cluster_names, pools, now, self.activity_lookback)
+            demand = pool_gauges.pending_demand(s)
+            live_runs = pool_gauges.cluster_runs(s, cluster_names)
         return FleetGauges(
             pending=pending,
             workloads=workloads,
@@ -144,6 +147,9 @@ class SqlFleetGauges:
             unmeasured_gpus=unmeasured,
             queue_waits=waits,
             serving=serving,
+            pools=by_pool,
+            pending_demand=demand,
+            cluster_runs=live_runs,
         )
 
     def _team_figures(self, s: Session, now: datetime, held: Mapping[str, float]) -> tuple[TeamUtilization, ...]:
