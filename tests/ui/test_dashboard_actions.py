@@ -205,7 +205,7 @@ def test_fleet_page_shows_allocated_used_idle_and_pending_per_pool_and_a_node_vi
     assert "h100 H100-80GB exclusive 4 32 32 unmeasured 8 0 32 no" in text, text
     assert "a100-mig A100-80GB MIG (all-balanced) 2 4 0 unmeasured 0 4 0 no" in text
     assert "H100-80GB 1 4 32" in text.split("Pending demand", 1)[1]  # accepted models, gangs, pods, gpu-eq
-    assert "1 runs running, 2 admitted, not yet running" in text
+    assert "live runs: 1 running, 2 admitted" in text
     nodes = admin.get("/ui/fleet/sim-h100/h100")
     assert nodes.status_code == 200
     rows = _text(nodes.text.split('id="pool-nodes"', 1)[1])

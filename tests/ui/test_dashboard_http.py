@@ -205,7 +205,7 @@ def test_pages_carry_a_strict_content_security_policy_and_no_inline_script(seede
 
 def test_fleet_page_shows_clusters_and_gpus_by_model_and_sharing_mode(seeded: Seeded) -> None:
     text = _text(seeded.login(seeded.vision.token).get("/ui/fleet").text)
-    assert "2 clusters; 32 of 44 GPUs in use, 12 free." in text
+    assert "2 clusters; 32 of 44 GPUs allocated to live runs, 12 free." in text
     assert "Cluster sim-h100" in text
     assert "Cluster sim-mixed" in text
     assert "H100-80GB exclusive 32 32 0" in text  # a, b (vision) and secret (llm): 4 nodes x 8 taken
