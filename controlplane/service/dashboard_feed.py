@@ -74,23 +74,17 @@ def fold_repeats(feed: Sequence[FeedEvent]) -> list[FoldedEvent]:
     return folded
 
 
-def narrowest_range(series: UtilizationSeries, spans: Mapping[str, timedelta]) -> str | None:
-    """The name of the shortest of `spans` (ending where `series` ends) that holds every bucket of
-    `series` with anything allocated, or None when none does or nothing was allocated."""
-    if not series.starts:
-        return None
-    end = series.starts[-1] + series.bucket
-    busy = [
-        start
-        for i, start in enumerate(series.starts)
-        if any(team.allocated[i] or team.used[i] for team in series.teams)
-    ]
-    if not busy:
-        return None
-    for name, span in sorted(spans.items(), key=lambda item: item[1]):
-        if busy[0] >= end - span:
-            return name
-    return None
+def default_range(uow: UnitOfWork, who: Principal, now: datetime, spans: Mapping[str, timedelta]) -> str:
+    """The utilization page's range when none is chosen: the shortest of `spans` that holds every
+    allocation of the longest span (a young fleet is not a flat line at the right edge of a day).
+    One aggregate over the runs, none read."""
+    ordered = sorted(spans.items(), key=lambda item: item[1])
+    longest = ordered[-1]
+    with uow:
+        first = uow.reports.first_allocation(now - longest[1], now, None if who.is_admin else who.team_id)
+    if first is None:
+        return longest[0]
+    return next(name for name, span in ordered if first >= now - span or span == longest[1])
 
 
 def events(
@@ -181,8 +175,9 @@ class IdleLine:
 def idle_findings(uow: UnitOfWork, team: str | None) -> list[IdleLine]:
     """What the idle policy concluded about each live run it judged, flagged ones first."""
     with uow:
-        candidates = {c.run_id: c for c in uow.idle.candidates()}
         findings = uow.idle.findings()
+        # Only the runs judged: the page shows findings, not every running run.
+        candidates = {c.run_id: c for c in uow.idle.candidates(run_ids=list(findings))}
     lines = []
     for run_id, finding in findings.items():
         candidate = candidates.get(run_id)

@@ -266,18 +266,11 @@ def utilization_page(
     at the right edge of a day)."""
     team = dashboard.team_name(ctx.uow_factory(), who)
     now = ctx.clock()
-    chosen = range_ or "24h"
-    bucket, buckets = RANGES[chosen]
-    series = dashboard_feed.utilization_series(ctx.uow_factory, who, now, buckets, bucket, now)
     if not range_:
-        narrower = dashboard_feed.narrowest_range(
-            series, {name: RANGES[name][0] * RANGES[name][1] for name in ("1h", "6h")}
-        )
-        if narrower is not None:
-            chosen = narrower
-            bucket, buckets = RANGES[chosen]
-            series = dashboard_feed.utilization_series(ctx.uow_factory, who, now, buckets, bucket, now)
-    range_ = chosen
+        spans = {name: RANGES[name][0] * RANGES[name][1] for name in ("1h", "6h", "24h")}
+        range_ = dashboard_feed.default_range(ctx.uow_factory(), who, now, spans)
+    bucket, buckets = RANGES[range_]
+    series = dashboard_feed.utilization_series(ctx.uow_factory, who, now, buckets, bucket, now)
     return page(
         request,
         "utilization.html",
