@@ -228,7 +228,7 @@ class Bar:
 
 @dataclass(frozen=True)
 class QueueLine:
-    level: str  # team | queue
+    level: str  # cohort | team | queue
     name: str
     team: str
     weight: float
@@ -250,10 +250,15 @@ def _bars(guaranteed: Mapping[str, float], used: Mapping[str, float], limit: Map
 
 
 def queues(
-    teams: Sequence[TreeNodeView], queue_nodes: Sequence[TreeNodeView], gauges: FleetGauges, only: str | None = None
+    teams: Sequence[TreeNodeView],
+    queue_nodes: Sequence[TreeNodeView],
+    gauges: FleetGauges,
+    only: str | None = None,
+    cohorts: Sequence[TreeNodeView] = (),
 ) -> list[QueueLine]:
     """Each team, then its queues, with their bars and pending counts. `teams` are all teams (a
-    team's entitlement is its weight over all of theirs); `only`: show that team alone."""
+    team's entitlement is its weight over all of theirs); `only`: show that team alone. With
+    `cohorts`, each cohort comes first with its teams' sums, then its teams (teams in no cohort last)."""
     used = {q.queue: q.used for q in gauges.quotas}
     admitted: dict[str, int] = defaultdict(int)
     running: dict[str, int] = defaultdict(int)
@@ -270,12 +275,16 @@ def queues(
     for node in queue_nodes:
         by_team[node.parent or ""].append(node)
     team_weights = sum(t.weight for t in teams) or 1.0
-    lines: list[QueueLine] = []
+    blocks: dict[str, list[QueueLine]] = {}
+    used_by_team: dict[str, dict[str, float]] = {}
     for team in sorted(teams, key=lambda t: t.name):
         if only is not None and team.name != only:
             continue
+        lines: list[QueueLine] = []
+        blocks[team.name] = lines
         members = sorted(by_team.get(team.name, []), key=lambda q: q.name)
         team_used: dict[str, float] = defaultdict(float)
+        used_by_team[team.name] = team_used
         for q in members:
             for key, amount in used.get(q.name, {}).items():
                 team_used[key] += amount
@@ -316,4 +325,49 @@ def queues(
                     oldest.get(q.name, 0.0),
                 )
             )
-    return lines
+    return _with_cohorts(teams, cohorts, blocks, used_by_team)
+
+
+def _with_cohorts(
+    teams: Sequence[TreeNodeView],
+    cohorts: Sequence[TreeNodeView],
+    blocks: Mapping[str, list[QueueLine]],
+    used_by_team: Mapping[str, Mapping[str, float]],
+) -> list[QueueLine]:
+    """The teams' blocks (a team line, then its queues), each cohort's teams under a cohort line
+    that sums them: used, pending, admitted and running, and the oldest wait among them."""
+    out: list[QueueLine] = []
+    placed: set[str] = set()
+    cohort_weights = sum(c.weight for c in cohorts) or 1.0
+    for cohort in sorted(cohorts, key=lambda c: c.name):
+        members = [t.name for t in sorted(teams, key=lambda t: t.name) if t.parent == cohort.name and t.name in blocks]
+        heads = [blocks[name][0] for name in members]
+        cohort_used: dict[str, float] = defaultdict(float)
+        waiting: dict[str, int] = defaultdict(int)
+        for name, head in zip(members, heads, strict=True):
+            for key, amount in used_by_team[name].items():
+                cohort_used[key] += amount
+            for kind, count in head.pending_by_reason.items():
+                waiting[kind] += count
+        out.append(
+            QueueLine(
+                "cohort",
+                cohort.name,
+                "",
+                cohort.weight,
+                cohort.weight / cohort_weights,
+                sum(waiting.values()),
+                dict(waiting),
+                _bars(cohort.guaranteed, cohort_used, cohort.limit),
+                sum(h.admitted for h in heads),
+                sum(h.running for h in heads),
+                max((h.oldest_wait_seconds for h in heads), default=0.0),
+            )
+        )
+        for name in members:
+            out += blocks[name]
+            placed.add(name)
+    for name, block in blocks.items():
+        if name not in placed:
+            out += block
+    return out

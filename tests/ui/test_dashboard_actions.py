@@ -280,3 +280,23 @@ def test_utilization_offers_ranges_and_narrows_its_default_for_a_young_fleet(see
 )
 def test_new_parameters_are_bounded(seeded: Seeded, path: str) -> None:
     assert seeded.login(seeded.admin_token).get(path).status_code == 422, path
+
+
+def test_queue_page_heads_each_cohort_with_its_teams_sums_for_admins(seeded: Seeded) -> None:
+    admin = seeded.admin
+    r = seeded.client.post("/v1/cohorts", json={"name": "research", "limit": {"gpu-eq": 40}}, headers=admin)
+    assert r.status_code == 201, r.text
+    for team in ("nlp", "speech"):
+        r = seeded.client.post("/v1/teams", json={"name": team, "cohort": "research"}, headers=admin)
+        assert r.status_code == 201, r.text
+        r = seeded.client.post("/v1/queues", json={"name": f"{team}-q", "team": team}, headers=admin)
+        assert r.status_code == 201, r.text
+        r = seeded.client.post(
+            "/v1/workloads", json=gang(f"{team}-job", f"{team}-q", replicas=1, gpus=1), headers=admin
+        )
+        assert r.status_code == 201, r.text
+    text = _text(seeded.login(seeded.admin_token).get("/ui/queues").text)
+    # Nothing runs in the cohort yet; both gangs wait (not yet decided): the cohort sums its teams.
+    assert re.search(r"cohort research gpu-eq 0 0 0 40 1 100% 0 0 2 unscheduled 2 \d+ s team nlp ", text), text
+    assert text.index("cohort research") < text.index("team nlp") < text.index("team speech")
+    assert "cohort research" not in _text(seeded.login(seeded.vision.token).get("/ui/queues").text)

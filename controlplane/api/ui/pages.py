@@ -137,7 +137,8 @@ def queues_page(request: Request, who: Viewer, ctx: Ctx) -> Response:
     team = dashboard.team_name(ctx.uow_factory(), who)
     teams = admin.list_tree_nodes(ctx.uow_factory(), "team")
     queue_nodes = admin.list_tree_nodes(ctx.uow_factory(), "queue", None if who.is_admin else who.team_id)
-    lines = dashboard.queues(teams, queue_nodes, _gauges(ctx), only=team)
+    cohorts = admin.list_tree_nodes(ctx.uow_factory(), "cohort") if who.is_admin else []
+    lines = dashboard.queues(teams, queue_nodes, _gauges(ctx), only=team, cohorts=cohorts)
     return page(request, "queues.html", who, team, lines=lines, charts=plots.quota_charts(lines))
 
 
