@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
-from sqlalchemy import delete, exists, func, literal, or_, select, update
+from sqlalchemy import String, cast, delete, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from adapters.sql.convert import cluster_from_row, node_from_row, node_to_row, pool_to_row
+from adapters.sql.convert import cluster_from_row, node_from_row, node_to_row, pool_from_row, pool_to_row
+from adapters.sql.slo_gauges import demand_of
 from adapters.sql.tables import (
     ApiTokenRow,
     ClusterRow,
@@ -18,13 +21,16 @@ from adapters.sql.tables import (
     NodeRow,
     PriorityClassRow,
     QueueRow,
+    RunAssignmentRow,
     RunRow,
     TeamRow,
     WorkloadRow,
 )
+from controlplane.core.gpu_eq import gpu_eq_float
 from controlplane.domain.model import Cluster, Node
 from controlplane.service.views import (
     ClusterView,
+    NodeLoad,
     NodeView,
     PoolView,
     PriorityClassView,
@@ -131,6 +137,9 @@ class SqlAdminRepository:
         self.s.execute(delete(NodeRow).where(NodeRow.cluster_id == cluster_id))
         self.s.execute(delete(NodePoolRow).where(NodePoolRow.cluster_id == cluster_id))
         self.s.execute(delete(ClusterRow).where(ClusterRow.id == cluster_id))
+
+    def pool_nodes(self, cluster_id: str, pool: str, limit: int) -> list[NodeLoad]:
+        return pool_nodes(self.s, cluster_id, pool, limit)
 
     def cluster_run_count(self, cluster_id: str) -> int:
         return self.s.scalar(select(func.count()).select_from(RunRow).where(RunRow.cluster_id == cluster_id)) or 0
@@ -287,3 +296,52 @@ class SqlAdminRepository:
 
     def priority_class_in_use(self, name: str) -> bool:
         return bool(self.s.scalar(select(exists().where(WorkloadRow.priority_class == name))))
+
+
+# The live workloads a node view names per node: the rest are counted, not named.
+MAX_WORKLOADS_PER_NODE = 4
+
+
+def pool_nodes(s: Session, cluster_id: str, pool_name: str, limit: int) -> list[NodeLoad]:
+    """The nodes of one pool, by name, with the GPU-equivalents and pods live runs hold on each:
+    grouped in SQL by node and demand shape, so a 5,000-pod gang is a handful of rows."""
+    pool_row = s.scalar(select(NodePoolRow).where(NodePoolRow.cluster_id == cluster_id, NodePoolRow.name == pool_name))
+    if pool_row is None:
+        return []
+    pool = pool_from_row(pool_row)
+    nodes = s.execute(
+        select(NodeRow.id, NodeRow.name, NodeRow.schedulable)
+        .where(NodeRow.pool_id == pool_row.id)
+        .order_by(NodeRow.name)
+        .limit(limit)
+    ).all()
+    ids = [n.id for n in nodes]
+    a = RunAssignmentRow
+    live = RunRow.state.in_(("admitted", "dispatching", "running"))
+    held: dict[str, Fraction] = defaultdict(Fraction)
+    pods: dict[str, int] = defaultdict(int)
+    names: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    if ids:
+        shape = cast(a.demand, String)
+        for node_id, demand_text, count in s.execute(
+            select(a.node_id, shape, func.count())
+            .join(RunRow, RunRow.id == a.run_id)
+            .where(a.node_id.in_(ids), live)
+            .group_by(a.node_id, shape)
+        ):
+            held[node_id] += Fraction(gpu_eq_float(demand_of(demand_text), pool)) * int(count)
+            pods[node_id] += int(count)
+        for node_id, workload_id, name, team_id in s.execute(
+            select(a.node_id, WorkloadRow.id, WorkloadRow.name, WorkloadRow.team_id)
+            .join(RunRow, RunRow.id == a.run_id)
+            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+            .where(a.node_id.in_(ids), live)
+            .distinct()
+            .order_by(a.node_id, WorkloadRow.name)
+        ):
+            if len(names[node_id]) < MAX_WORKLOADS_PER_NODE:
+                names[node_id].append((workload_id, name, team_id))
+    return [
+        NodeLoad(n.name, n.schedulable, pool.gpus_per_node, float(held[n.id]), pods[n.id], tuple(names[n.id]))
+        for n in nodes
+    ]

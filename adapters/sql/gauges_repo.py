@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, String, and_, cast, func, select
 from sqlalchemy.orm import Session
 
-from adapters.sql import slo_gauges
+from adapters.sql import pool_gauges, slo_gauges
 from adapters.sql.convert import pool_from_row
 from adapters.sql.slo_gauges import activity_terms, demand_of
 from adapters.sql.tables import (
@@ -60,7 +60,10 @@ MAX_ROWS = 20_000
 class SqlFleetGauges:
     """`FleetGaugeReader` over the SQL store. `activity_lookback` bounds the telemetry windows read;
     `max_run_series` the runs of the per-run families; the team figures (an hour of windows through
-    the report's accounting) are recomputed at most every `team_interval`."""
+    the report's accounting) are recomputed at most every `team_interval`. With `slo=False` (the
+    dashboard's and `GET /v1/status`'s reader) the SLO families are left empty and queue waits carry
+    no percentiles: those reads are most of a gauge read's cost on a large fleet (`gpufleet bench
+    dashboard`), and no page shows them."""
 
     def __init__(
         self,
@@ -70,8 +73,10 @@ class SqlFleetGauges:
         # An hour's figures move slowly, and computing them reads every window of the hour (6 s on
         # SQLite for 64,000 windows in `gpufleet dev bench metrics`): at most once per five minutes.
         team_interval: timedelta = timedelta(minutes=5),
+        slo: bool = True,
     ) -> None:
         self.engine = engine
+        self.slo = slo
         self.activity_lookback = activity_lookback
         self.max_run_series = max_run_series
         self.team_interval = team_interval
@@ -120,11 +125,18 @@ class SqlFleetGauges:
             held_by_team: dict[str, float] = defaultdict(float)
             for queue_id, amounts in used.items():
                 held_by_team[teams.get(queues[queue_id][1], "")] += amounts.get(GPU_EQ, 0.0)
-            runs = slo_gauges.run_utilization(s, now, self.activity_lookback, self.max_run_series)
-            team_figures = self._team_figures(s, now, held_by_team)
-            unmeasured = slo_gauges.unmeasured_gpus(s, cluster_names, pools, now, self.activity_lookback)
-            waits = slo_gauges.queue_waits(s, queues, teams, now)
-            serving = slo_gauges.serving(s, self.max_run_series)
+            if self.slo:
+                runs = slo_gauges.run_utilization(s, now, self.activity_lookback, self.max_run_series)
+                team_figures = self._team_figures(s, now, held_by_team)
+                unmeasured = slo_gauges.unmeasured_gpus(s, cluster_names, pools, now, self.activity_lookback)
+                waits = slo_gauges.queue_waits(s, queues, teams, now)
+                serving = slo_gauges.serving(s, self.max_run_series)
+            else:
+                runs, team_figures, unmeasured, serving = (), (), {}, ()
+                waits = slo_gauges.queue_waits(s, queues, teams, now, percentiles=False)
+            by_pool = pool_gauges.pool_gpus(s, cluster_names, pools, now, self.activity_lookback)
+            demand = pool_gauges.pending_demand(s)
+            live_runs = pool_gauges.cluster_runs(s, cluster_names)
         return FleetGauges(
             pending=pending,
             workloads=workloads,
@@ -144,6 +156,9 @@ class SqlFleetGauges:
             unmeasured_gpus=unmeasured,
             queue_waits=waits,
             serving=serving,
+            pools=by_pool,
+            pending_demand=demand,
+            cluster_runs=live_runs,
         )
 
     def _team_figures(self, s: Session, now: datetime, held: Mapping[str, float]) -> tuple[TeamUtilization, ...]:

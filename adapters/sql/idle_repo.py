@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
@@ -34,17 +34,24 @@ class SqlIdleRepository:
     def __init__(self, session: Session) -> None:
         self.s = session
 
-    def candidates(self) -> list[IdleCandidate]:
-        rows = self.s.execute(
-            select(RunRow, WorkloadRow, TeamRow.name, QueueRow.name, ClusterRow.name)
-            .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
-            .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
-            .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
+    def candidates(self, run_ids: Collection[str] | None = None) -> list[IdleCandidate]:
+        # The workload's few columns, not the row: a row carries its container spec (up to 64 KiB).
+        w = WorkloadRow
+        query = (
+            select(RunRow, w.id, w.name, w.priority_class, w.kind, TeamRow.name, QueueRow.name, ClusterRow.name)
+            .join(w, w.id == RunRow.workload_id)
+            .join(TeamRow, TeamRow.id == w.team_id)
+            .join(QueueRow, QueueRow.id == w.queue_id)
             .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
             .where(RunRow.state == "running")
             .order_by(RunRow.id)
             .options(selectinload(RunRow.assignments))
-        ).all()
+        )
+        if run_ids is not None:
+            if not run_ids:
+                return []
+            query = query.where(RunRow.id.in_(list(run_ids)))
+        rows = self.s.execute(query).all()
         node_ids = {a.node_id for run, *_ in rows for a in run.assignments}
         pool_of_node = (
             {
@@ -59,7 +66,7 @@ class SqlIdleRepository:
             else {}
         )
         out = []
-        for run, workload, team, queue, cluster in rows:
+        for run, workload_id, workload_name, priority_class, kind, team, queue, cluster in rows:
             devices = sum(_devices(dict(a.demand)) for a in run.assignments)
             held = tuple(
                 PodAssignment(a.pod_set, a.pod_index, a.node_id, dict(a.demand))
@@ -70,12 +77,12 @@ class SqlIdleRepository:
             out.append(
                 IdleCandidate(
                     run_id=run.id,
-                    workload_id=workload.id,
-                    workload_name=workload.name,
+                    workload_id=workload_id,
+                    workload_name=workload_name,
                     team=team,
                     queue=queue,
-                    priority_class=workload.priority_class,
-                    kind=workload.kind,
+                    priority_class=priority_class,
+                    kind=kind,
                     cluster=cluster,
                     started_at=run.started_at,
                     gpu_devices=devices,

@@ -4,7 +4,7 @@ workloads submitted in a range, queues' entitlement inputs, fleet capacity, evic
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, or_, select
@@ -98,6 +98,19 @@ def nodes_and_pools(s: Session, node_ids: set[str]) -> dict[str, tuple[str, Node
 class SqlReportRepository:
     def __init__(self, session: Session) -> None:
         self.s = session
+
+    def first_allocation(self, start: datetime, end: datetime, team_id: str | None) -> datetime | None:
+        query = select(func.min(RunRow.created_at)).where(
+            RunRow.created_at < end, or_(RunRow.finished_at.is_(None), RunRow.finished_at >= start)
+        )
+        if team_id is not None:
+            query = query.join(WorkloadRow, WorkloadRow.id == RunRow.workload_id).where(WorkloadRow.team_id == team_id)
+        first = self.s.scalar(query)
+        if isinstance(first, str):  # SQLite hands aggregates back as text, without the UTC conversion
+            first = datetime.fromisoformat(first)
+        if first is not None and first.tzinfo is None:
+            first = first.replace(tzinfo=UTC)
+        return first
 
     def runs(self, start: datetime, end: datetime, team_id: str | None) -> list[RunRecord]:
         query = (

@@ -171,10 +171,15 @@ def _nearest_rank(s: Session, queue_id: str, count: int, q: float) -> datetime |
 
 
 def queue_waits(
-    s: Session, queues: Mapping[str, tuple[str, str]], teams: Mapping[str, str], now: datetime
+    s: Session,
+    queues: Mapping[str, tuple[str, str]],
+    teams: Mapping[str, str],
+    now: datetime,
+    percentiles: bool = True,
 ) -> tuple[QueueWaits, ...]:
     """Per registered queue: queued workloads, the age of the oldest, and p50/p95 of the current
-    waits (seconds since submission). Two indexed lookups per queue with anything queued."""
+    waits (seconds since submission). Two indexed lookups per queue with anything queued; none
+    without `percentiles` (then p50 and p95 are 0)."""
     counts = {
         queue_id: (int(n), oldest)
         for queue_id, n, oldest in s.execute(
@@ -187,7 +192,9 @@ def queue_waits(
     for queue_id, (name, team_id) in sorted(queues.items(), key=lambda item: item[1][0]):
         n, oldest = counts.get(queue_id, (0, None))
         waits = QueueWaits(name, teams.get(team_id, ""), n, 0.0, 0.0, 0.0)
-        if n:
+        if n and not percentiles:
+            waits = QueueWaits(name, waits.team, n, _age(_aware(oldest, now), now), 0.0, 0.0)
+        elif n:
             waits = QueueWaits(
                 name,
                 waits.team,

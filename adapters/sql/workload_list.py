@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, and_, distinct, func, or_, select
+from sqlalchemy import Row, Select, and_, distinct, func, or_, select
 from sqlalchemy.orm import Session
 
 from adapters.sql.convert import pod_set_dict
@@ -26,10 +26,12 @@ from adapters.sql.tables import (
     WorkloadRow,
 )
 from controlplane.domain.model import WorkloadState
-from controlplane.service.ports import WorkloadFilter
+from controlplane.service.ports import WORKLOAD_GROUPS, WORKLOAD_SORTS, WorkloadFilter
 from controlplane.service.views import Listed, WorkloadSummary
 
 W = WorkloadRow
+# Groups a count returns at most: far above the queues, teams or priority classes anyone registers.
+MAX_GROUPS = 1_000
 _COLUMNS = (
     W.id,
     W.name,
@@ -58,24 +60,69 @@ _COLUMNS = (
 )
 
 
-def list_summaries(s: Session, flt: WorkloadFilter) -> list[Listed]:
-    """The workloads `flt` selects, newest first (the id breaks ties), after `flt.after` if set."""
-    query = select(*_COLUMNS).outerjoin(
-        PendingReasonRow, and_(PendingReasonRow.workload_id == W.id, W.state == WorkloadState.QUEUED)
-    )
+def _selected(query: Select[Any], flt: WorkloadFilter) -> Select[Any]:
+    """`query` narrowed to the workloads `flt` selects (team, queue, states, name)."""
     if flt.team_id:
         query = query.where(W.team_id == flt.team_id)
     if flt.queue:
-        query = query.join(QueueRow, QueueRow.id == W.queue_id).where(QueueRow.name == flt.queue)
+        query = query.where(W.queue_id.in_(select(QueueRow.id).where(QueueRow.name == flt.queue)))
     if flt.states:
         query = query.where(W.state.in_(flt.states))
     if flt.name:
         query = query.where(W.name == flt.name)
+    return query
+
+
+def _order(sort: str) -> list[Any]:
+    """The ORDER BY of a list sorted by `sort` (`WORKLOAD_SORTS`); the newest first, then the id,
+    break ties, so a page is the same on every read."""
+    newest = [W.created_seq.desc(), W.id]
+    if sort == "newest":
+        return newest
+    if sort == "oldest":
+        return [W.created_seq, W.id]
+    if sort == "priority":
+        return [W.priority.desc(), *newest]
+    if sort in ("name", "state"):
+        return [getattr(W, sort), *newest]
+    if sort == "queue":
+        return [select(QueueRow.name).where(QueueRow.id == W.queue_id).scalar_subquery(), *newest]
+    if sort == "team":
+        return [select(TeamRow.name).where(TeamRow.id == W.team_id).scalar_subquery(), *newest]
+    raise ValueError(f"unknown workload order {sort!r}; one of {', '.join(WORKLOAD_SORTS)}")
+
+
+def list_summaries(s: Session, flt: WorkloadFilter) -> list[Listed]:
+    """The workloads `flt` selects in `flt.sort`'s order (newest first by default, the id breaking
+    ties), after `flt.after` if set (the default order only)."""
+    query = _selected(
+        select(*_COLUMNS).outerjoin(
+            PendingReasonRow, and_(PendingReasonRow.workload_id == W.id, W.state == WorkloadState.QUEUED)
+        ),
+        flt,
+    )
     if flt.after is not None:
+        if flt.sort != "newest":
+            raise ValueError("a list cursor follows the newest-first order only")
         seq, after_id = flt.after
         query = query.where(or_(W.created_seq < seq, and_(W.created_seq == seq, W.id > after_id)))
-    query = query.order_by(W.created_seq.desc(), W.id).limit(flt.limit).offset(flt.offset)
+    query = query.order_by(*_order(flt.sort)).limit(flt.limit).offset(flt.offset)
     return _summaries(s, s.execute(query).all())
+
+
+def count_by(s: Session, flt: WorkloadFilter, by: str) -> dict[str, int]:
+    """How many workloads `flt` selects per state, queue, team or priority class: one GROUP BY."""
+    if by not in WORKLOAD_GROUPS:
+        raise ValueError(f"unknown workload grouping {by!r}; one of {', '.join(WORKLOAD_GROUPS)}")
+    # Queues and teams are grouped by their id (indexed), then the few groups are named.
+    column: Any = {"queue": W.queue_id, "team": W.team_id}.get(by) or getattr(W, by)
+    grouped = _selected(select(column, func.count()).select_from(W), flt).group_by(column).limit(MAX_GROUPS)
+    counts = {str(k): int(n) for k, n in s.execute(grouped).all()}
+    if by not in ("queue", "team") or not counts:
+        return counts
+    table = QueueRow if by == "queue" else TeamRow
+    names = dict(s.execute(select(table.id, table.name).where(table.id.in_(set(counts)))).all())
+    return {str(names.get(k, k)): n for k, n in counts.items()}
 
 
 def _summaries(s: Session, rows: Sequence[Row[Any]]) -> list[Listed]:

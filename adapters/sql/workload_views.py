@@ -26,7 +26,7 @@ from adapters.sql.tables import (
     TeamRow,
     WorkloadRow,
 )
-from adapters.sql.workload_list import list_summaries
+from adapters.sql.workload_list import count_by, list_summaries
 from controlplane.domain.limits import MAX_NODES_SHOWN, MAX_RUNS_SHOWN
 from controlplane.domain.model import WorkloadState
 from controlplane.service.ports import WorkloadFilter
@@ -202,3 +202,6 @@ class SqlWorkloadViews:
 
     def list(self, flt: WorkloadFilter) -> list[Listed]:
         return list_summaries(self.s, flt)
+
+    def counts(self, flt: WorkloadFilter, by: str) -> dict[str, int]:
+        return count_by(self.s, flt, by)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from controlplane.domain.model import GPU_EQ
-from controlplane.service.errors import Invalid
-from controlplane.service.metrics import FleetGauges
+from controlplane.service.errors import Invalid, NotFound
+from controlplane.service.metrics import FleetGauges, PendingDemand, PoolGpus
 from controlplane.service.ports import UnitOfWork
-from controlplane.service.views import ClusterView, Principal, TreeNodeView
+from controlplane.service.views import ClusterView, NodeLoad, PoolView, Principal, TreeNodeView
 
 
 def team_name(uow: UnitOfWork, who: Principal) -> str | None:
@@ -44,6 +44,17 @@ class PoolLine:
     gpus: int  # GPUs on all its nodes, schedulable or not
     spot: bool
     price_per_gpu_hour: float
+    # From the gauges (`PoolGpus`): schedulable GPUs, held by live runs, busy by DCGM, flagged idle.
+    capacity: float = 0.0
+    allocated: float = 0.0
+    used: float = 0.0
+    measured: int = 0
+    idle: float = 0.0
+    pending_gpu_eq: float = 0.0  # what queued gangs that accept this pool's model ask for
+
+    @property
+    def free(self) -> float:
+        return max(0.0, self.capacity - self.allocated)
 
 
 @dataclass(frozen=True)
@@ -70,12 +81,14 @@ class ClusterLine:
     sync_state: str
     pools: tuple[PoolLine, ...]
     gpus: tuple[GpuLine, ...]
+    runs: Mapping[str, int] = field(default_factory=dict)  # live runs by state (admitted, dispatching, running)
 
 
 @dataclass(frozen=True)
 class FleetPage:
     clusters: tuple[ClusterLine, ...]
     by_model: tuple[GpuLine, ...]  # fleet-wide, per (GPU model, sharing mode)
+    pending: tuple[PendingDemand, ...] = ()  # queued demand per accepted GPU models ("": any)
 
     @property
     def capacity(self) -> float:
@@ -94,18 +107,23 @@ def _sharing(pools: Sequence[PoolLine]) -> str:
 def fleet(clusters: Sequence[ClusterView], gauges: FleetGauges) -> FleetPage:
     """Clusters and pools as registered, with capacity and use per GPU model from the gauges."""
     gpus = {(g.cluster, g.gpu_model): g for g in gauges.gpus}
+    by_pool = {(p.cluster, p.pool): p for p in gauges.pools}
     lines: list[ClusterLine] = []
     fleet_wide: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for cluster in clusters:
         pools = tuple(
-            PoolLine(
-                p.name,
-                p.gpu_model,
-                p.sharing,
-                p.node_count,
-                p.node_count * p.gpus_per_node,
-                p.spot,
-                p.price_per_gpu_hour,
+            _pool_line(
+                PoolLine(
+                    p.name,
+                    p.gpu_model,
+                    p.sharing,
+                    p.node_count,
+                    p.node_count * p.gpus_per_node,
+                    p.spot,
+                    p.price_per_gpu_hour,
+                ),
+                by_pool.get((cluster.name, p.name)),
+                gauges.pending_demand,
             )
             for p in cluster.pools
         )
@@ -125,12 +143,64 @@ def fleet(clusters: Sequence[ClusterView], gauges: FleetGauges) -> FleetPage:
             totals[0] += line.capacity
             totals[1] += line.used
         lines.append(
-            ClusterLine(cluster.name, cluster.provider, cluster.region, cluster.sync_state, pools, tuple(cluster_gpus))
+            ClusterLine(
+                cluster.name,
+                cluster.provider,
+                cluster.region,
+                cluster.sync_state,
+                pools,
+                tuple(cluster_gpus),
+                {state: n for (c, state), n in gauges.cluster_runs.items() if c == cluster.name},
+            )
         )
     by_model_lines = tuple(
         GpuLine("", model, sharing, capacity, used) for (model, sharing), (capacity, used) in sorted(fleet_wide.items())
     )
-    return FleetPage(tuple(lines), by_model_lines)
+    return FleetPage(tuple(lines), by_model_lines, tuple(gauges.pending_demand))
+
+
+def _pool_line(line: PoolLine, gauge: PoolGpus | None, demand: Sequence[PendingDemand]) -> PoolLine:
+    """The pool's registered figures with its gauges, and the queued demand it could serve: gangs
+    that accept its GPU model or any model (a gang counts in every pool it could go to)."""
+    asking = sum(d.gpu_eq for d in demand if not d.gpu_models or line.gpu_model in d.gpu_models.split(" or "))
+    if gauge is None:
+        return replace(line, pending_gpu_eq=asking)
+    return replace(
+        line,
+        capacity=gauge.capacity,
+        allocated=gauge.allocated,
+        used=gauge.used,
+        measured=gauge.measured,
+        idle=gauge.idle,
+        pending_gpu_eq=asking,
+    )
+
+
+# The most nodes a node view lists (by name): a pool larger than that is shown in part, and says so.
+MAX_NODES_SHOWN = 500
+
+
+@dataclass(frozen=True)
+class PoolNodes:
+    cluster: str
+    pool: PoolView
+    nodes: tuple[NodeLoad, ...]
+    more: bool  # the pool has more nodes than are shown
+
+
+def pool_nodes(uow: UnitOfWork, who: Principal, cluster: str, pool: str) -> PoolNodes:
+    """One pool's nodes and what live runs hold on each. Capacity is fleet-wide knowledge (as
+    `GET /v1/clusters` shows it); a team token sees only its own team's workloads named on a node."""
+    with uow:
+        # The registered clusters without their nodes (`get_cluster` would load every node of it).
+        view = next((c for c in uow.admin.list_clusters() if c.name == cluster), None)
+        found = next((p for p in view.pools if p.name == pool), None) if view is not None else None
+        if view is None or found is None:
+            raise NotFound(f"no node pool {pool!r} in cluster {cluster!r}")
+        nodes = uow.admin.pool_nodes(view.id, pool, MAX_NODES_SHOWN + 1)
+    if not who.is_admin:
+        nodes = [replace(n, workloads=tuple(w for w in n.workloads if w[2] == who.team_id)) for n in nodes]
+    return PoolNodes(view.name, found, tuple(nodes[:MAX_NODES_SHOWN]), len(nodes) > MAX_NODES_SHOWN)
 
 
 # --- queues ------------------------------------------------------------------------------------
@@ -158,7 +228,7 @@ class Bar:
 
 @dataclass(frozen=True)
 class QueueLine:
-    level: str  # team | queue
+    level: str  # cohort | team | queue
     name: str
     team: str
     weight: float
@@ -166,6 +236,9 @@ class QueueLine:
     pending: int
     pending_by_reason: Mapping[str, int]
     bars: tuple[Bar, ...]
+    admitted: int = 0  # workloads admitted or being dispatched, not yet running
+    running: int = 0
+    oldest_wait_seconds: float = 0.0  # how long its oldest queued workload has waited (0: none)
 
 
 def _bars(guaranteed: Mapping[str, float], used: Mapping[str, float], limit: Mapping[str, float]) -> tuple[Bar, ...]:
@@ -177,11 +250,24 @@ def _bars(guaranteed: Mapping[str, float], used: Mapping[str, float], limit: Map
 
 
 def queues(
-    teams: Sequence[TreeNodeView], queue_nodes: Sequence[TreeNodeView], gauges: FleetGauges, only: str | None = None
+    teams: Sequence[TreeNodeView],
+    queue_nodes: Sequence[TreeNodeView],
+    gauges: FleetGauges,
+    only: str | None = None,
+    cohorts: Sequence[TreeNodeView] = (),
 ) -> list[QueueLine]:
     """Each team, then its queues, with their bars and pending counts. `teams` are all teams (a
-    team's entitlement is its weight over all of theirs); `only`: show that team alone."""
+    team's entitlement is its weight over all of theirs); `only`: show that team alone. With
+    `cohorts`, each cohort comes first with its teams' sums, then its teams (teams in no cohort last)."""
     used = {q.queue: q.used for q in gauges.quotas}
+    admitted: dict[str, int] = defaultdict(int)
+    running: dict[str, int] = defaultdict(int)
+    for (queue, state), count in gauges.workloads.items():
+        if state in ("admitted", "dispatching"):
+            admitted[queue] += count
+        elif state == "running":
+            running[queue] += count
+    oldest = {w.queue: w.oldest_seconds for w in gauges.queue_waits}
     pending: dict[str, dict[str, int]] = defaultdict(dict)
     for (queue, kind), count in gauges.pending.items():
         pending[queue][kind] = pending[queue].get(kind, 0) + count
@@ -189,12 +275,16 @@ def queues(
     for node in queue_nodes:
         by_team[node.parent or ""].append(node)
     team_weights = sum(t.weight for t in teams) or 1.0
-    lines: list[QueueLine] = []
+    blocks: dict[str, list[QueueLine]] = {}
+    used_by_team: dict[str, dict[str, float]] = {}
     for team in sorted(teams, key=lambda t: t.name):
         if only is not None and team.name != only:
             continue
+        lines: list[QueueLine] = []
+        blocks[team.name] = lines
         members = sorted(by_team.get(team.name, []), key=lambda q: q.name)
         team_used: dict[str, float] = defaultdict(float)
+        used_by_team[team.name] = team_used
         for q in members:
             for key, amount in used.get(q.name, {}).items():
                 team_used[key] += amount
@@ -212,6 +302,9 @@ def queues(
                 sum(team_pending.values()),
                 dict(team_pending),
                 _bars(team.guaranteed, team_used, team.limit),
+                sum(admitted[q.name] for q in members),
+                sum(running[q.name] for q in members),
+                max((oldest.get(q.name, 0.0) for q in members), default=0.0),
             )
         )
         siblings = sum(q.weight for q in members) or 1.0
@@ -227,6 +320,54 @@ def queues(
                     sum(waiting.values()),
                     dict(waiting),
                     _bars(q.guaranteed, used.get(q.name, {}), q.limit),
+                    admitted[q.name],
+                    running[q.name],
+                    oldest.get(q.name, 0.0),
                 )
             )
-    return lines
+    return _with_cohorts(teams, cohorts, blocks, used_by_team)
+
+
+def _with_cohorts(
+    teams: Sequence[TreeNodeView],
+    cohorts: Sequence[TreeNodeView],
+    blocks: Mapping[str, list[QueueLine]],
+    used_by_team: Mapping[str, Mapping[str, float]],
+) -> list[QueueLine]:
+    """The teams' blocks (a team line, then its queues), each cohort's teams under a cohort line
+    that sums them: used, pending, admitted and running, and the oldest wait among them."""
+    out: list[QueueLine] = []
+    placed: set[str] = set()
+    cohort_weights = sum(c.weight for c in cohorts) or 1.0
+    for cohort in sorted(cohorts, key=lambda c: c.name):
+        members = [t.name for t in sorted(teams, key=lambda t: t.name) if t.parent == cohort.name and t.name in blocks]
+        heads = [blocks[name][0] for name in members]
+        cohort_used: dict[str, float] = defaultdict(float)
+        waiting: dict[str, int] = defaultdict(int)
+        for name, head in zip(members, heads, strict=True):
+            for key, amount in used_by_team[name].items():
+                cohort_used[key] += amount
+            for kind, count in head.pending_by_reason.items():
+                waiting[kind] += count
+        out.append(
+            QueueLine(
+                "cohort",
+                cohort.name,
+                "",
+                cohort.weight,
+                cohort.weight / cohort_weights,
+                sum(waiting.values()),
+                dict(waiting),
+                _bars(cohort.guaranteed, cohort_used, cohort.limit),
+                sum(h.admitted for h in heads),
+                sum(h.running for h in heads),
+                max((h.oldest_wait_seconds for h in heads), default=0.0),
+            )
+        )
+        for name in members:
+            out += blocks[name]
+            placed.add(name)
+    for name, block in blocks.items():
+        if name not in placed:
+            out += block
+    return out

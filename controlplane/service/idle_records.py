@@ -5,7 +5,7 @@ A leaf module, so the ports can name `IdleRepository` without importing the idle
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -44,7 +44,10 @@ class IdleFinding:
 
 
 class IdleRepository(Protocol):
-    def candidates(self) -> list[IdleCandidate]: ...
+    def candidates(self, run_ids: Collection[str] | None = None) -> list[IdleCandidate]:
+        """Running runs the idle policy judges; with `run_ids`, only those of them."""
+        ...
+
     def findings(self) -> dict[str, IdleFinding]: ...
     def finding(self, run_id: str) -> IdleFinding | None: ...
     def put_finding(self, finding: IdleFinding) -> None: ...

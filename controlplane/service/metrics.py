@@ -255,6 +255,30 @@ class RunServing:
     objective_ms: float | None
 
 
+@dataclass(frozen=True)
+class PoolGpus:
+    """One node pool's GPUs: on schedulable nodes, held by live runs, busy by DCGM, flagged idle."""
+
+    cluster: str
+    pool: str
+    gpu_model: str
+    capacity: float  # GPUs on its schedulable nodes
+    allocated: float  # GPU-equivalents held by live runs
+    used: float  # GPUs measured in the recent windows times their mean activity: busy GPU-equivalents
+    measured: int  # GPUs with a recent telemetry window
+    idle: float  # GPU-equivalents held by runs the idle policy flagged (notify or beyond)
+
+
+@dataclass(frozen=True)
+class PendingDemand:
+    """What queued gangs ask for, per the GPU models they accept ("" : any model)."""
+
+    gpu_models: str
+    gangs: int
+    pods: int
+    gpu_eq: float
+
+
 # The per-run families (utilization, serving) carry a run label: a scrape holds at most this many
 # runs of each, the lowest-utilization (or slowest) first, so a large fleet cannot blow it up.
 DEFAULT_MAX_RUN_SERIES = 2_000
@@ -284,6 +308,10 @@ class FleetGauges:
     unmeasured_gpus: Mapping[str, float] = field(default_factory=dict)  # cluster -> gpu-eq of unmeasured runs
     queue_waits: tuple[QueueWaits, ...] = ()
     serving: tuple[RunServing, ...] = ()
+    # The dashboard's fleet page: per node pool, and the queued demand per accepted GPU models.
+    pools: tuple[PoolGpus, ...] = ()
+    pending_demand: tuple[PendingDemand, ...] = ()
+    cluster_runs: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (cluster, run state) -> live runs
 
 
 class FleetGaugeReader(Protocol):

@@ -26,6 +26,7 @@ from controlplane.service.views import (
     ClusterCredential,
     ClusterView,
     Listed,
+    NodeLoad,
     PriorityClassView,
     QueueRef,
     TokenView,
@@ -44,6 +45,15 @@ class WorkloadFilter:
     offset: int = 0
     # Only workloads after this place in the list's order (`Listed.position`): a page's cursor.
     after: tuple[int, str] | None = None
+    # The list's order (`WORKLOAD_SORTS`); a cursor (`after`) follows the default order only.
+    sort: str = "newest"
+
+
+# The orders a workload list can be read in: newest first (the API's, which cursors follow), oldest
+# first, highest priority first, by name, state, queue or team (each then newest first).
+WORKLOAD_SORTS = ("newest", "oldest", "priority", "name", "state", "queue", "team")
+# What a workload list's counts can be grouped by (`WorkloadRepository.counts`).
+WORKLOAD_GROUPS = ("state", "queue", "team", "priority_class")
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,10 @@ class AdminRepository(Protocol):
     def cluster_has_live_runs(self, cluster_id: str) -> bool: ...
 
     def cluster_run_count(self, cluster_id: str) -> int: ...
+    def pool_nodes(self, cluster_id: str, pool: str, limit: int) -> list[NodeLoad]:
+        """The nodes of one pool (at most `limit`, by name) with what live runs hold on each."""
+        ...
+
     def fleet(self) -> tuple[tuple[Cluster, ...], tuple[Node, ...]]: ...
     def apply_node_schedulable(
         self, cluster_id: str, schedulable: Mapping[str, bool], kube_settings: Mapping[str, Any]
@@ -210,6 +224,11 @@ class WorkloadRepository(Protocol):
     def head(self, workload_id: str) -> WorkloadHead | None: ...
     def view(self, workload_id: str) -> WorkloadView | None: ...
     def list(self, flt: WorkloadFilter) -> list[Listed]: ...
+    def counts(self, flt: WorkloadFilter, by: str) -> dict[str, int]:
+        """How many workloads `flt` selects (its limit, offset and order ignored), grouped by `by`
+        (one of `WORKLOAD_GROUPS`): one grouped count in the store, whatever the number of workloads."""
+        ...
+
     def set_state(
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool: ...

@@ -96,6 +96,11 @@ class ReportRepository(Protocol):
         """Workloads submitted in `[start, end)`, of one team or of all."""
         ...
 
+    def first_allocation(self, start: datetime, end: datetime, team_id: str | None) -> datetime | None:
+        """When the earliest run whose allocation overlaps `[start, end)` was admitted (one
+        aggregate, no run read), of one team or of all; None: no such run."""
+        ...
+
     def queues(self) -> list[QueueRecord]:
         """Every queue with its guarantees and weight."""
         ...

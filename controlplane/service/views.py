@@ -232,6 +232,19 @@ class WorkloadView:
 
 
 @dataclass(frozen=True)
+class NodeLoad:
+    """A node of a pool as the dashboard's node view shows it: its GPUs and what live runs hold."""
+
+    name: str
+    schedulable: bool
+    gpus: int
+    allocated_gpu_eq: float  # GPU-equivalents held by live runs' pods on it
+    pods: int  # live runs' pods on it
+    # (id, name, team id) of live workloads on it, at most a few; the rest are only counted in `pods`
+    workloads: tuple[tuple[str, str, str], ...]
+
+
+@dataclass(frozen=True)
 class WorkloadSummary:
     """A workload as lists show it: its pod sets (at most 16) and counts, never a pod or a run, so
     an item's size does not grow with the gang (`GET /v1/workloads/{id}` shows the runs)."""

@@ -15,10 +15,10 @@ from controlplane.domain.model import (
 )
 from controlplane.service import events
 from controlplane.service.commands import SubmitWorkload, gang_minimum
-from controlplane.service.errors import UNKNOWN_TOKEN, Conflict, DuplicateKey, NotFound, Unauthenticated
+from controlplane.service.errors import UNKNOWN_TOKEN, Conflict, DuplicateKey, Invalid, NotFound, Unauthenticated
 from controlplane.service.fleet_fit import FleetFit, refusal_now
 from controlplane.service.ids import new_id
-from controlplane.service.ports import QUEUED_REASON, UnitOfWork, WorkloadFilter
+from controlplane.service.ports import QUEUED_REASON, WORKLOAD_GROUPS, WORKLOAD_SORTS, UnitOfWork, WorkloadFilter
 from controlplane.service.views import Listed, Principal, PriorityClassView, QueueRef, WorkloadView
 
 CANCELLABLE = (WorkloadState.QUEUED, WorkloadState.ADMITTED, WorkloadState.DISPATCHING, WorkloadState.RUNNING)
@@ -322,10 +322,22 @@ def get(uow: UnitOfWork, principal: Principal, workload_id: str) -> WorkloadView
 
 def list_workloads(uow: UnitOfWork, principal: Principal, flt: WorkloadFilter) -> list[Listed]:
     """Summaries, newest first (pod sets and counts: `GET /v1/workloads/{id}` has the runs)."""
+    if flt.sort not in WORKLOAD_SORTS:
+        raise Invalid(f"sort by one of {', '.join(WORKLOAD_SORTS)}")
     if not principal.is_admin:
         flt = replace(flt, team_id=principal.team_id)
     with uow:
         return uow.workloads.list(flt)
+
+
+def count_workloads(uow: UnitOfWork, principal: Principal, flt: WorkloadFilter, by: str) -> dict[str, int]:
+    """How many workloads the caller may see match `flt`, per state, queue, team or priority class."""
+    if by not in WORKLOAD_GROUPS:
+        raise Invalid(f"group by one of {', '.join(WORKLOAD_GROUPS)}")
+    if not principal.is_admin:
+        flt = replace(flt, team_id=principal.team_id)
+    with uow:
+        return uow.workloads.counts(flt, by)
 
 
 def cancel(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -179,33 +180,62 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
                 assert session["httpOnly"]
                 assert session["sameSite"] == "Strict"
                 await expect(page.locator("p.lead")).to_contain_text("2 clusters;")
-                await expect(page.locator("p.lead")).to_contain_text("of 28 GPUs in use")
+                await expect(page.locator("p.lead")).to_contain_text("of 28 GPUs allocated to live runs")
                 await expect(page.get_by_role("heading", name="Cluster sim-h100")).to_be_visible()
                 await expect(page.get_by_role("heading", name="Cluster sim-mixed")).to_be_visible()
                 models = page.locator("table").first
                 await expect(models.locator("tr", has_text="L4")).to_contain_text("time-slice, 4 per GPU")
                 await expect(models.locator("tr", has_text="H100-80GB").locator("td").nth(2)).to_have_text("16")
                 await expect(models.locator("tr", has_text="A100-80GB")).to_contain_text("MIG (all-balanced)")
+                # Per pool: allocated vs used vs idle, pending demand; the hoarder holds every H100.
+                h100 = page.locator("#cluster-sim-h100 table.pools tr", has_text="H100-80GB")
+                await expect(h100.locator("td").nth(5)).to_have_text("16")  # allocated
+                await expect(page.locator("#pending-demand")).to_be_visible()
                 await _shot(page, "02-fleet", taken)
+                # The node view: each H100 node and the workload on it.
+                await h100.get_by_role("link", name="h100").click()
+                await expect(page.get_by_role("heading", name="Node pool h100")).to_be_visible()
+                await expect(page.locator("#pool-nodes tbody tr")).to_have_count(2)
+                await expect(page.locator("#pool-nodes tbody tr").first).to_contain_text("hoarder")
+                await _shot(page, "02b-fleet-pool-nodes", taken)
 
                 # Queues: a bar per team and queue, labelled, in an SVG chart; vision's gang pending.
                 await page.get_by_role("link", name="Queues").click()
                 chart = page.get_by_role("img", name="Quota and use (gpu-eq)")
                 await expect(chart).to_be_visible()
                 await expect(chart.locator("text", has_text="· ops-train")).to_be_visible()
-                await expect(page.locator("tr", has_text="queue ops-train")).to_contain_text(f"{kind} 1")
+                ops_line = page.locator("tr", has_text="queue ops-train")
+                await expect(ops_line).to_contain_text(f"{kind} 1")
+                await expect(ops_line.locator("td.oldest-wait")).to_have_text(re.compile(r"^\d+ (s|min)$"))
                 await _shot(page, "03-queues", taken)
 
                 # Workloads: the waiting gang and why it waits, in the scheduler's own words.
                 await page.get_by_role("link", name="Workloads").click()
-                await page.get_by_label("state").select_option("queued")
+                await page.get_by_role("checkbox", name=re.compile(r"^queued \d+$")).check()
                 await page.get_by_role("button", name="Filter").click()
                 await expect(page.get_by_role("link", name="too-wide")).to_be_visible()
+                row = page.locator("#workload-list tr", has_text="too-wide")
+                await expect(row.locator("td.gpus")).to_have_text("1 \u00d7 8 GPU")
+                await expect(row.locator("td.when time")).to_have_attribute("title", re.compile(r"UTC$"))
                 await _shot(page, "04-workloads-queued", taken)
+                # Every state, grouped by queue: a heading per queue with its count.
+                await page.get_by_role("checkbox", name=re.compile(r"^queued \d+$")).uncheck()
+                await page.get_by_label("group").select_option("queue")
+                await page.get_by_label("sort").select_option("priority")
+                await page.get_by_role("button", name="Filter").click()
+                await expect(page.locator("tr.group", has_text="queue ops-train")).to_contain_text("1 workload")
+                await expect(page.locator("tr.group", has_text="queue llm-train")).to_be_visible()
+                await _shot(page, "04b-workloads-grouped", taken)
                 await page.get_by_role("link", name="too-wide").click()
                 await expect(page.locator("dd.reason")).to_have_text(reason)
                 await expect(page.locator("dt", has_text="queue position")).to_be_visible()
                 await _shot(page, "05-workload-pending", taken)
+                # It can never fit: cancel it from its page (the form carries the session's token).
+                await page.get_by_role("button", name="Cancel this workload").click()
+                await expect(page.locator("dd.state")).to_have_text("cancelled")
+                await expect(page.get_by_role("button", name="Cancel this workload")).to_have_count(0)
+                assert (await api.get(f"/v1/workloads/{wide['id']}", headers=ops)).json()["state"] == "cancelled"
+                await _shot(page, "05b-workload-cancelled", taken)
 
                 # Idle GPUs: the hoarder flagged, then reclaimed for vision's gang.
                 await page.get_by_role("link", name="Idle GPUs").click()
@@ -226,9 +256,15 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
 
                 # Utilization: allocated vs used GPU-hours per team, plotted.
                 await page.get_by_role("link", name="Utilization").click()
-                plot = page.get_by_role("img", name="Team llm: allocated vs used GPU-hours per 1 h")
+                # A young fleet: the default range narrows to the last hour, in 5-minute buckets.
+                plot = page.get_by_role("img", name="Team llm: allocated vs used GPU-hours per 5 min")
                 await expect(plot).to_be_visible()
+                await expect(page.locator("#range-picker strong")).to_have_text("1h")
                 await _shot(page, "09-utilization", taken)
+                await page.locator("#range-picker").get_by_role("link", name="24h").click()
+                await expect(
+                    page.get_by_role("img", name="Team llm: allocated vs used GPU-hours per 1 h")
+                ).to_be_visible()
 
                 # Audit: the checklist's findings, the hoarder among them, each with its evidence and fix.
                 await page.get_by_role("link", name="Audit").click()
@@ -246,6 +282,14 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
                 await expect(page.locator("#feed tr.new", has_text="late-arrival").first).to_be_visible()
                 await expect(page.locator("#feed-status")).to_contain_text("Live")
                 await _shot(page, "11-events-live", taken)
+                # Only the idle policy's decisions, about the hoarder.
+                await page.get_by_label("family").select_option("idle")
+                await page.get_by_role("textbox", name="workload").fill("hoarder")
+                await page.get_by_role("button", name="Filter").click()
+                await expect(page.locator("#feed tbody tr").first).to_contain_text("idle.")
+                await expect(page.locator("#feed")).not_to_contain_text("workload.")
+                await expect(page.locator("#feed-status")).to_contain_text("Live")
+                await _shot(page, "11b-events-filtered", taken)
 
                 # A team sees its own team only; logging out ends the session.
                 await page.get_by_role("button", name="Log out").click()
@@ -265,4 +309,4 @@ async def test_a_person_reads_the_fleet_in_a_real_browser(settings: Settings) ->
                 await browser.close()
     for path in taken:
         print(f"screenshot: {path.resolve()}")
-    assert len(taken) == 12
+    assert len(taken) == 16  # 12 pages, and the node view, grouping, cancel and event filter

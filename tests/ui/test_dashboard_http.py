@@ -205,7 +205,7 @@ def test_pages_carry_a_strict_content_security_policy_and_no_inline_script(seede
 
 def test_fleet_page_shows_clusters_and_gpus_by_model_and_sharing_mode(seeded: Seeded) -> None:
     text = _text(seeded.login(seeded.vision.token).get("/ui/fleet").text)
-    assert "2 clusters; 32 of 44 GPUs in use, 12 free." in text
+    assert "2 clusters; 32 of 44 GPUs allocated to live runs, 12 free." in text
     assert "Cluster sim-h100" in text
     assert "Cluster sim-mixed" in text
     assert "H100-80GB exclusive 32 32 0" in text  # a, b (vision) and secret (llm): 4 nodes x 8 taken
@@ -220,8 +220,9 @@ def test_queue_page_shows_bars_and_only_the_callers_own_team(seeded: Seeded) -> 
     vision = seeded.login(seeded.vision.token).get("/ui/queues")
     text = _text(vision.text)
     assert "llm" not in text
-    # vision-train: 24 gpu-eq used of a 48 limit, nothing guaranteed so all of it borrowed; c waits.
-    assert re.search(r"queue vision-train gpu-eq 0 24 24 48 1 100% 1 quota-limit 1", text), text
+    # vision-train: 24 gpu-eq used of a 48 limit, nothing guaranteed so all of it borrowed; a and b
+    # admitted (not running: no cluster reported yet), c waits, and has waited seconds.
+    assert re.search(r"queue vision-train gpu-eq 0 24 24 48 1 100% 0 2 1 quota-limit 1 \d+ s", text), text
     svg = re.search(r"<svg.*?</svg>", vision.text, flags=re.S)
     assert svg is not None
     assert 'class="quota-row" data-name="· vision-train"' in svg.group(0)
@@ -238,7 +239,9 @@ def test_workload_page_says_why_it_waits_and_other_teams_workloads_are_404(seede
     assert "queue position 1" in text
     assert "pods workers: 4 \u00d7 8 GPU (H100-80GB)" in text  # the models it asks for
     listing = _text(vision.get("/ui/workloads?state=queued").text)
-    assert " c vision vision-train queued 1 quota:" in listing
+    assert re.search(
+        r" c vision vision-train queued 4 \u00d7 8 GPU H100-80GB batch \(100\) (just now|\d+ s ago) 1 quota:", listing
+    ), listing
     assert "secret" not in _text(vision.get("/ui/workloads").text)
     other = vision.get(f"/ui/workloads/{seeded.ids['secret']}")
     assert other.status_code == 404

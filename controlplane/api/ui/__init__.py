@@ -14,10 +14,16 @@ from controlplane.api.ui import pages
 from controlplane.api.ui.render import STATIC_DIR, STATIC_PATH, page, ui_headers
 from controlplane.api.ui.session import COOKIE, COOKIE_PATH, CrossSiteRequest, LoginRequired
 from controlplane.service.auth_limits import TooManyFailures
-from controlplane.service.errors import Invalid, NotFound, StoreUnavailable
+from controlplane.service.errors import Conflict, Invalid, NotFound, StoreUnavailable
 
 Handler = Callable[[Request, Exception], Awaitable[Response] | Response]
-_TITLES = {404: "Not found", 422: "Not understood", 429: "Too many failed attempts", 503: "Try again shortly"}
+_TITLES = {
+    404: "Not found",
+    409: "Not done",
+    422: "Not understood",
+    429: "Too many failed attempts",
+    503: "Try again shortly",
+}
 
 
 def _is_ui(request: Request) -> bool:
@@ -72,6 +78,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(CrossSiteRequest, _cross_site)
     _html_for_ui(app, NotFound, 404)
     _html_for_ui(app, Invalid, 422)
+    _html_for_ui(app, Conflict, 409)
     _html_for_ui(app, RequestValidationError, 422)
     _html_for_ui(app, StoreUnavailable, 503)
     _html_for_ui(app, TooManyFailures, 429)

@@ -28,7 +28,7 @@ def quota_charts(lines: Sequence[QueueLine]) -> list[Chart]:
     for key in keys:
         rows = [
             QuotaRow(
-                line.name if line.level == "team" else f"· {line.name}",
+                {"cohort": f"cohort {line.name}", "team": line.name}.get(line.level, f"· {line.name}"),
                 bar.guaranteed,
                 bar.used,
                 bar.borrowed,

@@ -8,12 +8,15 @@ it, and it is `Secure` whenever the request came over TLS (directly, or says a t
 `api/edge.py`). Every page checks the session on every request, joined to its token, so logging
 out, revoking the token or deleting its team sends the browser back to the login page at once.
 Scripts may send a Bearer header instead. Posts also check that Origin (or Referer) is this very
-host: SameSite alone does not cover older browsers or a sibling subdomain. A wrong token, cookie
-or login counts against the client's address (`ctx.auth_failures`).
+host: SameSite alone does not cover older browsers or a sibling subdomain; posts that act (cancel)
+also carry a form token derived from the session (`csrf_token`), checked server-side. A wrong
+token, cookie or login counts against the client's address (`ctx.auth_failures`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -79,6 +82,33 @@ def check_same_origin(request: Request) -> None:
     claimed = request.headers.get("origin") or request.headers.get("referer") or ""
     origin = _origin_of(claimed) if claimed and claimed != "null" else None
     if origin is None or not host or origin[1] != host or origin[0] != request.url.scheme:
+        raise CrossSiteRequest
+
+
+# What a session's form token is derived from: a fixed label, so it can never equal the secret itself.
+_CSRF_LABEL = b"gpufleet-ui-form-token-v1"
+CSRF_FIELD = "csrf"
+
+
+def csrf_token(request: Request) -> str:
+    """The token the dashboard's forms carry: an HMAC of a fixed label keyed by the session's secret
+    (the HttpOnly cookie), so only a page rendered for this session knows it, and it changes with
+    every login. Empty without a session (a Bearer caller's requests carry no ambient credential)."""
+    session = request.cookies.get(COOKIE)
+    if not session:
+        return ""
+    return hmac.new(session.encode(), _CSRF_LABEL, hashlib.sha256).hexdigest()
+
+
+def check_form_token(request: Request, submitted: str) -> None:
+    """Raise `CrossSiteRequest` unless a post that acts for a session carries that session's form
+    token (checked in constant time) and comes from this host. A caller with a Bearer header sends
+    no ambient credential a forger could use, so only the origin is checked for it."""
+    check_same_origin(request)
+    if bearer_token(request):
+        return
+    expected = csrf_token(request)
+    if not expected or not hmac.compare_digest(expected.encode(), submitted.encode()):
         raise CrossSiteRequest
 
 

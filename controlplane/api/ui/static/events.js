@@ -7,11 +7,25 @@
   const body = table.tBodies[0];
   const status = document.getElementById("feed-status");
   let last = Number(table.dataset.last || "0");
+  // The page's filters: the feed polls with the same ones.
+  const filters = new URLSearchParams();
+  if (table.dataset.family) filters.set("family", table.dataset.family);
+  if (table.dataset.workload) filters.set("workload", table.dataset.workload);
   const MAX_ROWS = 300;
 
-  function when(iso) {
+  function exact(iso) {
     const d = new Date(iso);
     return isNaN(d) ? iso : d.toISOString().replace("T", " ").slice(0, 19) + " UTC";
+  }
+
+  // As the server renders it: "just now" or "3 min ago", the exact time on hover.
+  function when(td, iso) {
+    const t = document.createElement("time");
+    t.dateTime = iso;
+    t.title = exact(iso);
+    const seconds = Math.max(0, Math.round((Date.now() - new Date(iso)) / 1000));
+    t.textContent = seconds < 5 ? "just now" : seconds < 60 ? seconds + " s ago" : Math.floor(seconds / 60) + " min ago";
+    td.appendChild(t);
   }
 
   function cell(row, text) {
@@ -23,7 +37,9 @@
   function add(event, before) {
     const row = document.createElement("tr");
     row.className = "new";
-    cell(row, when(event.at)).className = "when";
+    const at = cell(row, "");
+    at.className = "when";
+    when(at, event.at);
     cell(row, event.type);
     const link = cell(row, "");
     if (event.workload_id) {
@@ -39,7 +55,9 @@
 
   async function poll() {
     try {
-      const answer = await fetch("/ui/events.json?after=" + last, { credentials: "same-origin" });
+      const answer = await fetch("/ui/events.json?after=" + last + (filters.toString() ? "&" + filters.toString() : ""), {
+        credentials: "same-origin",
+      });
       if (answer.status === 401) {
         window.location.assign("/ui/login");
         return;
