@@ -36,8 +36,8 @@ _STANDARD_PREFIXES = ("process_", "python_")
 
 def metrics_reference() -> str:
     registry = new_registry()
-    _exercise(PrometheusMetrics(registry))
-    registry.register(FleetCollector(_SampleGauges(), lambda: datetime(2026, 1, 1, tzinfo=UTC)))
+    exercise_every_method(PrometheusMetrics(registry))
+    registry.register(FleetCollector(SampleGauges(), lambda: datetime(2026, 1, 1, tzinfo=UTC)))
     body, _ = exposition(registry)
     rows = []
     for family in sorted(text_string_to_metric_families(body.decode()), key=lambda f: f.name):
@@ -53,8 +53,9 @@ def metrics_reference() -> str:
     return md.table(["metric", "type", "labels", "meaning"], rows) + "\n"
 
 
-def _exercise(metrics: PrometheusMetrics) -> None:
-    """Call every method of the `Metrics` port once, so every labelled family has a sample."""
+def exercise_every_method(metrics: Metrics) -> None:
+    """Call every method of the `Metrics` port once, so every labelled family has a sample (also what
+    the tests check dashboard queries and alert expressions against: tests/observability)."""
     calls = {
         "cycle_phase": (CyclePhase.APPLY, 0.1),
         "cycle_done": (0.1, 1),
@@ -81,7 +82,7 @@ def _exercise(metrics: PrometheusMetrics) -> None:
         getattr(metrics, name)(*arguments)
 
 
-class _SampleGauges:
+class SampleGauges:
     """A `FleetGaugeReader` with one value in every field of `FleetGauges`."""
 
     def read(self, now: datetime) -> FleetGauges:  # noqa: ARG002 (the reader's signature)
