@@ -21,6 +21,12 @@ from controlplane.config import Settings
 # The client's saved contexts (`gpufleet login`) must not leak in from the machine's home: every
 # test, and every process it starts, reads a config file of its own that does not exist.
 os.environ["GPUFLEET_CLIENT_CONFIG"] = os.path.join(tempfile.gettempdir(), f"gpufleet-test-{os.getpid()}-client.yaml")
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment, and the CLI sizes
+# its tables by COLUMNS (else 400 wide when piped): a suite run with workers must print what one
+# without does.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 PG_ADMIN_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
