@@ -67,6 +67,10 @@ def list_workloads(
     who: Caller,
     ctx: Ctx,
     queue: Annotated[str | None, Query(max_length=63)] = None,
+    team: Annotated[
+        str | None,
+        Query(max_length=63, description="only this team's (a team's token lists another team's as none)"),
+    ] = None,
     state: Annotated[list[WorkloadState] | None, Query(max_length=len(WorkloadState))] = None,
     name: Annotated[str | None, Query(max_length=63)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
@@ -79,7 +83,7 @@ def list_workloads(
     after = parse_cursor(cursor) if cursor else None
     # One more than the page: whether a next page exists, without counting.
     flt = WorkloadFilter(None, queue, tuple(str(s) for s in state or ()), name, limit + 1, offset, after)
-    rows = svc.list_workloads(ctx.uow_factory(), who, flt)
+    rows = svc.list_workloads(ctx.uow_factory(), who, flt, team)
     body, _ = encode_page(rows, limit, MAX_PAGE_BYTES, lambda row: _SUMMARY.dump_json(row.workload))
     return Response(body, media_type="application/json")
 

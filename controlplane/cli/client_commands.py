@@ -68,6 +68,7 @@ def submit(
 
 @click.command(name="list")
 @click.option("--queue", default=None, help="Only workloads of this queue.")
+@click.option("--team", default=None, help="Only workloads of this team (a team's token sees only its own).")
 @click.option("--name", default=None, help="Only workloads of this name.")
 @click.option(
     "--state",
@@ -82,6 +83,7 @@ def submit(
 def list_workloads(
     *,
     queue: str | None,
+    team: str | None,
     name: str | None,
     states: tuple[str, ...],
     limit: int | None,
@@ -95,6 +97,8 @@ def list_workloads(
     # Only filters the user gave are sent, so the server's defaults stay the single source of truth.
     if queue is not None:
         params["queue"] = queue
+    if team is not None:
+        params["team"] = team
     if name is not None:
         params["name"] = name
     if states:

@@ -320,13 +320,21 @@ def get(uow: UnitOfWork, principal: Principal, workload_id: str) -> WorkloadView
         return _owned(uow, principal, workload_id)
 
 
-def list_workloads(uow: UnitOfWork, principal: Principal, flt: WorkloadFilter) -> list[Listed]:
-    """Summaries, newest first (pod sets and counts: `GET /v1/workloads/{id}` has the runs)."""
+def list_workloads(uow: UnitOfWork, principal: Principal, flt: WorkloadFilter, team: str | None = None) -> list[Listed]:
+    """Summaries, newest first (pod sets and counts: `GET /v1/workloads/{id}` has the runs); with
+    `team` (a name or id), only that team's. As with `queue`, a team that does not exist has
+    none; a team's token lists none of another team's (so it cannot tell whether that team
+    exists)."""
     if flt.sort not in WORKLOAD_SORTS:
         raise Invalid(f"sort by one of {', '.join(WORKLOAD_SORTS)}")
     if not principal.is_admin:
         flt = replace(flt, team_id=principal.team_id)
     with uow:
+        if team is not None:
+            node = uow.admin.get_tree_node("team", team)
+            if node is None or (not principal.is_admin and node.id != principal.team_id):
+                return []
+            flt = replace(flt, team_id=node.id)
         return uow.workloads.list(flt)
 
 

@@ -394,13 +394,25 @@ def test_list_sends_filters_as_query_params_and_prints_a_table(api: FakeApi) -> 
     api.reply("GET", "/v1/workloads", page(WORKLOAD, QUEUED))
 
     result = run(
-        api, "workload", "list", "--queue", "research", "--state", "queued", "--state", "running", "--limit", "5"
+        api,
+        "workload",
+        "list",
+        "--queue",
+        "research",
+        "--team",
+        "vision",
+        "--state",
+        "queued",
+        "--state",
+        "running",
+        "--limit",
+        "5",
     )
 
     assert result.exit_code == 0, result.output
     sent = api.only
     assert (sent.method, sent.path) == ("GET", "/v1/workloads")
-    assert sent.query == {"queue": ["research"], "state": ["queued", "running"], "limit": ["5"]}
+    assert sent.query == {"queue": ["research"], "team": ["vision"], "state": ["queued", "running"], "limit": ["5"]}
     assert sent.headers["authorization"] == "Bearer tok-123"
     header = next(line for line in result.stdout.splitlines() if "position" in line)
     for column in ("id", "name", "queue", "state", "pods", "cluster", "position", "reason"):

@@ -186,6 +186,29 @@ def test_submit_show_list_and_cancel(client: TestClient, admin: dict[str, str]) 
     assert cancelled.json()["reason"] == "wrong data"
 
 
+def test_the_list_filters_by_team_and_a_team_lists_none_of_another_teams(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    setup_fleet(client, admin)
+    vision = add_tenant(client, admin, "vision", "vision-train")
+    speech = add_tenant(client, admin, "speech", "speech-train")
+    mine = client.post("/v1/workloads", json=gang("resnet", vision.queue), headers=vision.headers).json()["id"]
+    theirs = client.post("/v1/workloads", json=gang("wav2vec", speech.queue), headers=speech.headers).json()["id"]
+
+    def listed(team: str, headers: dict[str, str]) -> list[str]:
+        r = client.get("/v1/workloads", params={"team": team}, headers=headers)
+        assert r.status_code == 200, r.text
+        return [w["id"] for w in r.json()["items"]]
+
+    assert listed("vision", admin) == [mine]
+    assert listed("speech", admin) == [theirs]
+    assert listed("nobody", admin) == []  # as an unknown queue: none, not an error
+    assert listed("vision", vision.headers) == [mine]
+    # A team's token lists none of another team's, as if it did not exist.
+    assert listed("speech", vision.headers) == []
+    assert listed("nobody", vision.headers) == []
+
+
 def test_idempotent_submit_returns_the_same_workload(client: TestClient, admin: dict[str, str]) -> None:
     setup_fleet(client, admin)
     tenant = add_tenant(client, admin, "vision", "vision-train")
