@@ -208,18 +208,26 @@ def placement_table(run: Mapping[str, Any]) -> Table:
     return table
 
 
-def tree_table(nodes: list[Json], level: str) -> Table:
-    """Cohorts, teams or queues with their quotas; a team's cohort, a queue's team."""
+def tree_table(nodes: list[Json], level: str, status: Json | None = None) -> Table:
+    """Cohorts, teams or queues with their quotas; a team's cohort, a queue's team. With `status`
+    (`GET /v1/status`), also each team's or queue's GPU-equivalents in use and gangs pending."""
     parent = {"team": "cohort", "queue": "team"}.get(level)
+    figures = {(line["level"], line["name"]): line for line in (status or {}).get("queues", [])}
     table = new_table(f"{len(nodes)} {level}(s)")
     table.add_column("name", no_wrap=True)
     if parent:
         table.add_column(parent, no_wrap=True)
+    if status is not None:
+        table.add_column("used gpu-eq", justify="right")
+        table.add_column("pending", justify="right")
     for column in ("guaranteed", "limit", "borrowing limit", "lending limit"):
         table.add_column(column)
     table.add_column("weight", justify="right")
     for node in nodes:
         cells = [node["name"]] + ([node.get("parent") or NONE] if parent else [])
+        if status is not None:
+            line = figures.get((level, node["name"]))
+            cells += [number(round(line["used_gpu_eq"], 2)), str(line["pending"])] if line else [NONE, NONE]
         cells += [
             quota(node.get("guaranteed") or {}, NONE),
             quota(node.get("limit") or {}, "unbounded"),

@@ -138,11 +138,20 @@ def tree_group(level: str) -> click.Group:
         required = level == "queue"  # a queue belongs to a team; a team may stand alone
         create.params.append(click.Option([f"--{parent}"], required=required, help=f"The {parent} it belongs to."))
 
-    @group.command("list", help=f"List the {plural} with their quotas.")
+    with_status = level in ("team", "queue")  # what `GET /v1/status` reports use and pending for
+    listed = f"List the {plural} with their quotas" + (
+        " and, in the table, the GPU-equivalents each uses and its pending gangs." if with_status else "."
+    )
+
+    @group.command("list", help=listed)
     @click.pass_context
     def list_nodes(ctx: click.Context) -> None:
         found = decoded(_api(ctx).request("GET", _path(plural)))
-        emit(found, settled_output(ctx), lambda nodes: tree_table(nodes, level))
+        output = settled_output(ctx)
+        # The REST view is the object as configured (what -o json/yaml prints); the table adds its
+        # figures of now from the fleet's status, one more request.
+        status = decoded(_api(ctx).request("GET", "/v1/status")) if with_status and output == "table" else None
+        emit(found, output, lambda nodes: tree_table(nodes, level, status))
 
     @group.command("show", help=f"Show one {level}, by name or id.")
     @click.argument("name")

@@ -604,18 +604,39 @@ def test_cancel_of_a_finished_workload_prints_the_conflict(api: FakeApi) -> None
 # --- queues and clusters -------------------------------------------------------------------------------
 
 
-def test_queue_list_prints_quotas_and_weights(api: FakeApi) -> None:
+QUEUE_STATUS = {
+    "queues": [
+        {"level": "team", "name": "nlp", "team": "nlp", "pending": 7, "used_gpu_eq": 20.0},
+        {"level": "queue", "name": "research", "team": "nlp", "pending": 3, "used_gpu_eq": 12.333333},
+    ]
+}
+
+
+def test_queue_list_prints_quotas_weights_and_from_the_status_use_and_pending(api: FakeApi) -> None:
     api.reply("GET", "/v1/queues", QUEUES)
+    api.reply("GET", "/v1/status", QUEUE_STATUS)
 
     result = run(api, "queue", "list")
 
     assert result.exit_code == 0, result.output
-    assert (api.only.method, api.only.path) == ("GET", "/v1/queues")
+    assert [(r.method, r.path) for r in api.requests] == [("GET", "/v1/queues"), ("GET", "/v1/status")]
     lines = result.stdout.splitlines()
+    assert "used gpu-eq" in result.stdout
     research = next(line for line in lines if "research" in line)
-    assert all(v in research for v in ("nlp", "H100-80GB=16, gpu-eq=4.5", "unbounded", "2"))
-    evals = next(line for line in lines if "evals" in line)
+    assert all(v in research for v in ("nlp", " 12.33 ", " 3 ", "H100-80GB=16, gpu-eq=4.5", "unbounded", "2"))
+    evals = next(line for line in lines if "evals" in line)  # the status has no line for it
     assert all(v in evals for v in ("gpu-eq=32", "0.5"))
+    assert evals.split()[2:4] == ["-", "-"]
+
+
+def test_json_lists_print_the_objects_alone_without_asking_the_status(api: FakeApi) -> None:
+    api.reply("GET", "/v1/queues", QUEUES)
+
+    result = run(api, "queue", "list", "-o", "json")
+
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == QUEUES
+    assert api.only.path == "/v1/queues"
 
 
 def test_cluster_list_prints_one_row_per_pool(api: FakeApi) -> None:
@@ -672,9 +693,9 @@ def test_every_workload_verb_takes_the_shared_connection_and_output_options() ->
 def test_token_falls_back_to_admin_token_in_the_state_dir(api: FakeApi, clean_env: Path) -> None:
     clean_env.mkdir()
     (clean_env / "admin.token").write_text("gpf_from_file\n")
-    api.reply("GET", "/v1/queues", [])
+    api.reply("GET", "/v1/clusters", [])
 
-    result = run(api, "queue", "list", token=None)
+    result = run(api, "cluster", "list", token=None)
 
     assert result.exit_code == 0, result.output
     assert api.only.headers["authorization"] == "Bearer gpf_from_file"
@@ -686,10 +707,10 @@ def test_token_from_env_wins_over_the_file_and_the_option_over_both(
     clean_env.mkdir()
     (clean_env / "admin.token").write_text("gpf_from_file\n")
     monkeypatch.setenv("GPUFLEET_TOKEN", "gpf_from_env")
-    api.reply("GET", "/v1/queues", [])
+    api.reply("GET", "/v1/clusters", [])
 
-    assert run(api, "queue", "list", token=None).exit_code == 0
-    assert run(api, "queue", "list", token="gpf_from_option").exit_code == 0
+    assert run(api, "cluster", "list", token=None).exit_code == 0
+    assert run(api, "cluster", "list", token="gpf_from_option").exit_code == 0
 
     assert [r.headers["authorization"] for r in api.requests] == ["Bearer gpf_from_env", "Bearer gpf_from_option"]
 
