@@ -342,17 +342,28 @@ def control_plane_line(control: Mapping[str, Any]) -> str:
     return f"{leader}; {outbox}"
 
 
-def clusters_table(clusters: list[Json]) -> Table:
+def clusters_table(clusters: list[Json], status: Json | None = None) -> Table:
+    """A row per node pool; with `status` (`GET /v1/status`), also the pool's GPU-equivalents held
+    by live runs, free, and asked for by queued gangs that accept its model."""
     table = new_table(f"{len(clusters)} cluster(s)  (* spot price)")
-    for column in ("cluster", "provider", "region", "pool", "gpu model", "gpus/node", "nodes", "sharing", "$/gpu-h"):
-        numeric = column in ("gpus/node", "nodes", "$/gpu-h")
+    columns = ["cluster", "provider", "region", "pool", "gpu model", "gpus/node", "nodes", "sharing", "$/gpu-h"]
+    figures = {(line["cluster"], line["pool"]): line for line in (status or {}).get("pools", [])}
+    if status is not None:
+        columns += ["allocated", "free", "pending"]
+    for column in columns:
+        numeric = column in ("gpus/node", "nodes", "$/gpu-h", "allocated", "free", "pending")
         table.add_column(column, overflow="fold", justify="right" if numeric else "left")
     for cluster in clusters:
         pools = cluster.get("pools") or [{}]
         for i, pool in enumerate(pools):
             # Cluster columns only on its first pool row; a section line separates clusters.
             head = (cluster["name"], cluster.get("provider", ""), text(cluster.get("region"))) if i == 0 else ("",) * 3
-            table.add_row(*head, *pool_cells(pool), end_section=i == len(pools) - 1)
+            cells = pool_cells(pool)
+            if status is not None:
+                line = figures.get((cluster["name"], pool.get("name")))
+                keys = ("allocated", "free", "pending")
+                cells += tuple(number(round(line[k], 2)) for k in keys) if line else (NONE,) * 3
+            table.add_row(*head, *cells, end_section=i == len(pools) - 1)
     return table
 
 

@@ -324,8 +324,13 @@ def register_cluster(ctx: click.Context, source: IO[str]) -> None:
 @cluster.command("list")
 @click.pass_context
 def list_clusters(ctx: click.Context) -> None:
-    """List the clusters and their node pools."""
-    emit(decoded(_api(ctx).request("GET", _path("clusters"))), settled_output(ctx), clusters_table)
+    """List the clusters and their node pools; in the table, each pool's GPU-equivalents allocated,
+    free and asked for by queued gangs."""
+    found = decoded(_api(ctx).request("GET", _path("clusters")))
+    output = settled_output(ctx)
+    # As `queue list`: the objects as registered, and in the table the figures of now (one more request).
+    status = decoded(_api(ctx).request("GET", "/v1/status")) if output == "table" else None
+    emit(found, output, lambda clusters: clusters_table(clusters, status))
 
 
 @cluster.command("show")

@@ -29,6 +29,20 @@ class GpuStatus:
 
 
 @dataclass(frozen=True)
+class PoolStatus:
+    """One node pool now (GPU-equivalents; `pending` is what queued gangs that accept its GPU
+    model ask for, so a gang that accepts several models counts in each)."""
+
+    cluster: str
+    pool: str
+    gpu_model: str
+    capacity: float  # on schedulable nodes
+    allocated: float  # held by live runs
+    free: float
+    pending: float
+
+
+@dataclass(frozen=True)
 class QueueStatus:
     level: str  # team | queue
     name: str
@@ -54,6 +68,7 @@ class FleetStatus:
     clusters: int
     gpus: list[GpuStatus]  # fleet-wide per GPU model and sharing mode
     queues: list[QueueStatus]  # each team, then its queues (a team token: its own)
+    pools: list[PoolStatus]  # every node pool of the fleet, by cluster
     control_plane: ControlPlaneStatus | None  # admins only
 
 
@@ -91,5 +106,10 @@ def fleet_status(uow: UnitOfWorkFactory, gauges: FleetGaugeReader, who: Principa
         len(page.clusters),
         [GpuStatus("", g.gpu_model, g.sharing, g.capacity, g.used) for g in page.by_model],
         queues,
+        [
+            PoolStatus(c.name, p.name, p.gpu_model, p.capacity, p.allocated, p.free, p.pending_gpu_eq)
+            for c in page.clusters
+            for p in c.pools
+        ],
         control,
     )

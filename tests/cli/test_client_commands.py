@@ -639,13 +639,23 @@ def test_json_lists_print_the_objects_alone_without_asking_the_status(api: FakeA
     assert api.only.path == "/v1/queues"
 
 
+POOL_STATUS = {
+    "pools": [
+        {"cluster": "eks-us-east", "pool": "h100", "allocated": 24.0, "free": 8.0, "pending": 40.5},
+    ]
+}
+
+
 def test_cluster_list_prints_one_row_per_pool(api: FakeApi) -> None:
     api.reply("GET", "/v1/clusters", CLUSTERS)
+    api.reply("GET", "/v1/status", POOL_STATUS)
 
     result = run(api, "cluster", "list")
 
     assert result.exit_code == 0, result.output
-    assert (api.only.method, api.only.path) == ("GET", "/v1/clusters")
+    assert [(r.method, r.path) for r in api.requests] == [("GET", "/v1/clusters"), ("GET", "/v1/status")]
+    h100_figures = next(line for line in result.stdout.splitlines() if " h100 " in line).split()[-3:]
+    assert h100_figures == ["24", "8", "40.5"]  # allocated, free, pending: from the status
     lines = result.stdout.splitlines()
     h100 = next(line for line in lines if "H100-80GB" in line)
     assert all(v in h100 for v in ("eks-us-east", "sim", "us-east-1", "h100", " 8 ", " 4 ", "exclusive", "4.50"))
@@ -693,9 +703,9 @@ def test_every_workload_verb_takes_the_shared_connection_and_output_options() ->
 def test_token_falls_back_to_admin_token_in_the_state_dir(api: FakeApi, clean_env: Path) -> None:
     clean_env.mkdir()
     (clean_env / "admin.token").write_text("gpf_from_file\n")
-    api.reply("GET", "/v1/clusters", [])
+    api.reply("GET", "/v1/priority-classes", [])
 
-    result = run(api, "cluster", "list", token=None)
+    result = run(api, "priority-class", "list", token=None)
 
     assert result.exit_code == 0, result.output
     assert api.only.headers["authorization"] == "Bearer gpf_from_file"
@@ -707,10 +717,10 @@ def test_token_from_env_wins_over_the_file_and_the_option_over_both(
     clean_env.mkdir()
     (clean_env / "admin.token").write_text("gpf_from_file\n")
     monkeypatch.setenv("GPUFLEET_TOKEN", "gpf_from_env")
-    api.reply("GET", "/v1/clusters", [])
+    api.reply("GET", "/v1/priority-classes", [])
 
-    assert run(api, "cluster", "list", token=None).exit_code == 0
-    assert run(api, "cluster", "list", token="gpf_from_option").exit_code == 0
+    assert run(api, "priority-class", "list", token=None).exit_code == 0
+    assert run(api, "priority-class", "list", token="gpf_from_option").exit_code == 0
 
     assert [r.headers["authorization"] for r in api.requests] == ["Bearer gpf_from_env", "Bearer gpf_from_option"]
 
@@ -719,7 +729,7 @@ def test_api_url_comes_from_the_environment(api: FakeApi, monkeypatch: pytest.Mo
     monkeypatch.setenv("GPUFLEET_API", api.url)
     api.reply("GET", "/v1/clusters", [])
 
-    result = CliRunner().invoke(main, ["cluster", "list", "--token", "t"])
+    result = CliRunner().invoke(main, ["cluster", "list", "--token", "t", "-o", "json"])
 
     assert result.exit_code == 0, result.output
     assert api.only.path == "/v1/clusters"

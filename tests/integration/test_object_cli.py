@@ -136,6 +136,14 @@ def test_a_new_fleet_from_nothing_to_an_admitted_job_with_the_cli_alone(cli: Cli
         ("queue", "training", 2.0),
     ]
     assert status["control_plane"]["scheduler_epoch"] == epoch
+    assert [(p["cluster"], p["pool"], p["capacity"], p["allocated"], p["free"]) for p in status["pools"]] == [
+        ("lab", "h100", 16.0, 2.0, 14.0)
+    ]
+    # The list tables carry the same figures of now beside the objects as configured.
+    queue_row = next(line for line in cli("queue", "list").output.splitlines() if " training " in line)
+    assert queue_row.split()[2:4] == ["2", "0"]  # used gpu-eq, pending
+    pool_row = next(line for line in cli("cluster", "list").output.splitlines() if " h100 " in line)
+    assert pool_row.split()[-3:-1] == ["2", "14"]  # allocated, free
     table = cli("status").output
     assert "H100-80GB" in table
     assert "a scheduler leads" in table
