@@ -1,5 +1,6 @@
-"""Rows for fleet reports: runs whose allocation overlaps a range (with their pods and prices),
-workloads submitted in a range, queues' entitlement inputs, fleet capacity, eviction beneficiaries."""
+"""Rows for fleet reports: runs whose allocation overlaps a range (with their pods and prices), their
+telemetry windows summed per bucket (`window_sums`), workloads submitted in a range, queues'
+entitlement inputs, fleet capacity, eviction beneficiaries."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from adapters.sql.tables import (
     TeamRow,
     WorkloadRow,
 )
+from adapters.sql.window_sums import window_sums
 from controlplane.core.gpu_eq import gpu_eq_with_replicas
 from controlplane.domain.model import GPU_EQ
 from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_gpu_eq
@@ -30,6 +32,7 @@ from controlplane.service.report_records import (
     QueueRecord,
     RunRecord,
     RunSlice,
+    WindowSum,
     WorkloadRecord,
 )
 
@@ -153,6 +156,15 @@ class SqlReportRepository:
                 )
             )
         return out
+
+    def window_sums(
+        self,
+        spans: Sequence[tuple[datetime, datetime]],
+        team_id: str | None,
+        now: datetime,
+        idle_threshold: float,
+    ) -> list[WindowSum]:
+        return window_sums(self.s, spans, team_id, now, idle_threshold)
 
     def workloads(self, start: datetime, end: datetime, team_id: str | None) -> list[WorkloadRecord]:
         first_run = (
