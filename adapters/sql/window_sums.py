@@ -31,10 +31,11 @@ from controlplane.service.report_records import WINDOW_LOOKBACK, WindowSum
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROS = 1_000_000
+US = timedelta(microseconds=1)
 
 
 def _micros(value: datetime) -> int:
-    return (value - EPOCH) // timedelta(microseconds=1)
+    return (value - EPOCH) // US
 
 
 def _column_micros(dialect: str, column: Any) -> ColumnElement[int]:
@@ -80,57 +81,85 @@ def window_sums(
     seed = select(cast(literal(0, Integer), Integer).label("bucket"), micros(_micros(start)).label("lo"))
     recursive = seed.cte("buckets", recursive=True)
     buckets = recursive.union_all(
-        select(recursive.c.bucket + 1, recursive.c.lo + micros(_micros(start + step) - _micros(start))).where(
-            recursive.c.bucket + 1 < len(spans)
-        )
+        select(recursive.c.bucket + 1, recursive.c.lo + micros(step // US)).where(recursive.c.bucket + 1 < len(spans))
     )
-    bucket_hi = smaller(buckets.c.lo + micros(step // timedelta(microseconds=1)), micros(_micros(end)))
+    bucket_hi = smaller(buckets.c.lo + micros(step // US), micros(_micros(end)))
     stop = smaller(bucket_hi, micros(_micros(now)))
 
-    window_start = _column_micros(dialect, w.window_start)
-    window_end = window_start + cast(w.window_seconds, BigInteger) * MICROS
-    begin = larger(window_start, buckets.c.lo, _column_micros(dialect, RunRow.created_at))
-    finish = smaller(window_end, stop, func.coalesce(_column_micros(dialect, RunRow.finished_at), stop))
-    # The window's activity mean, from the best signal it has (TelemetryWindow.activity_mean).
-    activity = case(
+    # First the windows of the range that share a run, node, MIG profile and time (a node's GPUs
+    # report together), summed; then their times as integers. Materialized, so the bucket join
+    # below compares integers instead of converting times once per bucket.
+    activity = case(  # the window's activity mean from its best signal (TelemetryWindow.activity_mean)
         (w.sm_active_n > 0, cast(w.sm_active_sum, Float) / w.sm_active_n),
         (w.gr_engine_n > 0, cast(w.gr_engine_sum, Float) / w.gr_engine_n),
         (w.gpu_util_n > 0, cast(w.gpu_util_sum, Float) / w.gpu_util_n),
         else_=None,
     )
-    lookback = WINDOW_LOOKBACK // timedelta(microseconds=1)
-    pieces = (
+    same_time = (w.run_id, w.node, w.mig_profile, w.window_start, w.window_seconds)
+    alike = select(
+        *same_time,
+        func.count().label("windows"),
+        func.sum(activity).label("activity"),
+        func.sum(case((activity < idle_threshold, 1), else_=0)).label("idle"),
+    ).where(w.window_start >= start - WINDOW_LOOKBACK, w.window_start < end, activity.is_not(None))
+    if team_id is not None:
+        alike = alike.join(RunRow, RunRow.id == w.run_id).join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
+        alike = alike.where(WorkloadRow.team_id == team_id)
+    a = alike.group_by(*same_time).subquery("alike")
+    start_us = _column_micros(dialect, a.c.window_start)
+    windows = (
+        select(
+            a.c.run_id,
+            a.c.node,
+            a.c.mig_profile,
+            a.c.windows,
+            a.c.activity,
+            a.c.idle,
+            start_us.label("start_us"),
+            (start_us + cast(a.c.window_seconds, BigInteger) * MICROS).label("end_us"),
+            _column_micros(dialect, RunRow.created_at).label("admitted_us"),
+            _column_micros(dialect, RunRow.finished_at).label("finished_us"),
+        )
+        .join(RunRow, RunRow.id == a.c.run_id)
+        .cte("windows")
+        .prefix_with("MATERIALIZED")
+    )
+
+    begin = larger(windows.c.start_us, buckets.c.lo, windows.c.admitted_us)
+    finish = smaller(windows.c.end_us, stop, func.coalesce(windows.c.finished_us, stop))
+    p = (
         select(
             buckets.c.bucket,
-            w.run_id,
-            w.node,
-            w.mig_profile,
+            windows.c.run_id,
+            windows.c.node,
+            windows.c.mig_profile,
             (finish - begin).label("span"),
-            activity.label("activity"),
+            windows.c.windows,
+            windows.c.activity,
+            windows.c.idle,
         )
-        .select_from(w)
-        .join(RunRow, RunRow.id == w.run_id)
+        .select_from(windows)
         .join(
             buckets,
-            and_(window_start >= buckets.c.lo - lookback, window_start < bucket_hi, buckets.c.lo < window_end),
+            and_(
+                windows.c.start_us >= buckets.c.lo - WINDOW_LOOKBACK // US,
+                windows.c.start_us < bucket_hi,
+                buckets.c.lo < windows.c.end_us,
+            ),
         )
-        # The same range on the column itself, so the window_start index bounds the scan.
-        .where(w.window_start >= start - WINDOW_LOOKBACK, w.window_start < end)
+        .subquery("pieces")
     )
-    if team_id is not None:
-        pieces = pieces.join(WorkloadRow, WorkloadRow.id == RunRow.workload_id).where(WorkloadRow.team_id == team_id)
-    p = pieces.subquery("pieces")
     query = (
         select(
             p.c.bucket,
             p.c.run_id,
             p.c.node,
             p.c.mig_profile,
-            func.sum(p.c.span),
+            func.sum(p.c.span * p.c.windows),
             func.sum(p.c.span * p.c.activity),
-            func.sum(case((p.c.activity < idle_threshold, p.c.span), else_=0)),
+            func.sum(p.c.span * p.c.idle),
         )
-        .where(p.c.span > 0, p.c.activity.is_not(None))
+        .where(p.c.span > 0)
         .group_by(p.c.bucket, p.c.run_id, p.c.node, p.c.mig_profile)
     )
     return [
