@@ -49,13 +49,7 @@ from controlplane.service.report_accounting import (
 )
 
 # Also re-exported: these values were defined here before they moved to their leaf module.
-from controlplane.service.report_records import (  # noqa: F401
-    WINDOW_LOOKBACK,
-    ReportRepository,
-    RunRecord,
-    RunSlice,
-    WindowSum,
-)
+from controlplane.service.report_records import ReportRepository, RunRecord, RunSlice, WindowSum  # noqa: F401
 from controlplane.service.telemetry_window import TelemetryWindow
 from controlplane.service.views import Principal
 
