@@ -61,7 +61,7 @@ class SqlAuditRepository:
             .order_by(RunRow.id)
         ).all()
         pods = pods_by_run(self.s, select(RunRow.id).where(wanted)) if rows else {}
-        newest = self._newest_windows([row[0] for row in rows if row[1] in LIVE])
+        newest = self._newest_windows() if rows else {}
         out = []
         for (
             run_id,
@@ -102,22 +102,22 @@ class SqlAuditRepository:
             )
         return out
 
-    def _newest_windows(self, run_ids: list[str]) -> dict[str, datetime]:
-        found: dict[str, datetime] = {}
-        for start in range(0, len(run_ids), 500):
-            chunk = run_ids[start : start + 500]
-            query = (
-                select(
-                    TelemetryWindowRow.run_id,
-                    func.max(TelemetryWindowRow.window_start),
-                    func.max(TelemetryWindowRow.window_seconds),
-                )
-                .where(TelemetryWindowRow.run_id.in_(chunk))
-                .group_by(TelemetryWindowRow.run_id)
+    def _newest_windows(self) -> dict[str, datetime]:
+        """The end of each live run's newest window, in one grouped query."""
+        live = select(RunRow.id).where(RunRow.state.in_(LIVE)).scalar_subquery()
+        query = (
+            select(
+                TelemetryWindowRow.run_id,
+                func.max(TelemetryWindowRow.window_start),
+                func.max(TelemetryWindowRow.window_seconds),
             )
-            for run_id, window_start, seconds in self.s.execute(query):
-                if window_start is not None:  # max() keeps the column's type: an aware UTC datetime
-                    found[run_id] = window_start + timedelta(seconds=int(seconds or 0))
+            .where(TelemetryWindowRow.run_id.in_(live))
+            .group_by(TelemetryWindowRow.run_id)
+        )
+        found: dict[str, datetime] = {}
+        for run_id, window_start, seconds in self.s.execute(query):
+            if window_start is not None:  # max() keeps the column's type: an aware UTC datetime
+                found[run_id] = window_start + timedelta(seconds=int(seconds or 0))
         return found
 
     def node_pods(self) -> list[NodePodsFact]:

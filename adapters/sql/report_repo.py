@@ -4,6 +4,7 @@ entitlement inputs, fleet capacity, eviction beneficiaries."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -39,24 +40,33 @@ from controlplane.service.report_records import (
 CHUNK = 1000  # bounded IN lists
 
 
+@functools.lru_cache(maxsize=4096)
+def _pod_gpu_eq(replicas: int, asks: tuple[tuple[str, int], ...]) -> tuple[float, float]:
+    """(gpu-eq, gpu-eq per device it reports telemetry for) of a pod asking `asks` (its `gpu`,
+    `share` and `mig:` amounts) on a pool of `replicas` shares per GPU. Memoized: a report reads
+    thousands of pods, and pods ask for a handful of GPU shapes."""
+    amounts = dict(asks)
+    plain = gpu_eq_with_replicas({"gpu": amounts.get("gpu", 0), "share": amounts.get("share", 0)}, replicas)
+    migs = 0.0
+    for key, count in asks:
+        if key.startswith("mig:"):
+            try:
+                migs += gpu_eq_with_replicas({key: count}, replicas)
+            except InvalidSharingMode:
+                continue  # a profile this version does not know holds no gpu-eq it can count
+    devices = amounts.get("gpu", 0) + (1 if amounts.get("share") else 0)
+    return plain + migs, plain / devices if devices else 1.0
+
+
 def _slice(pod: Pod) -> RunSlice:
     """gpu-eq of one pod (as the core counts it, `controlplane.core.gpu_eq`), and the gpu-eq of each
     whole or shared GPU it reports telemetry for."""
-    demand, replicas = pod.demand, pod.pool.replicas
-    plain = gpu_eq_with_replicas({"gpu": int(demand.get("gpu", 0)), "share": int(demand.get("share", 0))}, replicas)
-    migs = 0.0
-    for key, count in demand.items():
-        if key.startswith("mig:"):
-            try:
-                migs += gpu_eq_with_replicas({key: int(count)}, replicas)
-            except InvalidSharingMode:
-                continue  # a profile this version does not know holds no gpu-eq it can count
-    devices = int(demand.get("gpu", 0)) + (1 if demand.get("share") else 0)
-    share = plain / devices if devices else 1.0
+    asks = tuple(sorted((k, int(v)) for k, v in pod.demand.items() if k in ("gpu", "share") or k.startswith("mig:")))
+    gpu_eq, share = _pod_gpu_eq(pod.pool.replicas, asks)
     return RunSlice(
         node=pod.node,
         gpu_model=pod.pool.gpu_model,
-        gpu_eq=plain + migs,
+        gpu_eq=gpu_eq,
         device_share=share,
         price_per_gpu_hour=pod.pool.price_per_gpu_hour,
     )
