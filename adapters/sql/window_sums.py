@@ -155,14 +155,15 @@ def window_sums(
             p.c.run_id,
             p.c.node,
             p.c.mig_profile,
-            func.sum(p.c.span * p.c.windows),
-            func.sum(p.c.span * p.c.activity),
-            func.sum(p.c.span * p.c.idle),
+            # Integer sums cast back: PostgreSQL sums BIGINT as NUMERIC, which arrives as Decimal.
+            cast(func.sum(p.c.span * p.c.windows), BigInteger),
+            cast(func.sum(p.c.span * p.c.activity), Float),
+            cast(func.sum(p.c.span * p.c.idle), BigInteger),
         )
         .where(p.c.span > 0)
         .group_by(p.c.bucket, p.c.run_id, p.c.node, p.c.mig_profile)
     )
     return [
-        WindowSum(int(bucket), run_id, node, profile, int(measured) / MICROS, float(used) / MICROS, int(idle) / MICROS)
+        WindowSum(bucket, run_id, node, profile, measured / MICROS, used / MICROS, idle / MICROS)
         for bucket, run_id, node, profile, measured, used, idle in s.execute(query)
     ]
