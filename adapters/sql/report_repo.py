@@ -5,6 +5,7 @@ entitlement inputs, fleet capacity, eviction beneficiaries."""
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -41,28 +42,27 @@ CHUNK = 1000  # bounded IN lists
 
 
 @functools.lru_cache(maxsize=4096)
-def _pod_gpu_eq(replicas: int, asks: tuple[tuple[str, int], ...]) -> tuple[float, float]:
-    """(gpu-eq, gpu-eq per device it reports telemetry for) of a pod asking `asks` (its `gpu`,
-    `share` and `mig:` amounts) on a pool of `replicas` shares per GPU. Memoized: a report reads
-    thousands of pods, and pods ask for a handful of GPU shapes."""
-    amounts = dict(asks)
-    plain = gpu_eq_with_replicas({"gpu": amounts.get("gpu", 0), "share": amounts.get("share", 0)}, replicas)
+def _pod_gpu_eq(replicas: int, demand: str) -> tuple[float, float]:
+    """(gpu-eq, gpu-eq per device it reports telemetry for) of a pod asking `demand` (its stored
+    JSON) on a pool of `replicas` shares per GPU. Memoized by the text: a report reads thousands of
+    pods, and the pods of a gang (and most gangs) ask alike."""
+    asks = json.loads(demand)
+    plain = gpu_eq_with_replicas({"gpu": int(asks.get("gpu", 0)), "share": int(asks.get("share", 0))}, replicas)
     migs = 0.0
-    for key, count in asks:
+    for key, count in asks.items():
         if key.startswith("mig:"):
             try:
-                migs += gpu_eq_with_replicas({key: count}, replicas)
+                migs += gpu_eq_with_replicas({key: int(count)}, replicas)
             except InvalidSharingMode:
                 continue  # a profile this version does not know holds no gpu-eq it can count
-    devices = amounts.get("gpu", 0) + (1 if amounts.get("share") else 0)
+    devices = int(asks.get("gpu", 0)) + (1 if asks.get("share") else 0)
     return plain + migs, plain / devices if devices else 1.0
 
 
 def _slice(pod: Pod) -> RunSlice:
     """gpu-eq of one pod (as the core counts it, `controlplane.core.gpu_eq`), and the gpu-eq of each
     whole or shared GPU it reports telemetry for."""
-    asks = tuple(sorted((k, int(v)) for k, v in pod.demand.items() if k in ("gpu", "share") or k.startswith("mig:")))
-    gpu_eq, share = _pod_gpu_eq(pod.pool.replicas, asks)
+    gpu_eq, share = _pod_gpu_eq(pod.pool.replicas, pod.demand)
     return RunSlice(
         node=pod.node,
         gpu_model=pod.pool.gpu_model,
