@@ -9,7 +9,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
-from adapters.sql.report_repo import _slice, nodes_and_pools
+from adapters.sql.report_repo import _slice
+from adapters.sql.run_pods import pods_by_run
 from adapters.sql.tables import (
     ClusterRow,
     NodePodSummaryRow,
@@ -34,9 +35,15 @@ class SqlAuditRepository:
         self.s = session
 
     def runs(self, since: datetime) -> list[AuditRun]:
+        wanted = or_(RunRow.state.in_(LIVE), RunRow.created_at >= since, RunRow.finished_at >= since)
         rows = self.s.execute(
             select(
-                RunRow,
+                RunRow.id,
+                RunRow.state,
+                RunRow.created_at,
+                RunRow.started_at,
+                RunRow.finished_at,
+                RunRow.end_cause,
                 WorkloadRow.name,
                 WorkloadRow.kind,
                 WorkloadRow.priority_class,
@@ -50,54 +57,67 @@ class SqlAuditRepository:
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
             .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
             .join(PriorityClassRow, PriorityClassRow.name == WorkloadRow.priority_class)
-            .where(or_(RunRow.state.in_(LIVE), RunRow.created_at >= since, RunRow.finished_at >= since))
+            .where(wanted)
             .order_by(RunRow.id)
         ).all()
-        nodes = nodes_and_pools(self.s, {a.node_id for row in rows for a in row[0].assignments})
-        newest = self._newest_windows([row[0].id for row in rows if row[0].state in LIVE])
+        pods = pods_by_run(self.s, select(RunRow.id).where(wanted)) if rows else {}
+        newest = self._newest_windows() if rows else {}
         out = []
-        for run, workload, kind, class_name, preemptible, team, queue, cluster in rows:
-            held = [nodes[a.node_id] for a in run.assignments if a.node_id in nodes]
-            demands = [dict(a.demand) for a in run.assignments if a.node_id in nodes]
+        for (
+            run_id,
+            state,
+            created_at,
+            started_at,
+            finished_at,
+            end_cause,
+            workload,
+            kind,
+            class_name,
+            preemptible,
+            team,
+            queue,
+            cluster,
+        ) in rows:
+            held = pods.get(run_id, [])
             out.append(
                 AuditRun(
-                    run_id=run.id,
+                    run_id=run_id,
                     workload=workload,
                     team=team,
                     queue=queue,
                     cluster=cluster,
-                    pools=tuple(sorted({f"{cluster}/{pool.name}" for _, pool in held})),
+                    pools=tuple(sorted({f"{cluster}/{pod.pool.name}" for pod in held})),
                     kind=kind,
                     priority_class=class_name,
                     preemptible=bool(preemptible),
-                    pods=len(run.assignments),
-                    state=run.state,
-                    created_at=run.created_at,
-                    started_at=run.started_at,
-                    gpu_eq=round(sum(_slice(n, p, d).gpu_eq for (n, p), d in zip(held, demands, strict=True)), 6),
-                    last_window_end=newest.get(run.id),
-                    finished_at=run.finished_at,
-                    end_cause=run.end_cause,
+                    pods=len(held),
+                    state=state,
+                    created_at=created_at,
+                    started_at=started_at,
+                    gpu_eq=round(sum(_slice(pod).gpu_eq for pod in held), 6),
+                    last_window_end=newest.get(run_id),
+                    finished_at=finished_at,
+                    end_cause=end_cause,
                 )
             )
         return out
 
-    def _newest_windows(self, run_ids: list[str]) -> dict[str, datetime]:
-        found: dict[str, datetime] = {}
-        for start in range(0, len(run_ids), 500):
-            chunk = run_ids[start : start + 500]
-            query = (
-                select(
-                    TelemetryWindowRow.run_id,
-                    func.max(TelemetryWindowRow.window_start),
-                    func.max(TelemetryWindowRow.window_seconds),
-                )
-                .where(TelemetryWindowRow.run_id.in_(chunk))
-                .group_by(TelemetryWindowRow.run_id)
+    def _newest_windows(self) -> dict[str, datetime]:
+        """The end of each live run's newest window, in one grouped query."""
+        live = select(RunRow.id).where(RunRow.state.in_(LIVE)).scalar_subquery()
+        query = (
+            select(
+                TelemetryWindowRow.run_id,
+                func.max(TelemetryWindowRow.window_start),
+                func.max(TelemetryWindowRow.window_seconds),
             )
-            for run_id, window_start, seconds in self.s.execute(query):
-                if window_start is not None:  # max() keeps the column's type: an aware UTC datetime
-                    found[run_id] = window_start + timedelta(seconds=int(seconds or 0))
+            .where(TelemetryWindowRow.run_id.in_(live))
+            .group_by(TelemetryWindowRow.run_id)
+        )
+        found: dict[str, datetime] = {}
+        for run_id, window_start, seconds in self.s.execute(query):
+            if window_start is not None:  # max() keeps the column's type: an aware UTC datetime
+                found[run_id] = window_start + timedelta(seconds=int(seconds or 0))
         return found
 
     def node_pods(self) -> list[NodePodsFact]:

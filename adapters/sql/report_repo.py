@@ -1,64 +1,74 @@
-"""Rows for fleet reports: runs whose allocation overlaps a range (with their pods and prices),
-workloads submitted in a range, queues' entitlement inputs, fleet capacity, eviction beneficiaries."""
+"""Rows for fleet reports: runs whose allocation overlaps a range (with their pods and prices), their
+telemetry windows summed per bucket (`window_sums`), workloads submitted in a range, queues'
+entitlement inputs, fleet capacity, eviction beneficiaries."""
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
+from adapters.sql.run_pods import Pod, pods_by_run
 from adapters.sql.tables import (
     AuditRow,
     ClusterRow,
     NodePoolRow,
-    NodeRow,
     PodSetRow,
     QueueRow,
     RunRow,
     TeamRow,
     WorkloadRow,
 )
+from adapters.sql.window_sums import window_sums
 from controlplane.core.gpu_eq import gpu_eq_with_replicas
 from controlplane.domain.model import GPU_EQ
-from controlplane.domain.sharing import InvalidSharingMode, SharingMode, mig_gpu_eq
+from controlplane.domain.sharing import InvalidSharingMode, mig_gpu_eq
 from controlplane.service.report_records import (
     EVICTION_ACTION,
     IDLE_RECLAIM_ACTION,
     QueueRecord,
     RunRecord,
     RunSlice,
+    WindowSum,
     WorkloadRecord,
 )
 
 CHUNK = 1000  # bounded IN lists
 
 
-def _slice(node: str, pool: NodePoolRow, demand: dict[str, Any]) -> RunSlice:
-    """gpu-eq of one pod (as the core counts it, `controlplane.core.gpu_eq`), and the gpu-eq of each
-    whole or shared GPU it reports telemetry for."""
-    try:
-        replicas = SharingMode.parse(pool.sharing).replicas
-    except InvalidSharingMode:
-        replicas = 1
-    plain = gpu_eq_with_replicas({"gpu": int(demand.get("gpu", 0)), "share": int(demand.get("share", 0))}, replicas)
+@functools.lru_cache(maxsize=4096)
+def _pod_gpu_eq(replicas: int, demand: str) -> tuple[float, float]:
+    """(gpu-eq, gpu-eq per device it reports telemetry for) of a pod asking `demand` (its stored
+    JSON) on a pool of `replicas` shares per GPU. Memoized by the text: a report reads thousands of
+    pods, and the pods of a gang (and most gangs) ask alike."""
+    asks = json.loads(demand)
+    plain = gpu_eq_with_replicas({"gpu": int(asks.get("gpu", 0)), "share": int(asks.get("share", 0))}, replicas)
     migs = 0.0
-    for key, count in demand.items():
+    for key, count in asks.items():
         if key.startswith("mig:"):
             try:
                 migs += gpu_eq_with_replicas({key: int(count)}, replicas)
             except InvalidSharingMode:
                 continue  # a profile this version does not know holds no gpu-eq it can count
-    devices = int(demand.get("gpu", 0)) + (1 if demand.get("share") else 0)
-    share = plain / devices if devices else 1.0
+    devices = int(asks.get("gpu", 0)) + (1 if asks.get("share") else 0)
+    return plain + migs, plain / devices if devices else 1.0
+
+
+def _slice(pod: Pod) -> RunSlice:
+    """gpu-eq of one pod (as the core counts it, `controlplane.core.gpu_eq`), and the gpu-eq of each
+    whole or shared GPU it reports telemetry for."""
+    gpu_eq, share = _pod_gpu_eq(pod.pool.replicas, pod.demand)
     return RunSlice(
-        node=node,
-        gpu_model=pool.gpu_model,
-        gpu_eq=plain + migs,
+        node=pod.node,
+        gpu_model=pod.pool.gpu_model,
+        gpu_eq=gpu_eq,
         device_share=share,
-        price_per_gpu_hour=float(pool.price_per_gpu_hour or 0.0),
+        price_per_gpu_hour=pod.pool.price_per_gpu_hour,
     )
 
 
@@ -83,18 +93,6 @@ def _gpu_amount(quota: dict[str, Any]) -> float:
     return max(eq, models)
 
 
-def nodes_and_pools(s: Session, node_ids: set[str]) -> dict[str, tuple[str, NodePoolRow]]:
-    """Each of these nodes' name and pool, by node id (one query)."""
-    if not node_ids:
-        return {}
-    rows = s.execute(
-        select(NodeRow, NodePoolRow)
-        .join(NodePoolRow, NodePoolRow.id == NodeRow.pool_id)
-        .where(NodeRow.id.in_(node_ids))
-    )
-    return {node.id: (node.name, pool) for node, pool in rows}
-
-
 class SqlReportRepository:
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -113,46 +111,77 @@ class SqlReportRepository:
         return first
 
     def runs(self, start: datetime, end: datetime, team_id: str | None) -> list[RunRecord]:
+        overlapping = [RunRow.created_at < end, or_(RunRow.finished_at.is_(None), RunRow.finished_at >= start)]
+        if team_id is not None:
+            overlapping.append(WorkloadRow.team_id == team_id)
         query = (
-            select(RunRow, WorkloadRow.name, WorkloadRow.team_id, TeamRow.name, QueueRow.name, ClusterRow.name)
+            select(
+                RunRow.id,
+                RunRow.workload_id,
+                RunRow.state,
+                RunRow.message,
+                RunRow.end_cause,
+                RunRow.started_at,
+                RunRow.created_at,
+                RunRow.finished_at,
+                WorkloadRow.name,
+                WorkloadRow.team_id,
+                TeamRow.name,
+                QueueRow.name,
+                ClusterRow.name,
+            )
             .join(WorkloadRow, WorkloadRow.id == RunRow.workload_id)
             .join(TeamRow, TeamRow.id == WorkloadRow.team_id)
             .join(QueueRow, QueueRow.id == WorkloadRow.queue_id)
             .join(ClusterRow, ClusterRow.id == RunRow.cluster_id)
-            .where(RunRow.created_at < end, or_(RunRow.finished_at.is_(None), RunRow.finished_at >= start))
+            .where(*overlapping)
             .order_by(RunRow.id)
-            .options(selectinload(RunRow.assignments))
         )
-        if team_id is not None:
-            query = query.where(WorkloadRow.team_id == team_id)
         rows = self.s.execute(query).all()
-        nodes = nodes_and_pools(self.s, {a.node_id for row in rows for a in row[0].assignments})
-        out = []
-        for run, workload, workload_team, team, queue, cluster in rows:
-            slices = tuple(
-                _slice(nodes[a.node_id][0], nodes[a.node_id][1], dict(a.demand))
-                for a in run.assignments
-                if a.node_id in nodes
+        ids = select(RunRow.id).join(WorkloadRow, WorkloadRow.id == RunRow.workload_id).where(*overlapping)
+        pods = pods_by_run(self.s, ids) if rows else {}
+        return [
+            RunRecord(
+                run_id=run_id,
+                workload_id=workload_id,
+                workload=workload,
+                team_id=workload_team,
+                team=team,
+                queue=queue,
+                cluster=cluster,
+                state=state,
+                message=message,
+                end_cause=end_cause,
+                started_at=started_at,
+                admitted_at=admitted_at,
+                finished_at=finished_at,
+                slices=tuple(_slice(pod) for pod in pods.get(run_id, ())),
             )
-            out.append(
-                RunRecord(
-                    run_id=run.id,
-                    workload_id=run.workload_id,
-                    workload=workload,
-                    team_id=workload_team,
-                    team=team,
-                    queue=queue,
-                    cluster=cluster,
-                    state=run.state,
-                    message=run.message,
-                    end_cause=run.end_cause,
-                    started_at=run.started_at,
-                    admitted_at=run.created_at,
-                    finished_at=run.finished_at,
-                    slices=slices,
-                )
-            )
-        return out
+            for (
+                run_id,
+                workload_id,
+                state,
+                message,
+                end_cause,
+                started_at,
+                admitted_at,
+                finished_at,
+                workload,
+                workload_team,
+                team,
+                queue,
+                cluster,
+            ) in rows
+        ]
+
+    def window_sums(
+        self,
+        spans: Sequence[tuple[datetime, datetime]],
+        team_id: str | None,
+        now: datetime,
+        idle_threshold: float,
+    ) -> list[WindowSum]:
+        return window_sums(self.s, spans, team_id, now, idle_threshold)
 
     def workloads(self, start: datetime, end: datetime, team_id: str | None) -> list[WorkloadRecord]:
         first_run = (

@@ -4,7 +4,7 @@ by unmeasured runs, queue waits, and serving signals against their objectives.
 Bounded like the rest of `gauges_repo`: per-run answers are cut to `limit` rows in the query (the
 lowest utilization first, so the runs worth looking at are the ones kept); per-queue and per-team
 answers follow what was registered. The team figures run the utilization report's own accounting
-(`controlplane.service.reports.aggregate`) over the last hour, so `/metrics` and `gpufleet report`
+(`controlplane.service.reports.aggregate_sums`) over the last hour, so `/metrics` and `gpufleet report`
 cannot disagree.
 """
 
@@ -34,12 +34,11 @@ from adapters.sql.tables import (
     TelemetryWindowRow,
     WorkloadRow,
 )
-from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from controlplane.core.gpu_eq import gpu_eq_float
 from controlplane.domain.model import NodePool
 from controlplane.service.metrics import QueueWaits, RunServing, RunUtilization, TeamUtilization
-from controlplane.service.reports import WINDOW_LIMIT, WINDOW_LOOKBACK, GroupBy, aggregate
-from controlplane.service.telemetry_window import WindowQuery
+from controlplane.service.report_accounting import DEFAULT_IDLE_THRESHOLD
+from controlplane.service.reports import GroupBy, aggregate_sums
 
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
 TEAM_PERIOD = timedelta(hours=1)
@@ -104,15 +103,10 @@ def team_utilization(s: Session, now: datetime, allocated: Mapping[str, float]) 
     """Per team over the last hour: the utilization report's figures; `allocated` (team -> gpu-eq
     held now) is added, and a team holding GPUs with no run in the hour still gets a row."""
     start = now - TEAM_PERIOD
-    runs = SqlReportRepository(s).runs(start, now, None)
-    ids = {r.run_id for r in runs}
-    windows = []
-    if ids:
-        found = SqlTelemetryRepository(s).windows(
-            WindowQuery(since=start - WINDOW_LOOKBACK, until=now, limit=WINDOW_LIMIT)
-        )
-        windows = [w for w in found if w.run_id in ids]
-    report = aggregate(runs, windows, start, now, GroupBy.TEAM, now, top=0)
+    reports = SqlReportRepository(s)
+    runs = reports.runs(start, now, None)
+    sums = reports.window_sums([(start, now)], None, now, DEFAULT_IDLE_THRESHOLD) if runs else []
+    report = aggregate_sums(runs, sums, start, now, GroupBy.TEAM, now, top=0)
     by_team = {row.group: row for row in report.groups}
     out = []
     for team in sorted(set(by_team) | set(allocated)):

@@ -207,8 +207,8 @@ def load_facts(uow: UnitOfWork, rules: IdleRules, thresholds: AuditThresholds, n
             )
         )
     # Allocation against use: the utilization report's accounting over the lookback.
-    report_runs, windows = reports.runs_and_windows(uow, None, since, now)
-    usage = reports.aggregate(report_runs, windows, since, now, reports.GroupBy.TEAM, now, top=0)
+    report_runs, sums = reports.runs_and_sums(uow, None, [(since, now)], now)
+    usage = reports.aggregate_sums(report_runs, sums, since, now, reports.GroupBy.TEAM, now, top=0)
     prices = report_accounting.mean_price_by_team(report_runs, since, now, now)
     team_use = tuple(
         TeamUseFact(

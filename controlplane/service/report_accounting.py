@@ -8,18 +8,22 @@
   of the range (or `now`);
 - ranges are `[from, to)`, naive times are UTC, at most `MAX_RANGE` long.
 
-The utilization, cost and over-time reports all sum these terms, so their figures agree.
+The utilization, cost and over-time reports all sum these terms, so their figures agree. The
+windows' part is summed in the database (`ReportRepository.window_sums`: per bucket, run, node and
+MIG profile, so a report reads thousands of sums, not every window); `window_sums` here is the same
+rule over windows in hand, and `window_terms` turns either into GPU-hours.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from controlplane.domain.sharing import InvalidSharingMode, mig_gpu_eq
 from controlplane.service.errors import Invalid
-from controlplane.service.report_records import RunRecord, RunSlice
+from controlplane.service.report_records import WINDOW_LOOKBACK, RunRecord, RunSlice, WindowSum
 from controlplane.service.telemetry_window import TelemetryWindow
 from controlplane.service.views import Principal
 
@@ -84,21 +88,58 @@ def reclaimed_hours(run: RunRecord, start: datetime, end: datetime, stop: dateti
     return 0.0
 
 
-def _window_share(window: TelemetryWindow, slice_: RunSlice | None) -> float:
-    if window.mig_profile:
+def _window_share(mig_profile: str | None, slice_: RunSlice | None) -> float:
+    """The run's gpu-eq share of the GPU a window covers: its MIG slice's, else the pod's share
+    of a whole or shared GPU, else 1."""
+    if mig_profile:
         try:
-            return float(mig_gpu_eq(window.mig_profile))
+            return float(mig_gpu_eq(mig_profile))
         except InvalidSharingMode:
             pass
     return slice_.device_share if slice_ is not None else 1.0
 
 
+def window_sums(
+    runs: Sequence[RunRecord],
+    windows: Iterable[TelemetryWindow],
+    spans: Sequence[tuple[datetime, datetime]],
+    now: datetime,
+    threshold: float = DEFAULT_IDLE_THRESHOLD,
+) -> list[WindowSum]:
+    """The windows in hand summed as `ReportRepository.window_sums` sums them in SQL (the
+    definition both follow): per bucket `(lo, hi)`, the windows of `runs` that start in
+    `[lo - WINDOW_LOOKBACK, hi)` and have an activity reading, each for its overlap with
+    `[max(lo, admission), min(hi, now, the run's end))`. Windows of other runs are skipped."""
+    by_run = {r.run_id: r for r in runs}
+    ordered = sorted((w for w in windows if (w.run_id or "") in by_run), key=lambda w: w.window_start)
+    starts = [w.window_start for w in ordered]
+    sums: dict[tuple[int, str, str, str | None], list[float]] = {}
+    for index, (lo, hi) in enumerate(spans):
+        stop = min(hi, now)
+        for w in ordered[bisect.bisect_left(starts, lo - WINDOW_LOOKBACK) : bisect.bisect_left(starts, hi)]:
+            run = by_run[w.run_id or ""]
+            begin = max(w.window_start, lo, run.admitted_at)
+            finish = min(w.window_end, run_end(run, stop))
+            activity = w.activity_mean
+            if finish <= begin or activity is None:
+                continue
+            seconds = (finish - begin).total_seconds()
+            found = sums.setdefault((index, run.run_id, w.node, w.mig_profile), [0.0, 0.0, 0.0])
+            found[0] += seconds
+            found[1] += seconds * activity
+            if activity < threshold:
+                found[2] += seconds
+    return [WindowSum(*key, *figures) for key, figures in sums.items()]
+
+
 @dataclass(frozen=True)
 class WindowTerm:
-    """What one telemetry window contributes to its run, in GPU-hours of gpu-eq."""
+    """What the windows of one run on one node (and MIG profile) in one bucket contribute to the
+    run, in GPU-hours of gpu-eq."""
 
+    bucket: int
     run: RunRecord
-    slice: RunSlice | None  # the run's pod on the window's node, when known
+    slice: RunSlice | None  # the run's pod on the windows' node, when known
     measured: float
     used: float
     idle: float
@@ -116,31 +157,25 @@ class WindowTerm:
         return self.run.slices[0].price_per_gpu_hour if self.run.slices else 0.0
 
 
-def window_terms(
-    runs: Sequence[RunRecord],
-    windows: Iterable[TelemetryWindow],
-    start: datetime,
-    stop: datetime,
-    threshold: float = DEFAULT_IDLE_THRESHOLD,
-) -> Iterator[WindowTerm]:
-    """The terms of the windows that have an activity reading and overlap a run of `runs` inside
-    `[start, stop)`. Windows of other runs (other teams', unattributed GPUs) are skipped."""
+def window_terms(runs: Sequence[RunRecord], sums: Iterable[WindowSum]) -> Iterator[WindowTerm]:
+    """The sums of `runs`' windows as GPU-hours: each sum times the run's share of that GPU.
+    Sums of other runs (a run that appeared after `runs` were read) are skipped."""
     by_run = {r.run_id: r for r in runs}
     slices_by_node: dict[tuple[str, str], RunSlice] = {}
     for run in runs:
         for s in run.slices:
             slices_by_node.setdefault((run.run_id, s.node), s)
-    for w in windows:
-        owner = by_run.get(w.run_id or "")
+    for found in sums:
+        owner = by_run.get(found.run_id)
         if owner is None:
             continue
-        run = owner
-        lo = max(w.window_start, start, run.admitted_at)
-        hi = min(w.window_end, run_end(run, stop))
-        span = hours(lo, hi)
-        activity = w.activity_mean
-        if span <= 0 or activity is None:
-            continue
-        slice_ = slices_by_node.get((run.run_id, w.node))
-        measured = _window_share(w, slice_) * span
-        yield WindowTerm(run, slice_, measured, measured * activity, measured if activity < threshold else 0.0)
+        slice_ = slices_by_node.get((owner.run_id, found.node))
+        per_hour = _window_share(found.mig_profile, slice_) / 3600.0
+        yield WindowTerm(
+            found.bucket,
+            owner,
+            slice_,
+            found.measured_seconds * per_hour,
+            found.used_seconds * per_hour,
+            found.idle_seconds * per_hour,
+        )

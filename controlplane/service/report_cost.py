@@ -33,9 +33,8 @@ from controlplane.service.report_accounting import (
     utc,
     window_terms,
 )
-from controlplane.service.report_records import RunRecord
-from controlplane.service.reports import WINDOW_LIMIT, WINDOW_LOOKBACK, GroupBy
-from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
+from controlplane.service.report_records import RunRecord, WindowSum
+from controlplane.service.reports import GroupBy, runs_and_sums
 from controlplane.service.views import Principal
 
 EVICTION_CAUSES = tuple(str(kind.end_cause) for kind in EvictionKind)
@@ -138,7 +137,7 @@ def _key(run: RunRecord, by: GroupBy) -> str:
 
 def cost_figures(
     runs: Sequence[RunRecord],
-    windows: Sequence[TelemetryWindow],
+    sums: Sequence[WindowSum],
     start: datetime,
     end: datetime,
     by: GroupBy,
@@ -158,7 +157,7 @@ def cost_figures(
             for row in rows(key):
                 row.allocated_gpu_hours += s.gpu_eq * held
                 row.allocated_cost += s.gpu_eq * held * s.price_per_gpu_hour
-    for term in window_terms(runs, windows, start, stop):
+    for term in window_terms(runs, sums):
         key = term.gpu_model if by is GroupBy.GPU_MODEL else _key(term.run, by)
         for row in rows(key):
             row.used_gpu_hours += term.used
@@ -177,10 +176,5 @@ def cost(
         raise Invalid(f"unknown group_by {group_by!r}; use one of {', '.join(g.value for g in GroupBy)}")
     team_id = team_scope(who)
     with uow:
-        runs = uow.reports.runs(start, end, team_id)
-        ids = {r.run_id for r in runs}
-        windows: list[TelemetryWindow] = []
-        if ids:
-            query = WindowQuery(since=start - WINDOW_LOOKBACK, until=end, limit=WINDOW_LIMIT)
-            windows = [w for w in uow.telemetry.windows(query) if w.run_id in ids]
-    return cost_figures(runs, windows, start, end, GroupBy(group_by), utc(now))
+        runs, sums = runs_and_sums(uow, team_id, [(start, end)], utc(now))
+    return cost_figures(runs, sums, start, end, GroupBy(group_by), utc(now))

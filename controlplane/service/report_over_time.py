@@ -24,17 +24,24 @@ whole fleet's allocation (an aggregate, no other team's figures).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controlplane.service.errors import Invalid
 from controlplane.service.ports import UnitOfWork
-from controlplane.service.report_accounting import check_span, held_hours, team_scope, utc
-from controlplane.service.report_records import QueueRecord, RunRecord
-from controlplane.service.reports import WINDOW_LOOKBACK, GroupBy, aggregate, runs_and_windows
-from controlplane.service.telemetry_window import TelemetryWindow
+from controlplane.service.report_accounting import check_span, held_hours, team_scope, utc, window_terms
+from controlplane.service.report_records import QueueRecord, RunRecord, WindowSum
+from controlplane.service.reports import (
+    Figures,
+    GroupBy,
+    allocate,
+    figures_of,
+    group_rows,
+    measure,
+    runs_and_sums,
+    term_key,
+)
 from controlplane.service.views import Principal
 
 MIN_BUCKET = 300
@@ -126,19 +133,22 @@ class TimelineReport:
 
 def timeline_figures(
     runs: Sequence[RunRecord],
-    windows: Sequence[TelemetryWindow],
+    sums: Sequence[WindowSum],
     spans: Sequence[tuple[datetime, datetime]],
     group_by: GroupBy,
     now: datetime,
 ) -> list[TimelineRow]:
-    """The utilization report's figures, bucket by bucket (each bucket is its own range)."""
-    ordered = sorted(windows, key=lambda w: w.window_start)
-    starts = [w.window_start for w in ordered]
+    """The utilization report's figures, bucket by bucket (each bucket is its own range): the
+    allocation of the runs overlapping it, and its windows' sums (`sums[i].bucket` indexes `spans`)."""
+    groups: list[dict[str, Figures]] = [{} for _ in spans]
+    for (lo, hi), mine, overlapping in zip(spans, groups, runs_by_bucket(runs, spans), strict=True):
+        for run in overlapping:
+            allocate(mine, run, lo, hi, min(hi, now), group_by)
+    for term in window_terms(runs, sums):
+        measure(figures_of(groups[term.bucket], term_key(term, group_by)), term)
     rows: list[TimelineRow] = []
-    for (lo, hi), overlapping in zip(spans, runs_by_bucket(runs, spans), strict=True):
-        mine = ordered[bisect.bisect_left(starts, lo - WINDOW_LOOKBACK) : bisect.bisect_left(starts, hi)]
-        report = aggregate(overlapping, mine, lo, hi, group_by, now, top=0)
-        for g in report.groups:
+    for (lo, hi), mine in zip(spans, groups, strict=True):
+        for g in group_rows(mine):
             rows.append(
                 TimelineRow(
                     lo,
@@ -171,9 +181,9 @@ def timeline(
     spans = buckets(start, end, bucket, utc(now))
     team_id = team_scope(who)
     with uow:
-        runs, windows = runs_and_windows(uow, team_id, start, end)
+        runs, sums = runs_and_sums(uow, team_id, spans, utc(now)) if spans else ([], [])
     size = _reported_size(start, end, bucket)
-    rows = timeline_figures(runs, windows, spans, GroupBy(group_by), utc(now))
+    rows = timeline_figures(runs, sums, spans, GroupBy(group_by), utc(now))
     return TimelineReport(start, end, size, group_by, rows)
 
 

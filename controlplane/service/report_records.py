@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
+from datetime import datetime, timedelta
+from typing import NamedTuple, Protocol
 
 from controlplane.core.decision import EndCause
 
@@ -16,6 +16,10 @@ from controlplane.core.decision import EndCause
 # id): the scheduler writes `run.reclaim-idle` with the idle evidence, `run.evict` for every other kind.
 IDLE_RECLAIM_ACTION = "run.reclaim-idle"
 EVICTION_ACTION = "run.evict"
+# Telemetry windows are at most this long, so one that starts this long before a range may still
+# overlap it; a window that starts earlier is not counted in the range (the rule both the SQL and
+# the Python sums follow).
+WINDOW_LOOKBACK = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -86,10 +90,39 @@ class QueueRecord:
     weight: float
 
 
+class WindowSum(NamedTuple):
+    """The telemetry windows of one run on one node (and MIG profile) inside one bucket of a
+    report, summed. Only windows with an activity reading count, each for the seconds it overlaps
+    both the bucket (up to `now`) and the run's allocation (admission to end). A NamedTuple: a
+    timeline reads tens of thousands of them."""
+
+    bucket: int  # index into the spans asked for
+    run_id: str
+    node: str
+    mig_profile: str | None
+    measured_seconds: float  # the overlaps
+    used_seconds: float  # each overlap x the window's activity mean (0..1)
+    idle_seconds: float  # the overlaps of windows whose activity mean is below the idle threshold
+
+
 class ReportRepository(Protocol):
     def runs(self, start: datetime, end: datetime, team_id: str | None) -> list[RunRecord]:
         """Runs whose allocation overlaps `[start, end)` (admitted before `end`, not finished
         before `start`), of one team or of all."""
+        ...
+
+    def window_sums(
+        self,
+        spans: Sequence[tuple[datetime, datetime]],
+        team_id: str | None,
+        now: datetime,
+        idle_threshold: float,
+    ) -> list[WindowSum]:
+        """The telemetry windows of runs (of one team or of all) summed per bucket, run, node and
+        MIG profile, in the database: what `report_accounting.window_sums` computes from windows in
+        hand. `spans` are consecutive buckets of one length from the first one's start, the last
+        possibly cut short (what `report_over_time.buckets` gives, or one range); a window counts in
+        a bucket when it starts in `[lo - WINDOW_LOOKBACK, hi)`."""
         ...
 
     def workloads(self, start: datetime, end: datetime, team_id: str | None) -> list[WorkloadRecord]:

@@ -39,23 +39,22 @@ from controlplane.service.events import envelope
 from controlplane.service.ports import UnitOfWork, UnitOfWorkFactory
 from controlplane.service.report_accounting import (
     DEFAULT_IDLE_THRESHOLD,
+    WindowTerm,
     check_span,
     held_hours,
     reclaimed_hours,
     utc,
+    window_sums,
     window_terms,
 )
 
 # Also re-exported: these values were defined here before they moved to their leaf module.
-from controlplane.service.report_records import ReportRepository, RunRecord, RunSlice  # noqa: F401
-from controlplane.service.telemetry_window import TelemetryWindow, WindowQuery
+from controlplane.service.report_records import ReportRepository, RunRecord, RunSlice, WindowSum  # noqa: F401
+from controlplane.service.telemetry_window import TelemetryWindow
 from controlplane.service.views import Principal
 
 DEFAULT_TOP = 10
 MAX_TOP = 100
-# Windows are at most this long, so one that starts this long before the range may still overlap it.
-WINDOW_LOOKBACK = timedelta(hours=1)
-WINDOW_LIMIT = 5_000_000
 REPORT_EVENT = "utilization.report"
 REPORT_ACTION = "report.utilization"
 
@@ -152,9 +151,61 @@ def _key(run: RunRecord, group_by: GroupBy) -> str:
     return run.cluster
 
 
-def aggregate(
+def figures_of(groups: dict[str, Figures], key: str) -> Figures:
+    found = groups.get(key)
+    if found is None:
+        found = groups[key] = Figures()
+    return found
+
+
+def allocate(
+    groups: dict[str, Figures], run: RunRecord, start: datetime, end: datetime, stop: datetime, group_by: GroupBy
+) -> tuple[float, float]:
+    """Add the run's allocation and reclaimed capacity in `[start, end)` (up to `stop`) to its
+    group (for GPU models, each model its pods hold); return the run's own (allocated, reclaimed)."""
+    held = held_hours(run, start, stop)
+    reclaimed = reclaimed_hours(run, start, end, stop)
+    if group_by is GroupBy.GPU_MODEL:
+        models: dict[str, float] = {}
+        for s in run.slices:
+            models[s.gpu_model] = models.get(s.gpu_model, 0.0) + s.gpu_eq
+        for model, eq in models.items():
+            g = figures_of(groups, model)
+            g.runs += 1
+            g.allocated_gpu_hours += eq * held
+            g.reclaimed_gpu_hours += eq * reclaimed
+        return run.gpu_eq * held, run.gpu_eq * reclaimed
+    g = figures_of(groups, _key(run, group_by))
+    g.runs += 1
+    allocated, handed_back = run.gpu_eq * held, run.gpu_eq * reclaimed
+    g.allocated_gpu_hours += allocated
+    g.reclaimed_gpu_hours += handed_back
+    return allocated, handed_back
+
+
+def measure(figures: Figures, term: WindowTerm) -> None:
+    figures.measured_gpu_hours += term.measured
+    figures.used_gpu_hours += term.used
+    figures.idle_gpu_hours += term.idle
+
+
+def term_key(term: WindowTerm, group_by: GroupBy) -> str:
+    return term.gpu_model if group_by is GroupBy.GPU_MODEL else _key(term.run, group_by)
+
+
+def group_rows(groups: Mapping[str, Figures]) -> list[GroupRow]:
+    rows: list[GroupRow] = []
+    for key in sorted(groups):
+        row = GroupRow(group=key)
+        row.add(groups[key])
+        row.finish()
+        rows.append(row)
+    return rows
+
+
+def aggregate_sums(
     runs: Sequence[RunRecord],
-    windows: Iterable[TelemetryWindow],
+    sums: Iterable[WindowSum],
     start: datetime,
     end: datetime,
     group_by: GroupBy,
@@ -162,55 +213,22 @@ def aggregate(
     top: int = DEFAULT_TOP,
     threshold: float = DEFAULT_IDLE_THRESHOLD,
 ) -> UtilizationReport:
-    """The report over plain rows: runs (with their pods) and their telemetry windows.
-
-    Windows of runs not in `runs` are ignored (other teams', or unattributed GPUs)."""
+    """The report over runs (with their pods) and the sums of their windows over `[start, end)`
+    (one bucket: `ReportRepository.window_sums` or `report_accounting.window_sums`)."""
     stop = min(end, now)
     by_run = {r.run_id: r for r in runs}
     groups: dict[str, Figures] = {}
     per_run: dict[str, Figures] = {}
-
-    def figures(key: str) -> Figures:
-        found = groups.get(key)
-        if found is None:
-            found = groups[key] = Figures()
-        return found
-
     for run in runs:
-        held = held_hours(run, start, stop)
-        reclaimed = reclaimed_hours(run, start, end, stop)
         mine = per_run[run.run_id] = Figures(runs=1)
-        mine.allocated_gpu_hours = run.gpu_eq * held
-        mine.reclaimed_gpu_hours = run.gpu_eq * reclaimed
-        if group_by is GroupBy.GPU_MODEL:
-            models: dict[str, float] = {}
-            for s in run.slices:
-                models[s.gpu_model] = models.get(s.gpu_model, 0.0) + s.gpu_eq
-            for model, eq in models.items():
-                g = figures(model)
-                g.runs += 1
-                g.allocated_gpu_hours += eq * held
-                g.reclaimed_gpu_hours += eq * reclaimed
-        else:
-            g = figures(_key(run, group_by))
-            g.runs += 1
-            g.allocated_gpu_hours += mine.allocated_gpu_hours
-            g.reclaimed_gpu_hours += mine.reclaimed_gpu_hours
+        mine.allocated_gpu_hours, mine.reclaimed_gpu_hours = allocate(groups, run, start, end, stop, group_by)
 
-    for term in window_terms(runs, windows, start, stop, threshold):
-        key = term.gpu_model if group_by is GroupBy.GPU_MODEL else _key(term.run, group_by)
-        for t in (figures(key), per_run[term.run.run_id]):
-            t.measured_gpu_hours += term.measured
-            t.used_gpu_hours += term.used
-            t.idle_gpu_hours += term.idle
+    for term in window_terms(runs, sums):
+        measure(figures_of(groups, term_key(term, group_by)), term)
+        measure(per_run[term.run.run_id], term)
 
-    rows: list[GroupRow] = []
+    rows = group_rows(groups)
     total = Figures()
-    for key in sorted(groups):
-        row = GroupRow(group=key)
-        row.add(groups[key])
-        row.finish()
-        rows.append(row)
     for mine in per_run.values():
         total.add(mine)
     total.finish()
@@ -241,6 +259,23 @@ def aggregate(
     return UtilizationReport(start, end, str(group_by), threshold, rows, total, top_runs)
 
 
+def aggregate(
+    runs: Sequence[RunRecord],
+    windows: Iterable[TelemetryWindow],
+    start: datetime,
+    end: datetime,
+    group_by: GroupBy,
+    now: datetime,
+    top: int = DEFAULT_TOP,
+    threshold: float = DEFAULT_IDLE_THRESHOLD,
+) -> UtilizationReport:
+    """The report over plain rows: runs (with their pods) and their telemetry windows, summed here.
+
+    Windows of runs not in `runs` are ignored (other teams', or unattributed GPUs)."""
+    sums = window_sums(runs, windows, [(start, end)], now, threshold)
+    return aggregate_sums(runs, sums, start, end, group_by, now, top, threshold)
+
+
 # --- with the database -------------------------------------------------------------------------
 
 
@@ -254,24 +289,25 @@ def check_range(start: datetime, end: datetime, group_by: str, top: int) -> tupl
     return start, end, GroupBy(group_by)
 
 
-def runs_and_windows(
-    uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime
-) -> tuple[list[RunRecord], list[TelemetryWindow]]:
-    """The runs whose allocation overlaps `[start, end)` (of one team or all) and their windows."""
-    runs = uow.reports.runs(start, end, team_id)
-    ids = {r.run_id for r in runs}
-    windows: list[TelemetryWindow] = []
-    if ids:
-        found = uow.telemetry.windows(WindowQuery(since=start - WINDOW_LOOKBACK, until=end, limit=WINDOW_LIMIT))
-        windows = [w for w in found if w.run_id in ids]
-    return runs, windows
+def runs_and_sums(
+    uow: UnitOfWork,
+    team_id: str | None,
+    spans: Sequence[tuple[datetime, datetime]],
+    now: datetime,
+    threshold: float = DEFAULT_IDLE_THRESHOLD,
+) -> tuple[list[RunRecord], list[WindowSum]]:
+    """The runs whose allocation overlaps the spans (of one team or all) and their windows' sums
+    per span, summed by the database."""
+    runs = uow.reports.runs(spans[0][0], spans[-1][1], team_id)
+    sums = uow.reports.window_sums(spans, team_id, now, threshold) if runs else []
+    return runs, sums
 
 
 def _report(
     uow: UnitOfWork, team_id: str | None, start: datetime, end: datetime, group_by: GroupBy, top: int, now: datetime
 ) -> UtilizationReport:
-    runs, windows = runs_and_windows(uow, team_id, start, end)
-    return aggregate(runs, windows, start, end, group_by, now, top)
+    runs, sums = runs_and_sums(uow, team_id, [(start, end)], now)
+    return aggregate_sums(runs, sums, start, end, group_by, now, top)
 
 
 def utilization(
@@ -331,17 +367,11 @@ def publish_hourly_report(uow_factory: UnitOfWorkFactory, prefix: str, now: date
     with uow_factory() as uow:
         if uow.reports.marked(REPORT_ACTION, key):
             return False
-        runs = uow.reports.runs(start, end, None)
-        ids = {r.run_id for r in runs}
-        windows = [
-            w
-            for w in uow.telemetry.windows(WindowQuery(since=start - WINDOW_LOOKBACK, until=end, limit=WINDOW_LIMIT))
-            if w.run_id in ids
-        ]
+        runs, sums = runs_and_sums(uow, None, [(start, end)], now)
         data: dict[str, Any] = {"from": key, "to": end.isoformat(), "idle_threshold": DEFAULT_IDLE_THRESHOLD}
         by_group: dict[str, Any] = {}
         for by in GroupBy:
-            report = aggregate(runs, windows, start, end, by, now, top)
+            report = aggregate_sums(runs, sums, start, end, by, now, top)
             by_group[by.value] = report_dict(report)["groups"]
             data["total"] = report_dict(report)["total"]
             data["top_idle_runs"] = report_dict(report)["top_idle_runs"]
