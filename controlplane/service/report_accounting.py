@@ -10,21 +10,20 @@
 
 The utilization, cost and over-time reports all sum these terms, so their figures agree. The
 windows' part is summed in the database (`ReportRepository.window_sums`: per bucket, run, node and
-MIG profile, so a report reads thousands of sums, not every window); `window_sums` here is the same
-rule over windows in hand, and `window_terms` turns either into GPU-hours.
+MIG profile, so a report reads thousands of sums, not every window), and `window_terms` turns those
+sums into GPU-hours (tests/integration/test_window_sums.py holds the SQL to the same rule computed
+window by window).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from controlplane.domain.sharing import InvalidSharingMode, mig_gpu_eq
 from controlplane.service.errors import Invalid
-from controlplane.service.report_records import WINDOW_LOOKBACK, RunRecord, RunSlice, WindowSum
-from controlplane.service.telemetry_window import TelemetryWindow
+from controlplane.service.report_records import RunRecord, RunSlice, WindowSum
 from controlplane.service.views import Principal
 
 MAX_RANGE = timedelta(days=92)
@@ -97,39 +96,6 @@ def _window_share(mig_profile: str | None, slice_: RunSlice | None) -> float:
         except InvalidSharingMode:
             pass
     return slice_.device_share if slice_ is not None else 1.0
-
-
-def window_sums(
-    runs: Sequence[RunRecord],
-    windows: Iterable[TelemetryWindow],
-    spans: Sequence[tuple[datetime, datetime]],
-    now: datetime,
-    threshold: float = DEFAULT_IDLE_THRESHOLD,
-) -> list[WindowSum]:
-    """The windows in hand summed as `ReportRepository.window_sums` sums them in SQL (the
-    definition both follow): per bucket `(lo, hi)`, the windows of `runs` that start in
-    `[lo - WINDOW_LOOKBACK, hi)` and have an activity reading, each for its overlap with
-    `[max(lo, admission), min(hi, now, the run's end))`. Windows of other runs are skipped."""
-    by_run = {r.run_id: r for r in runs}
-    ordered = sorted((w for w in windows if (w.run_id or "") in by_run), key=lambda w: w.window_start)
-    starts = [w.window_start for w in ordered]
-    sums: dict[tuple[int, str, str, str | None], list[float]] = {}
-    for index, (lo, hi) in enumerate(spans):
-        stop = min(hi, now)
-        for w in ordered[bisect.bisect_left(starts, lo - WINDOW_LOOKBACK) : bisect.bisect_left(starts, hi)]:
-            run = by_run[w.run_id or ""]
-            begin = max(w.window_start, lo, run.admitted_at)
-            finish = min(w.window_end, run_end(run, stop))
-            activity = w.activity_mean
-            if finish <= begin or activity is None:
-                continue
-            seconds = (finish - begin).total_seconds()
-            found = sums.setdefault((index, run.run_id, w.node, w.mig_profile), [0.0, 0.0, 0.0])
-            found[0] += seconds
-            found[1] += seconds * activity
-            if activity < threshold:
-                found[2] += seconds
-    return [WindowSum(*key, *figures) for key, figures in sums.items()]
 
 
 @dataclass(frozen=True)

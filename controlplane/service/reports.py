@@ -44,13 +44,11 @@ from controlplane.service.report_accounting import (
     held_hours,
     reclaimed_hours,
     utc,
-    window_sums,
     window_terms,
 )
 
 # Also re-exported: these values were defined here before they moved to their leaf module.
 from controlplane.service.report_records import ReportRepository, RunRecord, RunSlice, WindowSum  # noqa: F401
-from controlplane.service.telemetry_window import TelemetryWindow
 from controlplane.service.views import Principal
 
 DEFAULT_TOP = 10
@@ -214,7 +212,7 @@ def aggregate_sums(
     threshold: float = DEFAULT_IDLE_THRESHOLD,
 ) -> UtilizationReport:
     """The report over runs (with their pods) and the sums of their windows over `[start, end)`
-    (one bucket: `ReportRepository.window_sums` or `report_accounting.window_sums`)."""
+    (one bucket: `ReportRepository.window_sums`)."""
     stop = min(end, now)
     by_run = {r.run_id: r for r in runs}
     groups: dict[str, Figures] = {}
@@ -257,23 +255,6 @@ def aggregate_sums(
             )
         )
     return UtilizationReport(start, end, str(group_by), threshold, rows, total, top_runs)
-
-
-def aggregate(
-    runs: Sequence[RunRecord],
-    windows: Iterable[TelemetryWindow],
-    start: datetime,
-    end: datetime,
-    group_by: GroupBy,
-    now: datetime,
-    top: int = DEFAULT_TOP,
-    threshold: float = DEFAULT_IDLE_THRESHOLD,
-) -> UtilizationReport:
-    """The report over plain rows: runs (with their pods) and their telemetry windows, summed here.
-
-    Windows of runs not in `runs` are ignored (other teams', or unattributed GPUs)."""
-    sums = window_sums(runs, windows, [(start, end)], now, threshold)
-    return aggregate_sums(runs, sums, start, end, group_by, now, top, threshold)
 
 
 # --- with the database -------------------------------------------------------------------------
