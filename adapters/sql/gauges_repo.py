@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from adapters.sql import pool_gauges, slo_gauges
 from adapters.sql.convert import pool_from_row
+from adapters.sql.pool_gauges import LIVE_RUN_STATES, MAX_ROWS, NOTIFIED_STAGES
 from adapters.sql.slo_gauges import activity_terms, demand_of
 from adapters.sql.tables import (
     ClusterRow,
@@ -48,13 +49,8 @@ from controlplane.service.metrics import (
     pending_reason_kind,
 )
 
-LIVE_RUN_STATES = ("admitted", "dispatching", "running")
-# Idle stages at which a run's GPUs count as idle GPUs (`gpufleet_idle_notified_gpus`).
-NOTIFIED_STAGES = ("notify", "deprioritize", "reclaim")
 UNFINISHED_STATES = ("queued", "admitted", "dispatching", "running")
 GPU_EQ = "gpu-eq"
-# The safety cap of any grouped query: far above what a registered fleet produces.
-MAX_ROWS = 20_000
 
 
 class SqlFleetGauges:

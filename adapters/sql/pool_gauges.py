@@ -32,9 +32,11 @@ from controlplane.domain.model import NodePool
 from controlplane.domain.sharing import mig_gpu_eq
 from controlplane.service.metrics import PendingDemand, PoolGpus
 
+# Shared with the fleet gauges (gauges_repo imports them from here: it imports this module).
 LIVE_RUN_STATES = ("admitted", "dispatching", "running")
-# Idle stages at which a run's GPUs count as idle (as `gpufleet_idle_notified_gpus` counts them).
-FLAGGED_STAGES = ("notify", "deprioritize", "reclaim")
+# Idle stages at which a run's GPUs count as idle GPUs (`gpufleet_idle_notified_gpus`).
+NOTIFIED_STAGES = ("notify", "deprioritize", "reclaim")
+# The safety cap of any grouped query: far above what a registered fleet produces.
 MAX_ROWS = 20_000
 
 
@@ -70,7 +72,7 @@ def pool_gpus(
             continue
         amount = Fraction(gpu_eq_float(demand_of(demand_text), pool)) * int(count)
         allocated[pool_id] += amount
-        if idle_stage in FLAGGED_STAGES:
+        if idle_stage in NOTIFIED_STAGES:
             idle[pool_id] += amount
     used, measured = _busy(s, now, lookback)
     keys = sorted(set(capacity) | set(allocated), key=lambda p: (clusters.get(pools[p].cluster_id, ""), pools[p].name))
