@@ -70,9 +70,13 @@ class SqlFleetGauges:
         # SQLite for 64,000 windows in `gpufleet dev bench metrics`): at most once per five minutes.
         team_interval: timedelta = timedelta(minutes=5),
         slo: bool = True,
+        # The per-pool figures, live runs per cluster and pending demand: the dashboard and
+        # `GET /v1/status` read them, Prometheus exports none (its scrapes leave them out).
+        pools: bool = True,
     ) -> None:
         self.engine = engine
         self.slo = slo
+        self.pools = pools
         self.activity_lookback = activity_lookback
         self.max_run_series = max_run_series
         self.team_interval = team_interval
@@ -130,9 +134,15 @@ class SqlFleetGauges:
             else:
                 runs, team_figures, unmeasured, serving = (), (), {}, ()
                 waits = slo_gauges.queue_waits(s, queues, teams, now, percentiles=False)
-            by_pool = pool_gauges.pool_gpus(s, cluster_names, pools, now, self.activity_lookback)
-            demand = pool_gauges.pending_demand(s)
-            live_runs = pool_gauges.cluster_runs(s, cluster_names)
+            by_pool, demand, live_runs = (
+                (
+                    pool_gauges.pool_gpus(s, cluster_names, pools, now, self.activity_lookback),
+                    pool_gauges.pending_demand(s),
+                    pool_gauges.cluster_runs(s, cluster_names),
+                )
+                if self.pools
+                else ((), (), {})
+            )
         return FleetGauges(
             pending=pending,
             workloads=workloads,

@@ -110,7 +110,7 @@ async def run_components(
     server: uvicorn.Server | None = None
     registry = new_registry()  # this run's own: two control planes in one process do not mix
     metrics = PrometheusMetrics(registry)
-    gauges = SqlFleetGauges(wiring.engine, max_run_series=settings.metrics_max_run_series)
+    gauges = SqlFleetGauges(wiring.engine, max_run_series=settings.metrics_max_run_series, pools=False)
     if "api" in components:  # the API processes export the fleet's SQL gauges (read when scraped)
         registry.register(FleetCollector(gauges, utc_now, settings.metrics_fleet_interval))
     stop_metrics: Callable[[], None] | None = None
