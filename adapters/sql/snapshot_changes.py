@@ -10,16 +10,16 @@ is the highest `seq` read; the next read takes `seq > cursor`.
 PostgreSQL. `seq` comes from a sequence and is taken when the row is written, not when its
 transaction commits: transaction A may take seq 10, B seq 11, B commit, a reader see 11 but not 10,
 then A commit. A reader that went on from "seq > 11" would never see A's change. So the cursor is
-not a seq but a transaction horizon: each read, in one REPEATABLE READ snapshot, also notes that
-snapshot's xmin (`pg_snapshot_xmin(pg_current_snapshot())`, the oldest transaction still in flight
-for it; every transaction below it had ended, so its changes were visible to that read if it
-committed). Every row the read could not see belongs to a transaction that was in flight or not yet
-begun, whose id is therefore >= that xmin; and the trigger stores its writer's top-level id
-(`pg_current_xact_id()`, the xid8, 64 bits so it never wraps) in `txid`. The next read takes
-`txid >= previous xmin`: it re-reads the few changes of transactions that overlapped the previous
-read (harmless: the cache keeps the same object when the re-read value is equal) and can never skip
-one. A long-running writer holds the horizon back and widens the overlap; it cannot cause a miss.
-Read-only transactions have no xid and never hold it back.
+not a seq but the read's own snapshot: each read, in one REPEATABLE READ snapshot, also notes that
+snapshot's xmax (the first transaction id not yet assigned when it was taken) and its xip list (the
+transactions in flight then). A row is visible to a snapshot exactly when its writer committed,
+its id is below xmax and not in the xip list; the trigger stores its writer's top-level id
+(`pg_current_xact_id()`, the xid8, 64 bits so it never wraps) in `txid`. So the next read takes
+`txid >= previous xmax or txid in previous xip`: every change the previous read could not see and
+none that it saw. (An earlier cursor took `txid >= previous xmin` and re-read the overlap; but the
+horizon is cluster-wide, so one long transaction in any database of the server widened every
+re-read, and a priority-class change inside that overlap rebuilt the cache at every refresh.)
+Read-only transactions have no xid and never appear in either.
 
 Pruning only removes rows below the pruning reader's own horizon (or seq) and older than a
 retention (an hour, see SnapshotCache): another reader (a new leader) begins with a full load, and
@@ -39,7 +39,13 @@ from adapters.sql.tables import IdleFindingRow, RunRow, SnapshotChangeRow, Workl
 from controlplane.core.history import UsageInterval
 from controlplane.service.snapshot_ports import ChangeCursor, OwnChanges, SnapshotChanges
 
-_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+# The reader's snapshot: its xmin, xmax and in-flight transactions (ids as bigint: the xid8 of
+# the triggers' `pg_current_xact_id()`, which never wraps).
+_SNAPSHOT = text(
+    "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,"
+    " array(SELECT x::text::bigint FROM pg_snapshot_xip(s) AS x)"
+    " FROM pg_current_snapshot() AS s"
+)
 # Up to this many changed keys are bound as a list (the indexes on ids are used); more (a burst of
 # submits, a restart's first refresh) are selected from the log in the query itself (one scan),
 # which also keeps under SQLite's limit of bound parameters.
@@ -59,9 +65,11 @@ class SqlSnapshotChanges(SqlSnapshotReader):
         return self.s.get_bind().dialect.name == "postgresql"
 
     def change_cursor(self) -> ChangeCursor:
-        seq = self.s.scalar(select(func.coalesce(func.max(SnapshotChangeRow.seq), 0)))
-        horizon = self.s.scalar(text(_HORIZON)) if self._postgresql() else None
-        return ChangeCursor(int(seq or 0), None if horizon is None else int(horizon))
+        seq = int(self.s.scalar(select(func.coalesce(func.max(SnapshotChangeRow.seq), 0))) or 0)
+        if not self._postgresql():
+            return ChangeCursor(seq)
+        xmin, xmax, in_flight = self.s.execute(_SNAPSHOT).one()
+        return ChangeCursor(seq, int(xmin), int(xmax), frozenset(int(x) for x in in_flight))
 
     def latest_change(self) -> int:
         """The highest `seq` logged (one look-up at the end of the primary key's index)."""
@@ -88,8 +96,11 @@ class SqlSnapshotChanges(SqlSnapshotReader):
 
     def _after(self, cursor: ChangeCursor) -> ColumnElement[bool]:
         if self._postgresql():
-            assert cursor.horizon is not None, "a PostgreSQL cursor has a transaction horizon"
-            return SnapshotChangeRow.txid >= cursor.horizon
+            assert cursor.unseen_from is not None, "a PostgreSQL cursor holds its read's snapshot"
+            unseen = SnapshotChangeRow.txid >= cursor.unseen_from
+            if not cursor.in_flight:
+                return unseen
+            return or_(unseen, SnapshotChangeRow.txid.in_(sorted(cursor.in_flight)))
         return SnapshotChangeRow.seq > cursor.seq
 
     def changes_since(

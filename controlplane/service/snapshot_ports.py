@@ -18,11 +18,15 @@ from controlplane.domain.model import Cluster, Node, QueueNode, Workload
 @dataclass(frozen=True)
 class ChangeCursor:
     """Where a reader of the snapshot's change log stands (adapters/sql/snapshot_changes.py).
-    `seq`: the highest change read; `horizon`: on PostgreSQL, the oldest transaction that may still
-    have been writing when it was read (its changes and later ones are read again), else None."""
+    `seq`: the highest change read. On PostgreSQL (else None and empty), the read's snapshot:
+    `horizon`, the oldest transaction still in flight for it (everything older was read);
+    `unseen_from`, the first transaction id it could not see at all; `in_flight`, the transactions
+    between the two it could not see. The next read takes exactly the changes of those."""
 
     seq: int
     horizon: int | None = None
+    unseen_from: int | None = None
+    in_flight: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -150,3 +150,43 @@ def test_a_rolled_back_change_and_a_deleted_row_leave_the_cache_right(
     assert second.nodes == first.nodes[:-1]
     assert all(x is y for x, y in zip(second.nodes, first.nodes, strict=False))
     assert cache.rebuilds == 1
+
+
+def test_a_long_transaction_elsewhere_on_the_server_neither_widens_the_read_nor_rebuilds(
+    wiring: Wiring, client: TestClient, tenant: Tenant, admin: dict[str, str]
+) -> None:
+    """Transaction ids and snapshots are server-wide: a transaction held open in another database
+    (a report, a benchmark, a stuck session) is in flight for every reader. The cursor takes only
+    what its last read could not see, so a change committed before that read (here a priority
+    class, which rebuilds the cache when read) is never read again, however old the held one."""
+    url = wiring.settings.database_url.replace("postgresql://", "postgresql+psycopg://")
+    other_database = create_engine(url.rsplit("/", 1)[0] + "/postgres")
+    try:
+        with other_database.connect() as elsewhere:
+            held = elsewhere.execute(text("SELECT pg_current_xact_id()::text::bigint")).scalar_one()
+            r = client.post("/v1/priority-classes", json={"name": "spare", "value": 10}, headers=admin)
+            assert r.status_code == 201, r.text
+            ids = [
+                client.post("/v1/workloads", json=gang(f"g{i}", tenant.queue), headers=tenant.headers).json()["id"]
+                for i in range(2)
+            ]
+            cache = SnapshotCache()
+            first = cache.refresh(wiring.uow, 1, utc_now())
+            assert [w.id for w in first.pending] == ids
+            with wiring.uow() as uow:
+                assert uow.snapshots.change_cursor().horizon == held  # X  # the server's oldest in flight
+                uow.session.execute(  # type: ignore[attr-defined]
+                    text("UPDATE workloads SET priority = 9 WHERE id = :id"), {"id": ids[1]}
+                )
+                uow.commit()
+            with wiring.uow() as uow:
+                changes = uow.snapshots.changes_since(cache._cursor)  # type: ignore[arg-type]
+            assert changes.workload_ids == {ids[1]}  # only what the last read could not see
+            assert not changes.classes_changed
+            second = cache.refresh(wiring.uow, 1, utc_now())
+            assert cache.rebuilds == 1
+            assert second.pending[0] is first.pending[0]
+            assert [w.priority for w in second.pending if w.id == ids[1]] == [9]
+            elsewhere.rollback()
+    finally:
+        other_database.dispose()
