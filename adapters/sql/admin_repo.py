@@ -179,10 +179,13 @@ class SqlAdminRepository:
         return changed, sorted(set(schedulable) - set(nodes))
 
     # -- queue tree --------------------------------------------------------------------------
-    def _tree_view(self, level: str, row: Any) -> TreeNodeView:
+    def _tree_view(self, level: str, row: Any, parent_name: str | None = None) -> TreeNodeView:
+        """`parent_name`: the parent's, when the caller read it with the row (else one look-up)."""
         column = _PARENT_COLUMN[level]
         parent_id = getattr(row, column) if column else None
-        parent = self.s.get(_LEVEL_ROWS[_PARENT_LEVEL[level]], parent_id) if parent_id else None
+        if parent_id and parent_name is None:
+            parent = self.s.get(_LEVEL_ROWS[_PARENT_LEVEL[level]], parent_id)
+            parent_name = parent.name if parent is not None else None
         return TreeNodeView(
             row.id,
             row.name,
@@ -191,7 +194,7 @@ class SqlAdminRepository:
             dict(row.limit),
             row.weight,
             row.created_at,
-            parent.name if parent is not None else None,
+            parent_name if parent_id else None,
             dict(row.borrowing_limit),
             dict(row.lending_limit),
         )
@@ -241,11 +244,19 @@ class SqlAdminRepository:
 
     def list_tree_nodes(self, level: str, parent_id: str | None = None) -> list[TreeNodeView]:
         model = _LEVEL_ROWS[level]
-        query = select(model).order_by(model.name)
         column = _PARENT_COLUMN[level]
-        if parent_id is not None and column:
+        if column is None:
+            return [self._tree_view(level, r) for r in self.s.scalars(select(model).order_by(model.name))]
+        parent_model = _LEVEL_ROWS[_PARENT_LEVEL[level]]
+        # The parent's name in the same query: one round trip for the level, not one per parent.
+        query = (
+            select(model, parent_model.name)
+            .outerjoin(parent_model, parent_model.id == getattr(model, column))
+            .order_by(model.name)
+        )
+        if parent_id is not None:
             query = query.where(getattr(model, column) == parent_id)
-        return [self._tree_view(level, r) for r in self.s.scalars(query)]
+        return [self._tree_view(level, row, parent_name) for row, parent_name in self.s.execute(query)]
 
     def delete_tree_node(self, level: str, node_id: str) -> None:
         model = _LEVEL_ROWS[level]

@@ -1,5 +1,5 @@
-"""Rows for the fleet audit: runs with their workload, pools and newest telemetry, and the
-inventory's non-GPU pods per GPU node."""
+"""Rows for the fleet audit: runs with their workload and newest telemetry (their pods come from
+the utilization accounting's read), and the inventory's non-GPU pods per GPU node."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
-from adapters.sql.report_repo import _slice
-from adapters.sql.run_pods import pods_by_run
 from adapters.sql.tables import (
     ClusterRow,
     NodePodSummaryRow,
@@ -60,7 +58,6 @@ class SqlAuditRepository:
             .where(wanted)
             .order_by(RunRow.id)
         ).all()
-        pods = pods_by_run(self.s, select(RunRow.id).where(wanted)) if rows else {}
         newest = self._newest_windows() if rows else {}
         out = []
         for (
@@ -78,7 +75,6 @@ class SqlAuditRepository:
             queue,
             cluster,
         ) in rows:
-            held = pods.get(run_id, [])
             out.append(
                 AuditRun(
                     run_id=run_id,
@@ -86,15 +82,12 @@ class SqlAuditRepository:
                     team=team,
                     queue=queue,
                     cluster=cluster,
-                    pools=tuple(sorted({f"{cluster}/{pod.pool.name}" for pod in held})),
                     kind=kind,
                     priority_class=class_name,
                     preemptible=bool(preemptible),
-                    pods=len(held),
                     state=state,
                     created_at=created_at,
                     started_at=started_at,
-                    gpu_eq=round(sum(_slice(pod).gpu_eq for pod in held), 6),
                     last_window_end=newest.get(run_id),
                     finished_at=finished_at,
                     end_cause=end_cause,

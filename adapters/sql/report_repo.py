@@ -69,6 +69,7 @@ def _slice(pod: Pod) -> RunSlice:
         gpu_eq=gpu_eq,
         device_share=share,
         price_per_gpu_hour=pod.pool.price_per_gpu_hour,
+        pool=pod.pool.name,
     )
 
 

@@ -178,11 +178,19 @@ def load_facts(uow: UnitOfWork, rules: IdleRules, thresholds: AuditThresholds, n
     classes = tuple(
         ClassFact(c.name, c.value, c.preemptible, c.min_runtime_seconds) for c in uow.admin.list_priority_classes()
     )
+    # Allocation against use: the utilization report's accounting over the lookback. Its read of
+    # the runs (every run overlapping the lookback: a superset of the audit's) is also where the
+    # audit takes what each run's pods hold, so the pods are read once.
+    report_runs, sums = reports.runs_and_sums(uow, None, [(since, now)], now)
+    held = {r.run_id: r.slices for r in report_runs}
     idle = uow.idle.findings()
     runs = []
     for r in uow.audit_facts.runs(since):
+        if r.created_at >= now:
+            continue  # admitted after this audit's instant (outside the accounting's read): the next one sees it
         marked = idle.get(r.run_id)
         stage = marked.stage if marked is not None and marked.status == "idle" else ""
+        slices = held.get(r.run_id, ())
         runs.append(
             RunFact(
                 run_id=r.run_id,
@@ -190,15 +198,15 @@ def load_facts(uow: UnitOfWork, rules: IdleRules, thresholds: AuditThresholds, n
                 team=r.team,
                 queue=r.queue,
                 cluster=r.cluster,
-                pools=r.pools,
+                pools=tuple(sorted({f"{r.cluster}/{pod.pool}" for pod in slices})),
                 kind=r.kind,
                 preemptible=r.preemptible,
-                pods=r.pods,
+                pods=len(slices),
                 live=r.state in LIVE,
                 running=r.state == "running",
                 created_at=r.created_at,
                 started_at=r.started_at,
-                gpu_eq=r.gpu_eq,
+                gpu_eq=round(sum(pod.gpu_eq for pod in slices), 6),
                 last_window_end=r.last_window_end,
                 stale_seconds=_stale_seconds(rules, r),
                 idle_stage=stage,
@@ -206,8 +214,6 @@ def load_facts(uow: UnitOfWork, rules: IdleRules, thresholds: AuditThresholds, n
                 reclaimed_idle_at=r.finished_at if r.end_cause == EndCause.RECLAIMED_IDLE else None,
             )
         )
-    # Allocation against use: the utilization report's accounting over the lookback.
-    report_runs, sums = reports.runs_and_sums(uow, None, [(since, now)], now)
     usage = reports.aggregate_sums(report_runs, sums, since, now, reports.GroupBy.TEAM, now, top=0)
     prices = report_accounting.mean_price_by_team(report_runs, since, now, now)
     team_use = tuple(

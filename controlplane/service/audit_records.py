@@ -17,22 +17,20 @@ from controlplane.core.audit import NodePodsFact
 
 @dataclass(frozen=True)
 class AuditRun:
-    """A run as the audit reads it (live, or created since the lookback's start)."""
+    """A run as the audit reads it (live, or created since the lookback's start). What its pods
+    hold (pools, count, gpu-eq) comes from the utilization accounting's read of the same runs."""
 
     run_id: str
     workload: str
     team: str
     queue: str
     cluster: str
-    pools: tuple[str, ...]  # `cluster/pool` of the pools its pods hold
     kind: str
     priority_class: str
     preemptible: bool
-    pods: int
     state: str
     created_at: datetime
     started_at: datetime | None
-    gpu_eq: float
     last_window_end: datetime | None  # the end of its newest telemetry window, if any
     finished_at: datetime | None = None
     end_cause: str = ""  # controlplane.core.decision.EndCause; "" while live

@@ -33,6 +33,7 @@ class RunSlice:
     # MIG instances carry their profile in the window instead.
     device_share: float = 1.0
     price_per_gpu_hour: float = 0.0  # its pool's price, for the cost report
+    pool: str = ""  # its pool's name (the audit names the pools a run holds)
 
 
 @dataclass(frozen=True)
