@@ -386,5 +386,8 @@ def _cycle(
         )
     for queue, waited in admitted_waits:
         metrics.admitted(queue, waited)
-    metrics.cycle_done(time.perf_counter() - started, len(decision.pending))
-    return CycleResult(epoch, len(decision.pending), admitted, written, len(evictions_done), tuple(phases), tuple(own))
+    # Every pending gang not admitted is left pending (the kept state's decision lists only the
+    # reasons that changed, so its length is not that count).
+    left_pending = len(snapshot.pending) - len(decision.admissions)
+    metrics.cycle_done(time.perf_counter() - started, left_pending)
+    return CycleResult(epoch, left_pending, admitted, written, len(evictions_done), tuple(phases), tuple(own))

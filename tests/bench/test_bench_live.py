@@ -27,12 +27,17 @@ def _run(*extra: str) -> dict[str, Any]:
 def _check_leader(figures: dict[str, Any], queued: int) -> None:
     assert figures["admitted"] + figures["left_pending"] == queued  # every queued gang decided on
     assert figures["reasons_written"] <= figures["left_pending"]
-    phases = [figures[f"{phase}_seconds"] for phase in ("snapshot", "schedule", "apply")]
+    # The production loop's path: a full read, the park phase (its reasons stored), the ordered pass.
+    phases = [figures[f"{phase}_seconds"] for phase in ("snapshot", "park", "schedule", "apply")]
     assert all(seconds >= 0 for seconds in phases)
     assert sum(phases) <= figures["cycle_seconds"] + 0.01  # the phases are parts of the cycle
-    # The decision is in once the phases are done (its commit), before the cycle settles its state.
+    # The backlog's reasons are in once the park phase has stored them; the rest once the phases
+    # are done (the cycle's commit), before the cycle settles its state.
+    backlog = figures["lease_seconds"] + sum(phases[:2])
+    assert figures["backlog_decided_seconds"] == pytest.approx(backlog, abs=0.0011)
     landed = figures["lease_seconds"] + sum(phases)
     assert figures["first_decision_seconds"] == pytest.approx(landed, abs=0.0011)
+    assert figures["backlog_decided_seconds"] <= figures["first_decision_seconds"]
     assert figures["first_decision_seconds"] <= figures["lease_seconds"] + figures["cycle_seconds"] + 0.01
 
 

@@ -17,6 +17,7 @@ from adapters.sql.pending_reasons import write_pending
 from adapters.sql.tables import PendingReasonRow, RunRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.decision import EndCause
+from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.snapshot import Policy
 from controlplane.service.errors import LostLeadership
 from controlplane.service.ports import PendingRecord
@@ -134,6 +135,30 @@ def test_a_restarted_leader_sends_only_the_reasons_that_differ_from_what_is_stor
     assert (result.admitted, result.reasons_written, result.pending) == (0, 0, 4)
     assert sent == [0]  # nothing differed from the stored reasons: nothing was even sent
     assert _stored(wiring) == stored
+
+
+def test_a_cycle_on_the_kept_state_counts_every_gang_it_leaves_pending(
+    wiring: Wiring, client: TestClient, tenant: Tenant
+) -> None:
+    """The kept state's decision lists only the reasons that changed (the park phase stored the
+    rest): the count the cycle reports (its log line, `gpufleet_scheduler_cycle_pending_gangs`) is
+    still every gang left pending."""
+    _submit(client, tenant, 6)
+    prefix = wiring.settings.subject_prefix
+    epoch = acquire_leadership(wiring.uow, "s", utc_now(), 3600.0)
+    assert epoch is not None
+    cache, scheduler = SnapshotCache(), IncrementalScheduler()
+
+    def cycle() -> Any:
+        return run_cycle(
+            wiring.uow, "s", epoch, Policy(), prefix, utc_now(), 3600.0, True, cache=cache, scheduler=scheduler
+        )
+
+    first = cycle()
+    assert first.admitted + first.pending == 6
+    cycle()  # the reasons settle on the capacity the admitted gangs took
+    again = cycle()
+    assert (again.admitted, again.reasons_written, again.pending) == (0, 0, first.pending)
 
 
 async def test_the_loop_wakes_for_a_change_and_otherwise_waits_out_its_interval(
