@@ -24,9 +24,11 @@ from controlplane.service.metrics import (
     Metrics,
     QueueQuota,
     QueueWaits,
+    RetryCause,
     RunServing,
     RunUtilization,
     TeamUtilization,
+    Writer,
 )
 from docsgen import markdown as md
 
@@ -74,6 +76,7 @@ def exercise_every_method(metrics: Metrics) -> None:
         "consumer_pending": ("ingest", 1, 1),
         "cloud_call": ("eks", "discover", "ok", 0.1),
         "api_request": ("POST", "/v1/workloads", 201, 0.01),
+        "db_retry": (Writer.INGEST, RetryCause.DEADLOCK),
     }
     port = {name for name, _ in inspect.getmembers(Metrics, inspect.isfunction) if not name.startswith("_")}
     if set(calls) != port:

@@ -29,6 +29,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("LINES", None)
 
 PG_ADMIN_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+# Test databases are named with this prefix and a random suffix (on a shared server, each user of
+# it can keep to names of its own).
+PG_DATABASE_PREFIX = os.environ.get("GPUFLEET_TEST_PG_PREFIX", "gpufleet_test_")
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +52,7 @@ def running_nats(nats_server: NatsServerProcess) -> NatsServerProcess:
 
 @pytest.fixture(scope="session")
 def postgresql_database() -> Iterator[str]:
-    name = f"gpufleet_test_{secrets.token_hex(4)}"
+    name = f"{PG_DATABASE_PREFIX}{secrets.token_hex(4)}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))

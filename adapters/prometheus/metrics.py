@@ -16,7 +16,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controlplane.service.metrics import ClusterOperation, CyclePhase, DispatchFailure, eviction_kind
+from controlplane.service.metrics import (
+    ClusterOperation,
+    CyclePhase,
+    DispatchFailure,
+    RetryCause,
+    Writer,
+    eviction_kind,
+)
 
 MAX_LABEL_VALUES = 1000
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -196,6 +203,12 @@ class PrometheusMetrics:
             buckets=CALL_BUCKETS,
             registry=r,
         )
+        self.db_retries = Counter(
+            "gpufleet_db_retries_total",
+            "Database transactions run again, by writer and cause (deadlock, serialization, unavailable)",
+            ["writer", "cause"],
+            registry=r,
+        )
         self.leases = _LeaseCollector(clock)
         registry.register(self.leases)
 
@@ -269,6 +282,9 @@ class PrometheusMetrics:
         verb = method if method in HTTP_METHODS else OVERFLOW
         self.api_requests.labels(verb, route, str(status)).inc()
         self.api_seconds.labels(verb, route).observe(seconds)
+
+    def db_retry(self, writer: Writer, cause: RetryCause) -> None:
+        self.db_retries.labels(writer.value, cause.value).inc()
 
 
 class _LeaseCollector(Collector):

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session, selectinload
 
+from adapters.sql.row_locks import lock_workloads
 from adapters.sql.tables import (
     ClusterRow,
     NodePoolRow,
@@ -306,6 +307,7 @@ class SqlCloudRepository:
         return [StalledRun(run_id, wid, queue, cluster, at) for run_id, wid, queue, cluster, at in rows]
 
     def requeue_run(self, run_id: str, message: str, cause: EndCause, now: datetime, running_too: bool = False) -> bool:
+        lock_workloads(self.s, of_runs=[run_id])
         result = self.s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state.in_(LIVE_STATES if running_too else NOT_YET_RUNNING))

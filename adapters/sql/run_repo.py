@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import case, func, literal, select, update
 from sqlalchemy.orm import Session
 
+from adapters.sql.row_locks import lock_workloads
 from adapters.sql.tables import (
     ClusterRow,
     NodePoolRow,
@@ -93,6 +94,7 @@ class SqlRunRepository:
         return [Teardown(run_id, cluster) for run_id, cluster in rows]
 
     def set_dispatch_state(self, run_id: str, from_state: str, to_state: str, now: datetime) -> bool:
+        lock_workloads(self.s, of_runs=[run_id])
         values: dict[str, Any] = {"dispatch_state": to_state}
         if to_state == "applied":
             values["dispatched_at"] = now
@@ -151,6 +153,7 @@ class SqlRunRepository:
     ) -> bool:
         if to_state in TERMINAL:
             return run_id in self.end_all([(run_id, message, cause or EndCause(to_state))], from_states, to_state, now)
+        lock_workloads(self.s, of_runs=[run_id])
         values: dict[str, Any] = {"state": to_state, "message": message}
         if to_state == "running":
             values["started_at"] = now
@@ -169,6 +172,7 @@ class SqlRunRepository:
         if not ends:
             return set()
         ids = [run_id for run_id, _, _ in ends]
+        lock_workloads(self.s, of_runs=ids)
         values: dict[str, Any] = {
             "state": to_state,
             "message": case({run_id: message for run_id, message, _ in ends}, value=RunRow.id),

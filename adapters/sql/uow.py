@@ -21,11 +21,14 @@ from adapters.sql.session_repo import SqlUiSessions
 from adapters.sql.snapshot_changes import SqlSnapshotChanges
 from adapters.sql.telemetry_repo import SqlTelemetryRepository
 from adapters.sql.workload_repo import SqlWorkloadRepository
-from controlplane.service.errors import StoreUnavailable
+from controlplane.service.errors import StoreUnavailable, TransactionConflict
 
 # What the drivers raise when the database is down, restarting, unreachable or (SQLite) locked:
 # the request itself is fine and may be retried.
 UNAVAILABLE = (OperationalError, InterfaceError)
+# PostgreSQL's SQLSTATEs for a transaction it aborted to settle a conflict (psycopg raises them as
+# OperationalError too): the same transaction run again is expected to succeed.
+CONFLICTS = {"40P01": "deadlock", "40001": "serialization"}
 
 
 class SqlUnitOfWork:
@@ -81,6 +84,9 @@ class SqlUnitOfWork:
                     self.session.close()
                 self._session = None
             if isinstance(exc, UNAVAILABLE):
+                cause = CONFLICTS.get(str(getattr(exc.orig, "sqlstate", "")))
+                if cause is not None:
+                    raise TransactionConflict(cause, f"the database aborted the transaction: {cause}") from exc
                 raise StoreUnavailable(f"the database is unavailable: {type(exc.orig or exc).__name__}") from exc
             return
         if savepoint.is_active:

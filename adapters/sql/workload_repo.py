@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from adapters.sql.insert_or_skip import insert_or_skip
 from adapters.sql.pending_reasons import write_pending
+from adapters.sql.row_locks import lock_workloads
 from adapters.sql.tables import (
     PendingReasonRow,
     PodSetRow,
@@ -95,6 +96,9 @@ class SqlWorkloadRepository(SqlWorkloadViews):
         live = self.s.scalar(select(RunRow.id).where(RunRow.workload_id == workload_id, RunRow.state.in_(LIVE)))
         return WorkloadHead(row[0], row[1], row[2], row[3], row[4], live)
 
+    def lock(self, workload_ids: Collection[str] = (), of_runs: Collection[str] = ()) -> None:
+        lock_workloads(self.s, workload_ids, of_runs)
+
     def set_state(
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool:
@@ -106,6 +110,7 @@ class SqlWorkloadRepository(SqlWorkloadViews):
         if not changes:
             return set()
         ids = [workload_id for workload_id, _, _ in changes]
+        lock_workloads(self.s, ids)
         terminal = [workload_id for workload_id, to_state, _ in changes if WorkloadState(to_state).terminal]
         moved = self.s.execute(
             update(WorkloadRow)
@@ -140,6 +145,7 @@ class SqlWorkloadRepository(SqlWorkloadViews):
     def admit_all(self, admissions: Sequence[Admission], epoch: int, now: datetime) -> dict[str, str]:
         admitted: dict[str, str] = {}
         workloads: Table = WorkloadRow.__table__  # type: ignore[assignment]
+        lock_workloads(self.s, [a.workload_id for a in admissions])  # all at once: one order across chunks
         for start in range(0, len(admissions), CHUNK):  # bounded IN lists, however many a cycle admits
             chunk = admissions[start : start + CHUNK]
             ids = [a.workload_id for a in chunk]

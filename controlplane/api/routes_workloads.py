@@ -16,7 +16,9 @@ from controlplane.domain.model import WorkloadState
 from controlplane.service import workloads as svc
 from controlplane.service.commands import SubmitWorkload
 from controlplane.service.constraints import Strict
+from controlplane.service.metrics import Writer
 from controlplane.service.ports import WorkloadFilter
+from controlplane.service.retries import retrying
 from controlplane.service.views import WorkloadPage, WorkloadSummary, WorkloadView
 
 router = APIRouter(prefix="/v1", route_class=DecodedBodyRoute, tags=["workloads"], responses=AUTHENTICATED)
@@ -98,4 +100,8 @@ def get_workload(workload_id: str, who: Caller, ctx: Ctx) -> WorkloadView:
 )
 def cancel_workload(workload_id: str, who: Caller, ctx: Ctx, body: CancelRequest | None = None) -> WorkloadView:
     reason = body.reason if body else "cancelled by user"
-    return svc.cancel(ctx.uow_factory(), who, workload_id, reason, ctx.subject_prefix, ctx.clock())
+    return retrying(
+        Writer.API,
+        lambda: svc.cancel(ctx.uow_factory(), who, workload_id, reason, ctx.subject_prefix, ctx.clock()),
+        ctx.metrics,
+    )

@@ -42,3 +42,13 @@ class StoreUnavailable(Exception):
 
     Not a `ServiceError`: it says nothing about the request, so no consumer may turn it into a
     rejection or a dead letter, and the API answers 503 with `Retry-After`."""
+
+
+class TransactionConflict(StoreUnavailable):
+    """The database aborted the transaction to settle a conflict with a concurrent one (`cause`:
+    `deadlock`, or `serialization` for a serialization failure): nothing was written, and the same
+    transaction run again is expected to succeed. Writers retry it at once (`service/retries.py`)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause

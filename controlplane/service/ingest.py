@@ -44,6 +44,9 @@ from controlplane.service.metrics import NO_METRICS, Metrics, seconds_between
 from controlplane.service.ports import UnitOfWork
 from controlplane.service.safejson import UnsafeJson, decode_object
 
+# The longest run or workload id a pod report or a cancel may name (their models' bound).
+MAX_ID_CHARS = 40
+
 # The message types live in `ingest_messages` (the batched submits use them too); they are
 # re-exported here, where the workers and adapters have always found them.
 __all__ = [
@@ -68,16 +71,32 @@ def handle(
     metrics: Metrics = NO_METRICS,
 ) -> Handled:
     """Apply one inbound message; `fit` is the process's memo of the submit-time fleet check."""
-    parts = message.subject.split(".")
-    started: list[RunStarted] = []
     try:
         body = decode_object(message.data)
     except UnsafeJson as exc:
         return Handled(Outcome.MALFORMED, f"payload refused: {exc}")
+    return _handle(uow, message, body, prefix, now, fit, metrics, locked=False)
+
+
+def _handle(
+    uow: UnitOfWork,
+    message: InboundMessage,
+    body: dict[str, Any],
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None,
+    metrics: Metrics,
+    locked: bool,
+) -> Handled:
+    """`handle` of a decoded message; `locked`: the batch took the locks of what it writes."""
+    parts = message.subject.split(".")
+    started: list[RunStarted] = []
     sender = sender_of(parts)
     if sender is None:
         return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")
     with uow:
+        if not locked:  # before the inbox row: a redelivery racing its first delivery waits here
+            _lock_targets(uow, [(parts, body)])
         if not uow.inbox.first_time(CONSUMER, inbox_key(sender, message.msg_id), now):
             return Handled(Outcome.DUPLICATE, "already processed")
         if parts[1] == "submit":
@@ -126,8 +145,33 @@ def handle_batch(
     """Apply several messages in one transaction: what each message does (or refuses) is exactly what
     `handle` would do alone, and the batch pays one commit instead of one per message. Runs of
     submits are applied together (`ingest_submits`: a few statements for the run, no savepoints);
-    every other message in its own savepoint, in order. An exception rolls the whole batch back; the
-    caller then applies the messages one by one."""
+    every other message in its own savepoint, in order. The workloads the pod reports and cancels
+    write are locked first, all at once (the one lock order, adapters/sql/row_locks.py); an inventory
+    report, which learns which runs it ends (on nodes that left) only as it applies, gets a
+    transaction of its own in its place in the order. An exception rolls back the messages of its
+    transaction; the caller then applies the messages one by one (those committed before are
+    found in the inbox)."""
+    results: list[Handled] = []
+    start = 0
+    for end, message in enumerate(messages):
+        if _is_inventory(message):
+            results += _handle_together(uow, messages[start:end], prefix, now, fit, metrics)
+            results.append(handle(uow, message, prefix, now, fit, metrics))
+            start = end + 1
+    return results + _handle_together(uow, messages[start:], prefix, now, fit, metrics)
+
+
+def _handle_together(
+    uow: UnitOfWork,
+    messages: Sequence[InboundMessage],
+    prefix: str,
+    now: datetime,
+    fit: FleetFit | None,
+    metrics: Metrics,
+) -> list[Handled]:
+    """`handle_batch` of messages that are no inventory reports: one transaction."""
+    if not messages:
+        return []
     results: list[Handled | None] = [None] * len(messages)
     run: list[tuple[int, SubmitMessage]] = []
 
@@ -136,20 +180,58 @@ def handle_batch(
             results[index] = result
         run.clear()
 
+    # Each message decoded once: a submit, a body, or what `handle` answers a body it cannot decode.
+    prepared: list[SubmitMessage | dict[str, Any] | Handled] = []
+    for message in messages:
+        submit = _as_submit(message)
+        if submit is not None:
+            prepared.append(submit)
+            continue
+        try:
+            prepared.append(decode_object(message.data))
+        except UnsafeJson as exc:
+            prepared.append(Handled(Outcome.MALFORMED, f"payload refused: {exc}"))
     with uow:
-        for index, message in enumerate(messages):
-            submit = _as_submit(message)
-            if submit is not None:
-                run.append((index, submit))
+        _lock_targets(
+            uow, [(m.subject.split("."), p) for m, p in zip(messages, prepared, strict=True) if isinstance(p, dict)]
+        )
+        for index, (message, item) in enumerate(zip(messages, prepared, strict=True)):
+            if isinstance(item, SubmitMessage):
+                run.append((index, item))
                 continue
             if run:
                 apply_run()
             # (a gang seen starting in a batch that then rolls back is counted again when retried alone)
-            results[index] = handle(uow, message, prefix, now, fit, metrics)
+            results[index] = (
+                item if isinstance(item, Handled) else _handle(uow, message, item, prefix, now, fit, metrics, True)
+            )
         if run:
             apply_run()
         uow.commit()
     return [r for r in results if r is not None]
+
+
+def _is_inventory(message: InboundMessage) -> bool:
+    parts = message.subject.split(".")
+    return len(parts) == 4 and parts[1] == "cluster" and parts[3] == "inventory"
+
+
+def _lock_targets(uow: UnitOfWork, messages: Sequence[tuple[list[str], dict[str, Any]]]) -> None:
+    """Lock the workloads these pod reports and cancels may write, before anything else: the run
+    a pod report names (by its workload) and the workload a cancel names. Whatever a body says is
+    only an id to look up: a message that is then refused has locked a row for nothing, no more."""
+    workloads: list[str] = []
+    runs: list[str] = []
+    for parts, body in messages:
+        if len(parts) == 4 and parts[1] == "cluster" and parts[3] == "pods":
+            run_id = body.get("run_id")
+            if isinstance(run_id, str) and 0 < len(run_id) <= MAX_ID_CHARS:
+                runs.append(run_id)
+        elif len(parts) == 3 and parts[1] == "cancel":
+            workload_id = body.get("workload_id")
+            if isinstance(workload_id, str) and 0 < len(workload_id) <= MAX_ID_CHARS:
+                workloads.append(workload_id)
+    uow.workloads.lock(workloads, of_runs=runs)
 
 
 def _as_submit(message: InboundMessage) -> SubmitMessage | None:

@@ -172,16 +172,20 @@ def apply_node_plan(
     its objects are torn down by the dispatcher, and its workload goes back to its queue
     (`workload.requeued` event, `reason` starting with `node-lost:`).
     """
+    present = {n.name for n in nodes}
+    vanished = sorted(set(known) - present)
+    lost_runs = uow.cloud.live_runs_on_nodes(cluster_id, vanished)
+    # The workloads of the runs this may end are locked before any node or pool: a scheduler
+    # admitting onto these nodes holds its workloads first too (the one lock order).
+    uow.workloads.lock(of_runs=[lost.run_id for lost in lost_runs])
     changes = uow.cloud.sync_pools(cluster_id, plan.pools, issues, now, cloud_synced=cloud_synced)
     # A node that is in no pool of the plan (its GPUs vanished, its pool could not be built) but that a
     # run still holds keeps its row; it takes no new work.
     planned = {name for pool in plan.pools for name in pool.node_names}
     wanted = {n.name: n.schedulable and n.ready and n.name in planned and n.name not in plan.held_back for n in nodes}
     changed, _ = uow.admin.apply_node_schedulable(cluster_id, wanted, kube_settings)
-    present = {n.name for n in nodes}
-    vanished = sorted(set(known) - present)
     requeued: list[str] = []
-    for lost in uow.cloud.live_runs_on_nodes(cluster_id, vanished):
+    for lost in lost_runs:
         reason = f"{EndCause.NODE_LOST}: node {lost.node} left cluster {cluster}"
         if not uow.runs.set_state(lost.run_id, LIVE_RUN_STATES, "preempted", reason, now, cause=EndCause.NODE_LOST):
             continue

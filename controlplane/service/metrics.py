@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from controlplane.core.decision import EvictionKind, PendingKind
+from controlplane.service.errors import StoreUnavailable, TransactionConflict
 
 
 class CyclePhase(StrEnum):
@@ -47,6 +48,28 @@ class ClusterOperation(StrEnum):
     APPLY = "apply"
     TEARDOWN = "teardown"
     LIST = "list"  # orphan collection lists what the cluster holds
+
+
+class Writer(StrEnum):
+    """Who retried a database transaction (`gpufleet_db_retries_total`)."""
+
+    SCHEDULER = "scheduler"
+    DISPATCHER = "dispatcher"
+    INGEST = "ingest"
+    API = "api"
+
+
+class RetryCause(StrEnum):
+    """Why a transaction was retried: the database aborted it to settle a conflict with a concurrent
+    one (`deadlock`; `serialization`), or it could not be reached (`unavailable`)."""
+
+    DEADLOCK = "deadlock"
+    SERIALIZATION = "serialization"
+    UNAVAILABLE = "unavailable"
+
+
+def retry_cause(exc: StoreUnavailable) -> RetryCause:
+    return RetryCause(exc.cause) if isinstance(exc, TransactionConflict) else RetryCause.UNAVAILABLE
 
 
 EVICTION_KINDS = tuple(str(kind) for kind in EvictionKind)
@@ -112,6 +135,12 @@ class Metrics(Protocol):
         """One answered API request; `route` is the route's template (`/v1/workloads/{workload_id}`)."""
         ...
 
+    def db_retry(self, writer: Writer, cause: RetryCause) -> None:
+        """A transaction of `writer` failed for `cause` and is run again: at once after a conflict
+        (`service/retries.py`), or by its loop after a backoff or at its next pass. (An API request
+        that still fails is answered 503 for its caller to retry: `gpufleet_api_requests_total`.)"""
+        ...
+
 
 class NoMetrics:
     """Reports nothing: the default wherever no metrics adapter is wired."""
@@ -165,6 +194,9 @@ class NoMetrics:
         pass
 
     def api_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        pass
+
+    def db_retry(self, writer: Writer, cause: RetryCause) -> None:
         pass
 
 

@@ -229,6 +229,13 @@ class WorkloadRepository(Protocol):
         (one of `WORKLOAD_GROUPS`): one grouped count in the store, whatever the number of workloads."""
         ...
 
+    def lock(self, workload_ids: Collection[str] = (), of_runs: Collection[str] = ()) -> None:
+        """Lock these workloads and the workloads of these runs for this transaction, in the one lock
+        order of every writer of workloads and runs (docs/concepts/reliability-security.md). Every
+        writing method below takes the locks it needs itself; a transaction that writes several
+        workloads or runs in several calls takes them all here first."""
+        ...
+
     def set_state(
         self, workload_id: str, from_states: Sequence[str], to_state: str, reason: str, now: datetime
     ) -> bool: ...

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controlplane.core.decision import Eviction, EvictionKind, PendingReason
+from controlplane.core.decision import Decision, Eviction, EvictionKind, PendingReason
 from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.invariants import check_decision
 from controlplane.core.schedule import schedule
@@ -19,9 +19,10 @@ from controlplane.core.snapshot import Policy
 from controlplane.domain.model import WorkloadState
 from controlplane.service.errors import LostLeadership
 from controlplane.service.events import emit_each, emit_many
-from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, seconds_between
+from controlplane.service.metrics import NO_METRICS, CyclePhase, Metrics, Writer, seconds_between
 from controlplane.service.ports import PendingRecord, UnitOfWork, UnitOfWorkFactory
 from controlplane.service.report_records import EVICTION_ACTION, IDLE_RECLAIM_ACTION
+from controlplane.service.retries import retrying
 from controlplane.service.snapshot_cache import SnapshotCache
 from controlplane.service.snapshot_ports import OwnChanges
 from controlplane.service.wording import eviction_fields, eviction_text, pending_fields, pending_text
@@ -215,6 +216,7 @@ def _store_reasons(
     ttl: float,
     cache: SnapshotCache,
     reasons: Sequence[PendingReason],
+    metrics: Metrics = NO_METRICS,
 ) -> tuple[int, OwnChanges | None]:
     """Store these pending reasons in their own transaction, under the epoch as every decision;
     how many rows were written, and the changes the transaction logged."""
@@ -222,14 +224,34 @@ def _store_reasons(
     to_write = cache.pending_to_write(records)
     if not to_write:
         return 0, None
-    with uow_factory() as uow:
-        before = uow.snapshots.latest_change()
-        written = uow.workloads.record_pending(to_write)
-        _renew_under_epoch(uow, holder, epoch, now, ttl)
-        own = uow.snapshots.own_changes(before)
-        uow.commit()
+
+    def write() -> tuple[int, OwnChanges]:
+        with uow_factory() as uow:
+            before = uow.snapshots.latest_change()
+            written = uow.workloads.record_pending(to_write)
+            _renew_under_epoch(uow, holder, epoch, now, ttl)
+            own = uow.snapshots.own_changes(before)
+            uow.commit()
+        return written, own
+
+    written, own = retrying(Writer.SCHEDULER, write, metrics)
     cache.pending_written(records)
     return written, own
+
+
+def apply_decision(
+    uow: UnitOfWork, decision: Decision, epoch: int, prefix: str, now: datetime
+) -> tuple[list[Eviction], dict[str, str]]:
+    """Write a decision's evictions and admissions (not its pending reasons) in the caller's
+    transaction: the evictions that ended a run, and the queue of each workload admitted. Every
+    workload it touches is locked first, all at once in the one lock order (the victims' and the
+    admitted ones': adapters/sql/row_locks.py), so no writer can hold one of them while waiting
+    for another this transaction already holds."""
+    uow.workloads.lock([e.workload_id for e in decision.evictions] + [a.workload_id for a in decision.admissions])
+    evictions_done = _write_evictions(uow, decision.evictions, epoch, prefix, now)
+    queues = uow.workloads.admit_all(decision.admissions, epoch, now)
+    emit_many(uow, prefix, "admitted", list(queues.items()), now, epoch=epoch)
+    return evictions_done, queues
 
 
 def _write_evictions(
@@ -341,7 +363,7 @@ def _cycle(
         # order, and stored at once: a new gang behind its queue's heads learns so in a few
         # hundredths of a second, not after the ordered pass (0.3 to 1 s at 100,000 queued).
         parked_written, parked_own = _store_reasons(
-            uow_factory, holder, epoch, now, ttl, cache, scheduler.park(snapshot, policy)
+            uow_factory, holder, epoch, now, ttl, cache, scheduler.park(snapshot, policy), metrics
         )
         own.extend([parked_own] if parked_own is not None else [])
         phase_done(CyclePhase.PARK)
@@ -350,26 +372,28 @@ def _cycle(
     if check_invariants:
         check_decision(snapshot, decision)
         phase_done(CyclePhase.CHECK)
-    admitted = 0
-    admitted_waits: list[tuple[str, float | None]] = []
-    with uow_factory() as uow:
-        before = uow.snapshots.latest_change()  # first in the transaction (see `own_changes`)
-        evictions_done = _write_evictions(uow, decision.evictions, epoch, prefix, now)
-        queues = uow.workloads.admit_all(decision.admissions, epoch, now)
-        submitted = uow.workloads.submitted_at(list(queues))
-        for workload_id, queue in queues.items():
-            admitted += 1
-            admitted_waits.append((queue, seconds_between(submitted.get(workload_id), now)))
-        emit_many(uow, prefix, "admitted", list(queues.items()), now, epoch=epoch)
-        records = _pending_records(decision.pending)
-        written = parked_written + uow.workloads.record_pending(cache.pending_to_write(records))
-        # The epoch check and every write of this decision share one transaction: a deposed
-        # leader's decision can never land. Checked last, so the lease row is locked only for
-        # the commit, never while the decision is written (the background renewal and a standby
-        # would otherwise wait behind a long write and find the lease expired).
-        _renew_under_epoch(uow, holder, epoch, now, ttl)
-        own.append(uow.snapshots.own_changes(before))
-        uow.commit()
+    records = _pending_records(decision.pending)
+
+    def write() -> tuple[list[Eviction], dict[str, str], dict[str, datetime], int, OwnChanges]:
+        with uow_factory() as uow:
+            before = uow.snapshots.latest_change()  # first in the transaction (see `own_changes`)
+            evictions_done, queues = apply_decision(uow, decision, epoch, prefix, now)
+            submitted = uow.workloads.submitted_at(list(queues))
+            written = uow.workloads.record_pending(cache.pending_to_write(records))
+            # The epoch check and every write of this decision share one transaction: a deposed
+            # leader's decision can never land. Checked last, so the lease row is locked only for
+            # the commit, never while the decision is written (the background renewal and a standby
+            # would otherwise wait behind a long write and find the lease expired).
+            _renew_under_epoch(uow, holder, epoch, now, ttl)
+            changes = uow.snapshots.own_changes(before)
+            uow.commit()
+        return evictions_done, queues, submitted, written, changes
+
+    evictions_done, queues, submitted, written, changes = retrying(Writer.SCHEDULER, write, metrics)
+    written += parked_written
+    own.append(changes)
+    admitted_waits = [(queue, seconds_between(submitted.get(wid), now)) for wid, queue in queues.items()]
+    admitted = len(admitted_waits)
     cache.pending_written(records)
     phase_done(CyclePhase.APPLY)
     # Reported once the decision has landed: a deposed leader's cycle counts nothing.

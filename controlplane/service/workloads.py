@@ -357,6 +357,9 @@ def cancel(
             return view
         if WorkloadState(view.state).terminal:
             raise Conflict(f"workload {workload_id} already {view.state}")
+        # Locked before its live run is read: a scheduler or a rescue that ends that run and
+        # admits another in between would otherwise leave the new run live under a cancelled workload.
+        uow.workloads.lock([workload_id])
         head = uow.workloads.head(workload_id)
         assert head is not None
         if not uow.workloads.set_state(workload_id, CANCELLABLE, WorkloadState.CANCELLED, reason, now):

@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping
 from controlplane.service.cluster_objects import reconcile_cluster_objects
 from controlplane.service.dispatch import dispatch_once
 from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE
-from controlplane.service.metrics import NO_METRICS, Metrics
+from controlplane.service.metrics import NO_METRICS, Metrics, Writer
 from controlplane.service.ports import ClusterDriver, UnitOfWorkFactory
+from controlplane.service.retries import count_store_retry
 from controlplane.workers.lease_term import LeaseTerm, holder_id
 from controlplane.workers.loops import Clock, sleep_or_stop
 
@@ -57,7 +58,8 @@ async def dispatcher_loop(
                 if loop.time() >= next_gc:
                     await reconcile_cluster_objects(uow_factory, drivers(), prefix, clock, vanished_grace, metrics)
                     next_gc = loop.time() + orphan_interval
-        except Exception:
+        except Exception as exc:
+            count_store_retry(metrics, Writer.DISPATCHER, exc)
             log.exception("dispatcher pass failed; retrying")
         await sleep_or_stop(stop, interval)
     await term.release()

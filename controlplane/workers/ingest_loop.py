@@ -13,8 +13,9 @@ from controlplane.service import ingest
 from controlplane.service.errors import StoreUnavailable
 from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.ingest import InboundMessage, Outcome
-from controlplane.service.metrics import NO_METRICS, Metrics
+from controlplane.service.metrics import NO_METRICS, Metrics, Writer, retry_cause
 from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.service.retries import retrying
 from controlplane.workers.consumers import message_lag, wait_for_store
 from controlplane.workers.loops import Clock, sleep_or_stop
 
@@ -77,7 +78,8 @@ async def ingest_loop(
                         waiting = []
                         continue
                 await handle_delivery(source, waiting[0], uow_factory, prefix, clock, fit, metrics)
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
+                metrics.db_retry(Writer.INGEST, retry_cause(exc))
                 held = tuple(waiting)
 
                 async def hold_all(held: tuple[InboundDelivery, ...] = held) -> None:
@@ -109,7 +111,12 @@ async def handle_deliveries(
     its batch one retry, never a stop. Raises `StoreUnavailable` before anything was settled."""
     try:
         messages = [d.message for d in deliveries]
-        results = await asyncio.to_thread(ingest.handle_batch, uow_factory(), messages, prefix, clock(), fit, metrics)
+        results = await asyncio.to_thread(
+            retrying,
+            Writer.INGEST,
+            lambda: ingest.handle_batch(uow_factory(), messages, prefix, clock(), fit, metrics),
+            metrics,
+        )
     except StoreUnavailable:
         raise
     except Exception:
@@ -175,7 +182,12 @@ async def _handle_delivery(
             await delivery.ack()
             return Outcome.MALFORMED
         try:
-            result = await asyncio.to_thread(ingest.handle, uow_factory(), message, prefix, clock(), fit, metrics)
+            result = await asyncio.to_thread(
+                retrying,
+                Writer.INGEST,
+                lambda: ingest.handle(uow_factory(), message, prefix, clock(), fit, metrics),
+                metrics,
+            )
         except StoreUnavailable:
             raise
         except Exception as exc:

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from controlplane.core.incremental import IncrementalScheduler
 from controlplane.core.snapshot import Policy
 from controlplane.service.errors import LostLeadership
-from controlplane.service.metrics import NO_METRICS, Metrics
+from controlplane.service.metrics import NO_METRICS, Metrics, Writer
 from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.service.retries import count_store_retry
 from controlplane.service.scheduling import (
     LEASE_NAME,
     run_cycle,
@@ -117,7 +118,8 @@ async def scheduler_loop(
             log.warning("%s", exc, extra={"epoch": term.epoch})
             term.lose()
             cache = None
-        except Exception:
+        except Exception as exc:
+            count_store_retry(metrics, Writer.SCHEDULER, exc)
             log.exception("scheduler cycle failed; retrying")
             cache = None
         seen = None if cache is None else cache.last_change_read

@@ -132,3 +132,30 @@ def test_a_team_that_does_not_exist_is_rejected_in_a_batch(wiring: Wiring, tenan
     results = _batch(wiring, [ghost, _submit(wiring, tenant, "ok", gang("b", tenant.queue, replicas=1))])
     assert [r.outcome for r in results] == [Outcome.REJECTED, Outcome.APPLIED]
     assert results[0].detail == "no team 'ghost'"
+
+
+def test_an_inventory_report_in_a_batch_is_applied_in_its_place(wiring: Wiring, tenant: Tenant) -> None:
+    """An inventory report gets a transaction of its own (it learns only as it applies which runs it
+    ends, and the one lock order wants every workload a transaction writes locked first): the
+    messages around it are applied before and after it, each as it would be alone."""
+    prefix = wiring.settings.subject_prefix
+    with wiring.uow() as uow:
+        view = uow.admin.get_cluster("sim-h100")
+        assert view is not None
+        cordoned = sorted(n.name for p in view.pools for n in p.nodes)[0]
+    at = utc_now()
+    report = {"observed_at": at.isoformat(), "nodes": [{"name": cordoned, "schedulable": False, "ready": True}]}
+    messages = [
+        _submit(wiring, tenant, "a", gang("a", tenant.queue, replicas=1)),
+        InboundMessage(f"{prefix}.cluster.sim-h100.inventory", json.dumps(report).encode(), {}, "inv"),
+        _submit(wiring, tenant, "bad", b"[1"),
+        _submit(wiring, tenant, "b", gang("b", tenant.queue, replicas=1)),
+    ]
+    results = _batch(wiring, messages)
+    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.APPLIED, Outcome.MALFORMED, Outcome.APPLIED]
+    assert results[1].detail == "1 nodes changed"
+    assert _count(wiring, WorkloadRow) == 2
+    assert _count(wiring, InboxRow) == 3
+    # Delivered again: all three taken are duplicates, in their places.
+    again = [r.outcome for r in _batch(wiring, messages)]
+    assert again == [Outcome.DUPLICATE, Outcome.DUPLICATE, Outcome.MALFORMED, Outcome.DUPLICATE]
