@@ -124,9 +124,12 @@ async def test_a_pod_report_behind_a_submit_backlog_is_applied_before_the_backlo
 async def test_two_pullers_of_the_submit_consumer_apply_each_message_once(
     js: JetStreamContext, wiring: Wiring, tenant: Tenant, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """300 messages: 150 ids, each stored twice (the second copies in reverse order, so two pullers'
-    batches hold the same inbox keys in opposite orders), and every fifth id a retry of the one before
-    it under a new message id (same idempotency key). Each id is applied once; no batch fails."""
+    """300 messages: 150 ids, each stored twice (a batch's worth, then the same reversed, so the two
+    pullers' batches hold the same inbox keys in opposite orders at once), and every fifth id a retry
+    of the one before it under a new message id (same idempotency key). Each id is applied once (a
+    batch that meets keys another holds uncommitted waits, then finds them taken); no batch fails.
+    (Key order makes a deadlock between such batches impossible; this test is too short-lived to
+    show one without it: the two inserts rarely overlap.)"""
     prefix = wiring.settings.subject_prefix
     sent_on = f"{prefix}.submit.{tenant.team}.{tenant.queue}"
 
@@ -134,14 +137,16 @@ async def test_two_pullers_of_the_submit_consumer_apply_each_message_once(
         key = f"k{i - 1}" if i % 5 == 4 else f"k{i}"  # a retry of the submit before it
         return json.dumps(gang(f"g{i}", tenant.queue, replicas=1, idempotency_key=key)).encode()
 
-    ids = list(range(150))
-    for i in ids + ids[::-1]:
-        await _store(js, prefix, sent_on, body(i), f"m{i}")
+    ids, batch = list(range(150)), 40
+    for first in range(0, len(ids), batch):  # a chunk of a batch's size, then the same chunk reversed
+        chunk = ids[first : first + batch]
+        for i in chunk + chunk[::-1]:
+            await _store(js, prefix, sent_on, body(i), f"m{i}")
     stop, fit = asyncio.Event(), FleetFit()
     pullers = [
         asyncio.create_task(
             ingest_loop(
-                JetStreamInbound(js, prefix, SUBMIT_CONSUMER), wiring.uow, prefix, utc_now, stop, fit=fit, batch=40
+                JetStreamInbound(js, prefix, SUBMIT_CONSUMER), wiring.uow, prefix, utc_now, stop, fit=fit, batch=batch
             )
         )
         for _ in range(2)
