@@ -1,4 +1,5 @@
-"""The durable pull consumer that feeds inbound messages to the ingest service."""
+"""The durable pull consumers that feed inbound messages to the ingest service (one per kind of
+message, see `topology.INGEST_CONSUMERS`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from nats.js import JetStreamContext
 
 from adapters.nats.connection import INBOUND_ID_HEADER
 from adapters.nats.dead_letters import publish_dead_letter
-from adapters.nats.topology import INBOUND_STREAM, INGEST_CONSUMER, sent_subject
+from adapters.nats.topology import INBOUND_STREAM, sent_subject
 from controlplane.service.ingest import InboundMessage
 
 log = logging.getLogger(__name__)
@@ -42,19 +43,26 @@ class Delivery:
         # silent redelivery (which the inbox would absorb anyway).
         await self._msg.ack_sync(timeout=5.0)
 
+    async def send_ack(self) -> None:
+        await self._msg.ack()
+
     async def retry_later(self, delay: float) -> None:
         await self._msg.nak(delay=delay)
 
 
 class JetStreamInbound:
-    def __init__(self, js: JetStreamContext, prefix: str) -> None:
+    """One puller of one durable consumer; several pullers of the same consumer (in one process or
+    many) are each handed different messages."""
+
+    def __init__(self, js: JetStreamContext, prefix: str, consumer: str) -> None:
         self.js = js
         self.prefix = prefix
+        self.consumer = consumer
         self._sub: JetStreamContext.PullSubscription | None = None
 
     async def fetch(self, batch: int = 64, timeout: float = 1.0) -> list[Delivery]:
         if self._sub is None:
-            self._sub = await self.js.pull_subscribe_bind(durable=INGEST_CONSUMER, stream=INBOUND_STREAM)
+            self._sub = await self.js.pull_subscribe_bind(durable=self.consumer, stream=INBOUND_STREAM)
         try:
             msgs = await self._sub.fetch(batch, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError):
@@ -71,6 +79,13 @@ class JetStreamInbound:
             subject = sent_subject(self.prefix, msg.subject)
             deliveries.append(Delivery(InboundMessage(subject, msg.data, headers, msg_id), msg))
         return deliveries
+
+    async def confirm(self) -> None:
+        """One round trip (PING, PONG): the server has read every ack sent before it. A confirmed
+        ack per message costs a request each, about half the consumer's own work on a batch of
+        submits; a dead connection still shows here, and an ack lost past the server's front door
+        costs a redelivery the inbox absorbs."""
+        await self.js._nc.flush(timeout=5)
 
     async def dead_letter(self, message: InboundMessage, reason: str) -> None:
         await publish_dead_letter(self.js, self.prefix, message.subject, message.data, message.msg_id, reason)

@@ -7,6 +7,7 @@ who manage streams with their own tooling; a test keeps the two in step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,21 @@ DAY = 86400.0
 INBOUND_STREAM = "GPUFLEET_IN"
 EVENTS_STREAM = "GPUFLEET_EVENTS"
 DLQ_STREAM = "GPUFLEET_DLQ"
-INGEST_CONSUMER = "ingest"
+# The ingest consumers: one per kind of inbound message, each filtered to its kind's subjects, so a
+# burst of submits queues behind its own consumer and never ahead of a pod report or a cancel
+# (nats-server 2.9 takes one filter subject per consumer, hence one consumer per kind). Every
+# ingest process pulls each of them; JetStream shares a consumer's messages out among its pullers.
+SUBMIT_CONSUMER = "ingest-submit"
+CANCEL_CONSUMER = "ingest-cancel"
+CLUSTER_CONSUMER = "ingest-cluster"
+INGEST_CONSUMERS = {"submit": SUBMIT_CONSUMER, "cancel": CANCEL_CONSUMER, "cluster": CLUSTER_CONSUMER}
+# The one unfiltered consumer of every inbound message, before the kinds had their own. At start-up,
+# once the filtered ones exist, it is deleted if it holds nothing (or the Interest stream would keep
+# every message for it forever). While it still holds messages (an installation upgraded with a
+# backlog, perhaps on the senders' subjects of before the gateway, which no filter matches) it is
+# kept, and the ingest processes pull it too until a later start-up finds it drained: a message it
+# shares with a filtered consumer is applied once, the inbox absorbing the second delivery.
+RETIRED_INGEST_CONSUMER = "ingest"
 TELEMETRY_STREAM = "GPUFLEET_TELEMETRY"
 TELEMETRY_CONSUMER = "telemetry"
 MAX_REPLICAS = 5  # JetStream's own limit on stream replicas
@@ -76,8 +91,8 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
         StreamConfig(
             name=INBOUND_STREAM,
             description="Commands and reports into gpufleet: submit, cancel, cluster pods and inventory",
-            subjects=[f"{prefix}.{STORED}.submit.>", f"{prefix}.{STORED}.cancel.>", f"{prefix}.{STORED}.cluster.>"],
-            # Interest: a message is removed once the ingest consumer acked it (after its SQL
+            subjects=[f"{prefix}.{STORED}.{kind}.>" for kind in INGEST_CONSUMERS],
+            # Interest: a message is removed once its kind's ingest consumer acked it (after its SQL
             # commit, or its dead-lettering), so applied commands never pile up towards max_bytes
             # and discard=new below only bites when ingest is down for long. Not WorkQueue:
             # nats-server refuses to change an existing stream to or from WorkQueue, and
@@ -139,20 +154,7 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
         ),
     )
     consumers = (
-        (
-            INBOUND_STREAM,
-            ConsumerConfig(
-                durable_name=INGEST_CONSUMER,
-                description="gpufleet ingest: acks only after the SQL commit",
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=30.0,
-                # The worker dead-letters a message on its MAX_DELIVERIES-th failed delivery; this
-                # backstop only matters if even dead-lettering keeps failing (the server then
-                # stops redelivering and sends a max-deliveries advisory).
-                max_deliver=ingest.MAX_DELIVERIES + 5,
-                max_ack_pending=1000,
-            ),
-        ),
+        *((INBOUND_STREAM, _ingest_consumer(prefix, kind, durable)) for kind, durable in INGEST_CONSUMERS.items()),
         (
             TELEMETRY_STREAM,
             ConsumerConfig(
@@ -167,6 +169,27 @@ def topology(prefix: str = "gpufleet", replicas: int = 1) -> Topology:
         ),
     )
     return Topology(streams, consumers)
+
+
+# Messages a consumer may have delivered and not yet acknowledged. The submit consumer's pullers
+# fetch batches of `FETCH_BATCH` each (several pullers in each of several processes), or their
+# pulls would stall on the limit; the others carry far less traffic.
+MAX_ACK_PENDING = {"submit": 20_000, "cancel": 1000, "cluster": 5000}
+
+
+def _ingest_consumer(prefix: str, kind: str, durable: str) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=durable,
+        description=f"gpufleet ingest of {kind} messages: acks only after the SQL commit",
+        filter_subject=f"{prefix}.{STORED}.{kind}.>",
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=30.0,
+        # The worker dead-letters a message on its MAX_DELIVERIES-th failed delivery; this
+        # backstop only matters if even dead-lettering keeps failing (the server then
+        # stops redelivering and sends a max-deliveries advisory).
+        max_deliver=ingest.MAX_DELIVERIES + 5,
+        max_ack_pending=MAX_ACK_PENDING[kind],
+    )
 
 
 # While a JetStream cluster elects its meta leader or a stream's leader (at start-up, with several
@@ -208,6 +231,23 @@ async def _declare(js: JetStreamContext, plan: Topology) -> None:
             await js.update_stream(stream)
     for stream_name, consumer in plan.consumers:
         await js.add_consumer(stream_name, consumer)
+
+
+async def retire_ingest_consumer(js: JetStreamContext) -> bool:
+    """Delete the retired unfiltered ingest consumer if it holds nothing; True when it still holds
+    messages (and is kept, for the ingest processes to drain). Call after `ensure_topology`."""
+    try:
+        info = await js.consumer_info(INBOUND_STREAM, RETIRED_INGEST_CONSUMER)
+    except NotFoundError:
+        return False
+    held = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+    if held:
+        log.warning("the retired consumer %s still holds %d messages; draining it", RETIRED_INGEST_CONSUMER, held)
+        return True
+    with contextlib.suppress(NotFoundError):
+        await js.delete_consumer(INBOUND_STREAM, RETIRED_INGEST_CONSUMER)
+        log.info("deleted the retired consumer %s", RETIRED_INGEST_CONSUMER)
+    return False
 
 
 def as_json(prefix: str = "gpufleet", replicas: int = 1) -> dict[str, Any]:

@@ -20,7 +20,14 @@ from adapters.nats.connection import INBOUND_ID_HEADER, JetStreamPublisher, conn
 from adapters.nats.consumer_stats import consumer_backlogs
 from adapters.nats.gateway import InboundGateway
 from adapters.nats.inbound import JetStreamInbound
-from adapters.nats.topology import ensure_topology, stored_subject
+from adapters.nats.topology import (
+    INGEST_CONSUMERS,
+    RETIRED_INGEST_CONSUMER,
+    SUBMIT_CONSUMER,
+    ensure_topology,
+    retire_ingest_consumer,
+    stored_subject,
+)
 from adapters.prometheus import FleetCollector, PrometheusMetrics, exposition, new_registry, serve_metrics
 from adapters.sql.gauges_repo import SqlFleetGauges
 from controlplane.api.app import create_app
@@ -34,6 +41,7 @@ from controlplane.service.auth import authorize_scrape
 from controlplane.service.auth_limits import FailedAuthLimiter
 from controlplane.service.autoscale import autoscale_once
 from controlplane.service.cloud_ports import CloudProvider
+from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.fleet_sync import sync_due
 from controlplane.service.gang_timeout import requeue_stalled_gangs, requeue_undispatched
 from controlplane.service.kubeconfigs import FileKubeconfigStore
@@ -42,7 +50,7 @@ from controlplane.service.scheduling import lease_gap
 from controlplane.workers import loops
 from controlplane.workers.dispatch_loop import DISPATCHER_LEASE, dispatcher_loop
 from controlplane.workers.idle_loop import idle_loop
-from controlplane.workers.ingest_loop import ingest_loop
+from controlplane.workers.ingest_loop import FETCH_BATCH, SUBMIT_FETCH_BATCH, ingest_loop, submit_pullers
 from controlplane.workers.relay_loop import relay_loop
 from controlplane.workers.report_loop import report_loop
 from controlplane.workers.scheduler_loop import scheduler_loop
@@ -251,8 +259,17 @@ async def run_components(
     if "ingest" in components:
         gateway = InboundGateway(nc, prefix, confine_replies=secrets is not None, on_refused=metrics.inbound_refused)
         await gateway.start()
-        source = JetStreamInbound(js, prefix)
-        tasks.append(asyncio.create_task(ingest_loop(source, wiring.uow, prefix, clock, stop, metrics), name="ingest"))
+        fit = FleetFit()  # the process's memo of the submit-time fleet check, shared by its loops
+        pullers = dict.fromkeys(INGEST_CONSUMERS.values(), 1)
+        pullers[SUBMIT_CONSUMER] = submit_pullers(wiring.engine.dialect.name)
+        if await retire_ingest_consumer(js):
+            pullers[RETIRED_INGEST_CONSUMER] = 1
+        for consumer, count in pullers.items():
+            batch = SUBMIT_FETCH_BATCH if consumer == SUBMIT_CONSUMER else FETCH_BATCH
+            for puller in range(count):
+                source = JetStreamInbound(js, prefix, consumer)
+                loop = ingest_loop(source, wiring.uow, prefix, clock, stop, metrics, fit, batch)
+                tasks.append(asyncio.create_task(loop, name=f"{consumer}-{puller}"))
         telemetry_source = JetStreamTelemetrySource(nc, prefix)
         tasks.append(
             asyncio.create_task(

@@ -41,7 +41,7 @@ from controlplane.service.ingest_messages import (
 from controlplane.service.ingest_submits import SubmitMessage, apply_submits, rejection, team_principal
 from controlplane.service.inventory import InventoryReport, apply_inventory
 from controlplane.service.metrics import NO_METRICS, Metrics, seconds_between
-from controlplane.service.ports import UnitOfWork
+from controlplane.service.ports import RunStatus, UnitOfWork
 from controlplane.service.safejson import UnsafeJson, decode_object
 
 # The longest run or workload id a pod report or a cancel may name (their models' bound).
@@ -110,9 +110,10 @@ def _handle(
                 return Handled(Outcome.MALFORMED, errors_text(exc))
             if not uow.admin.known_clusters([parts[2]]):
                 return Handled(Outcome.UNKNOWN, f"pod report for unknown cluster {parts[2]!r}")
-            if uow.runs.status(report.run_id) is None:
+            run = uow.runs.status(report.run_id)
+            if run is None:
                 return Handled(Outcome.UNKNOWN, f"pod report for unknown run {report.run_id!r}")
-            refusal = check_pod_report(uow, parts[2], report)
+            refusal = pod_report_refusal(run, parts[2], report)
             if refusal is not None:
                 return Handled(Outcome.REFUSED, refusal)
             result = Handled(Outcome.APPLIED, apply_pod_report(uow, parts[2], report, prefix, now, started))
@@ -127,10 +128,10 @@ def _handle(
         else:
             return Handled(Outcome.MALFORMED, f"no handler for subject {message.subject}")
         uow.commit()
-    for run in started:
-        waited = seconds_between(run.submitted_at, now)
+    for gang in started:
+        waited = seconds_between(gang.submitted_at, now)
         if waited is not None:
-            metrics.started(run.queue, waited)
+            metrics.started(gang.queue, waited)
     return result
 
 
@@ -252,6 +253,11 @@ def check_pod_report(uow: UnitOfWork, cluster: str, report: PodReport) -> str | 
     run = uow.runs.status(report.run_id)
     if run is None:
         return None  # unknown runs are a no-op in apply_pod_report
+    return pod_report_refusal(run, cluster, report)
+
+
+def pod_report_refusal(run: RunStatus, cluster: str, report: PodReport) -> str | None:
+    """`check_pod_report` on the run's status already read (one read per report, not two)."""
     if run.cluster != cluster:
         return f"run {run.run_id} runs on cluster {run.cluster}, not on {cluster} (who sent this report)"
     if run.epoch != report.epoch:

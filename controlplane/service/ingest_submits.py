@@ -6,7 +6,9 @@ earlier batch or earlier in this one) is a duplicate; a submit that cannot be ta
 a `workload.rejected` event; an idempotency key the team used before (or earlier in this batch)
 answers with that workload, or is rejected when the request differs. A submit never dead-letters
 once its body decoded, so no message here needs a savepoint of its own: anything unexpected rolls
-the whole batch back and the worker applies its messages one by one.
+the whole batch back and the worker applies its messages one by one. Rows with a unique key (inbox
+rows, idempotency keys) are written in key order, so several batches in flight at once (the
+submit consumer's pullers) never deadlock on each other.
 """
 
 from __future__ import annotations
@@ -141,6 +143,9 @@ class _Batch:
         self.taken.append(_Taken(index, submit, new, view))
 
     def write(self) -> None:
+        # In key order, as the inbox rows: two batches committing at once (several pullers on one
+        # consumer) that share keys wait for each other in one order, never in a cycle.
+        self.taken.sort(key=lambda t: (t.new.workload.team_id, t.new.idempotency_key or ""))
         added = self.uow.workloads.add_many([t.new for t in self.taken], self.now)
         for t in self.taken:
             if t.new.workload.id in added:
@@ -176,7 +181,9 @@ def apply_submits(
             batch.results[index] = Handled(Outcome.DUPLICATE, "already processed")
         else:
             first[key] = index
-    new_keys = uow.inbox.first_times(CONSUMER, list(first), now)
+    # Sorted: a key another batch holds uncommitted makes this one wait (then find it a duplicate),
+    # and batches that wait on each other's keys in one order cannot deadlock.
+    new_keys = uow.inbox.first_times(CONSUMER, sorted(first), now)
     for key, index in first.items():
         if key in new_keys:
             batch.take(index, submits[index])

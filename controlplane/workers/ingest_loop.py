@@ -1,5 +1,12 @@
-"""The ingest consumer: applies inbound messages (submits, cancels, inventory...) in batches or one
-by one, acks after the commit, dead-letters what cannot be applied."""
+"""The ingest consumers: apply inbound messages (submits, cancels, pod reports, inventory) in
+batches or one by one, ack after the commit, dead-letter what cannot be applied.
+
+Each kind of message has its own durable consumer (`adapters.nats.topology.INGEST_CONSUMERS`) and
+its own loops, so a submit backlog never stands between a pod report and its commit. Submits are
+pulled by several loops at once on PostgreSQL (`submit_pullers`): the server hands each loop
+different messages, one loop's transaction overlaps another's fetch, acks and Python work, and the
+inbox keeps a message that two loops both got (a redelivery) applied once. Pod reports, cancels and
+inventory keep one loop per process: a run's reports are applied in the order they were sent."""
 
 from __future__ import annotations
 
@@ -21,8 +28,19 @@ from controlplane.workers.loops import Clock, sleep_or_stop
 
 log = logging.getLogger(__name__)
 # Messages fetched (and, when all are first deliveries, applied in one transaction) at a time: a
-# batch's statements and commit are shared by its messages, and its acks go out together.
+# batch's statements and commit are shared by its messages, and its acks go out together. A fetch
+# returns what the consumer holds, up to this many, without waiting for a full batch.
 FETCH_BATCH = 256
+# Submits arrive in bursts and cost the most rows each: larger batches, pulled by several loops on
+# PostgreSQL.
+SUBMIT_FETCH_BATCH = 1000
+SUBMIT_PULLERS_POSTGRESQL = 3
+
+
+def submit_pullers(dialect: str) -> int:
+    """Loops pulling the submit consumer in one process: one on SQLite, whose single writer would
+    only make the others wait."""
+    return SUBMIT_PULLERS_POSTGRESQL if dialect == "postgresql" else 1
 
 
 class InboundDelivery(Protocol):
@@ -33,7 +51,14 @@ class InboundDelivery(Protocol):
         """How many times the message was delivered, this delivery included (1 the first time)."""
         ...
 
-    async def ack(self) -> None: ...
+    async def ack(self) -> None:
+        """Ack, confirmed by the server."""
+        ...
+
+    async def send_ack(self) -> None:
+        """Ack without waiting: the source's `confirm` waits once for a batch of them."""
+        ...
+
     async def retry_later(self, delay: float) -> None: ...
     async def hold(self) -> None:
         """Tell the server the message is still being worked on, so it is not redelivered yet."""
@@ -43,6 +68,10 @@ class InboundDelivery(Protocol):
 class InboundSource(Protocol):
     async def fetch(self, batch: int = 64, timeout: float = 1.0) -> Sequence[InboundDelivery]: ...
     async def dead_letter(self, message: InboundMessage, reason: str) -> None: ...
+    async def confirm(self) -> None:
+        """Wait until the server has read every ack sent so far."""
+        ...
+
     def reset(self) -> None: ...
 
 
@@ -53,12 +82,16 @@ async def ingest_loop(
     clock: Clock,
     stop: asyncio.Event,
     metrics: Metrics = NO_METRICS,
+    fit: FleetFit | None = None,
+    batch: int = FETCH_BATCH,
 ) -> None:
+    """Pull `source` until `stop`; `fit` is the process's memo of the submit-time fleet check
+    (shared by its loops; a new one when not given)."""
     failures = 0
-    fit = FleetFit()  # this consumer's memo of the submit-time fleet check
+    fit = fit or FleetFit()
     while not stop.is_set():
         try:
-            deliveries = await source.fetch(batch=FETCH_BATCH)
+            deliveries = await source.fetch(batch=batch)
             failures = 0
         except Exception as exc:
             failures += 1
@@ -122,24 +155,38 @@ async def handle_deliveries(
     except Exception:
         log.exception("a batch of %d inbound messages failed; applying them one by one", len(deliveries))
         return False
-    # Settled concurrently: each ack waits for the server's confirmation, and one after another they
-    # cost a batch a round trip per message.
-    await asyncio.gather(*(_settle(source, d, r, metrics) for d, r in zip(deliveries, results, strict=True)))
+    # Dead letters go out first, concurrently (each waits for the stream's acknowledgement; a task
+    # only for each of them: a batch of 1,000 applied submits needs none); then every message whose
+    # settling did not fail is acked, and one round trip confirms the lot.
+    settled = list(zip(deliveries, results, strict=True))
+    dead = [(d, r) for d, r in settled if r.outcome.dead_letter]
+    sent = await asyncio.gather(*(_dead_letter(source, d, r) for d, r in dead))
+    not_sent = {id(d) for (d, _), ok in zip(dead, sent, strict=True) if not ok}
+    acked = [(d, r) for d, r in settled if id(d) not in not_sent]
+    try:
+        for delivery, _ in acked:
+            await delivery.send_ack()
+        await source.confirm()
+    except Exception:  # NATS trouble: redelivered, then found in the inbox or refused again
+        log.exception("could not ack a batch of %d inbound messages; they will be redelivered", len(acked))
+        return True
+    for delivery, result in acked:
+        metrics.ingested(ingest.CONSUMER, result.outcome.value, message_lag(getattr(delivery, "published_at", None)))
     return True
 
 
-async def _settle(source: InboundSource, delivery: InboundDelivery, result: ingest.Handled, metrics: Metrics) -> None:
-    """Dead-letter (when the outcome says so) and ack one message of a committed batch."""
+async def _dead_letter(source: InboundSource, delivery: InboundDelivery, result: ingest.Handled) -> bool:
+    """Dead-letter one message of a committed batch; False when that failed (the message is handed
+    back, and is refused again when it returns)."""
     try:
-        if result.outcome.dead_letter:
-            await source.dead_letter(delivery.message, result.detail)
-            log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
-        await delivery.ack()
-        metrics.ingested(ingest.CONSUMER, result.outcome.value, message_lag(getattr(delivery, "published_at", None)))
-    except Exception:  # NATS trouble: redelivered, then found in the inbox or refused again
-        log.exception("could not settle %s; it will be redelivered", delivery.message.subject)
+        await source.dead_letter(delivery.message, result.detail)
+        log.warning("dead-lettered %s: %s", delivery.message.subject, result.detail)
+        return True
+    except Exception:
+        log.exception("could not dead-letter %s; it will be redelivered", delivery.message.subject)
         with contextlib.suppress(Exception):
             await delivery.retry_later(2.0)
+        return False
 
 
 async def handle_delivery(

@@ -29,3 +29,5 @@ def test_bench_submit_by_nats_counts_what_reached_sql() -> None:
     assert figures["complete"] is True
     assert figures["landed"] == 30
     assert figures["submits_per_second_into_sql"] > 0
+    assert figures["ingest_start_seconds"] > 0  # the warm-up submit, not timed with the rest
+    assert figures["ingest_cpu_ms_per_submit"] >= 0  # read from /proc (Linux)

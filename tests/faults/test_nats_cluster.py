@@ -37,7 +37,7 @@ from adapters.nats.server import free_port
 from adapters.nats.topology import (
     EVENTS_STREAM,
     INBOUND_STREAM,
-    INGEST_CONSUMER,
+    SUBMIT_CONSUMER,
     TELEMETRY_CONSUMER,
     TELEMETRY_STREAM,
     ensure_topology,
@@ -123,7 +123,7 @@ async def _jetstream(cluster: NatsCluster, what: str) -> Any:
         if what == "inbound leader":
             return (await js.stream_info(INBOUND_STREAM)).cluster
         if what == "ingest consumer":
-            return await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
+            return await js.consumer_info(INBOUND_STREAM, SUBMIT_CONSUMER)
         if what == "telemetry consumer":
             return await js.consumer_info(TELEMETRY_STREAM, TELEMETRY_CONSUMER)
         streams = [await js.stream_info(name) for name in (INBOUND_STREAM, EVENTS_STREAM)]

@@ -18,7 +18,7 @@ from adapters.nats import secrets as nats_secrets
 from adapters.nats.connection import JetStreamPublisher
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
-from adapters.nats.topology import DLQ_STREAM, ensure_topology
+from adapters.nats.topology import CLUSTER_CONSUMER, DLQ_STREAM, SUBMIT_CONSUMER, ensure_topology
 from adapters.sql.tables import InboxRow, OutboxRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import ingest
@@ -71,12 +71,12 @@ async def test_submit_over_nats_creates_the_workload_and_acks_after_commit(
     await js.publish(
         f"{prefix}.submit.{tenant.team}.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "req-1"}
     )
-    inbound = JetStreamInbound(js, prefix)
+    inbound = JetStreamInbound(js, prefix, SUBMIT_CONSUMER)
     assert await _drain(inbound, wiring, 1) == [ingest.Outcome.APPLIED]
     with wiring.uow() as uow:
         rows = uow.session.query(WorkloadRow).all()  # type: ignore[attr-defined]
         assert [(r.name, r.state, r.idempotency_key) for r in rows] == [("from-nats", "queued", "req-1")]
-    info = await js.consumer_info("GPUFLEET_IN", "ingest")
+    info = await js.consumer_info("GPUFLEET_IN", SUBMIT_CONSUMER)
     assert info.num_ack_pending == 0
     assert info.num_pending == 0
 
@@ -107,9 +107,11 @@ async def test_malformed_message_goes_to_dead_letter_and_consumer_continues(
     await js.publish(
         f"{prefix}.submit.{tenant.team}.{tenant.queue}", good, headers={**tenant.headers, "Nats-Msg-Id": "ok-1"}
     )
-    inbound = JetStreamInbound(js, prefix)
-    outcomes = await _drain(inbound, wiring, 3)
-    assert outcomes == [ingest.Outcome.MALFORMED, ingest.Outcome.MALFORMED, ingest.Outcome.APPLIED]
+    # Submits and cluster reports have consumers of their own; each comes to what it would alone.
+    submits = await _drain(JetStreamInbound(js, prefix, SUBMIT_CONSUMER), wiring, 2)
+    reports = await _drain(JetStreamInbound(js, prefix, CLUSTER_CONSUMER), wiring, 1)
+    assert submits == [ingest.Outcome.MALFORMED, ingest.Outcome.APPLIED]
+    assert reports == [ingest.Outcome.MALFORMED]
     dlq = await js.pull_subscribe(f"{prefix}.dlq.>", durable="dlq-reader", stream=DLQ_STREAM)
     dead = await dlq.fetch(2, timeout=2)
     assert [m.subject for m in dead] == [
@@ -137,7 +139,7 @@ async def test_rejected_submission_produces_a_rejection_event(
     ]
     for i, (body, team, _) in enumerate(cases):
         await js.publish(f"{prefix}.submit.{team}.{tenant.queue}", body, headers={"Gpufleet-Msg-Id": f"r-{i}"})
-    inbound = JetStreamInbound(js, prefix)
+    inbound = JetStreamInbound(js, prefix, SUBMIT_CONSUMER)
     assert await _drain(inbound, wiring, 3) == [ingest.Outcome.REJECTED] * 3
     assert await relay_once(wiring.uow, JetStreamPublisher(js), utc_now) == 3
     received = await events.fetch(3, timeout=2)
@@ -239,7 +241,7 @@ async def test_message_is_not_acked_when_the_database_fails_and_is_redelivered(
     await js.publish(
         f"{prefix}.submit.{tenant.team}.{tenant.queue}", body, headers={**tenant.headers, "Nats-Msg-Id": "o-1"}
     )
-    inbound = JetStreamInbound(js, prefix)
+    inbound = JetStreamInbound(js, prefix, SUBMIT_CONSUMER)
     flaky = FailingFirst(wiring.uow, 1)
     [delivery] = await inbound.fetch(timeout=2)
     assert await handle_delivery(inbound, delivery, flaky, prefix, utc_now) is None

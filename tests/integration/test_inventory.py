@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from adapters.kubernetes.nodes import observe_node
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
-from adapters.nats.topology import DLQ_STREAM, ensure_topology
+from adapters.nats.topology import CLUSTER_CONSUMER, DLQ_STREAM, ensure_topology
 from adapters.sim.cluster import SimCluster
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.core.snapshot import Policy
@@ -173,7 +173,7 @@ async def test_malformed_inventory_goes_to_dead_letter_and_ingest_continues(
     await js.publish(subject, bad.encode(), headers={"Nats-Msg-Id": "inv-bad"})
     good = _report(utc_now(), **{node: {"ready": False}})
     await js.publish(subject, good, headers={"Nats-Msg-Id": "inv-good"})
-    inbound = JetStreamInbound(js, prefix)
+    inbound = JetStreamInbound(js, prefix, CLUSTER_CONSUMER)
     outcomes: list[Outcome | None] = []
     for _ in range(50):
         for delivery in await inbound.fetch(timeout=0.2):

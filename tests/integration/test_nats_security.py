@@ -24,11 +24,13 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from sqlalchemy import select
 
 from adapters.nats import secrets as nats_secrets
 from adapters.nats.server import find_binary, free_port
-from adapters.nats.topology import DLQ_STREAM, EVENTS_STREAM, INBOUND_STREAM
+from adapters.nats.topology import DLQ_STREAM, EVENTS_STREAM, INBOUND_STREAM, INGEST_CONSUMERS, SUBMIT_CONSUMER
 from adapters.sql.tables import RunRow, WorkloadRow
 from controlplane.bootstrap import Wiring, run_components, utc_now
 from controlplane.cli.main import main
@@ -123,6 +125,11 @@ async def test_anonymous_wrong_and_fake_credentials_are_refused(plane: Plane) ->
     assert "authorization violation" in (await _refused(plane.settings, user="gpufleet", password="guess")).lower()
 
 
+async def _pull(js: JetStreamContext, durable: str) -> list[Msg]:
+    sub = await js.pull_subscribe_bind(durable=durable, stream=INBOUND_STREAM)
+    return await sub.fetch(1, timeout=1.0)
+
+
 async def test_a_team_cannot_read_the_inbound_stream_or_touch_the_jetstream_api(plane: Plane) -> None:
     p = plane.prefix
     watch = Watch()
@@ -138,10 +145,14 @@ async def test_a_team_cannot_read_the_inbound_stream_or_touch_the_jetstream_api(
             lambda: js.delete_stream(INBOUND_STREAM),
             lambda: js.purge_stream(EVENTS_STREAM),
             lambda: js.pull_subscribe(f"{p}.submit.>", durable="spy", stream=INBOUND_STREAM),
+            # pulling (and so acking away) another sender's messages from any ingest consumer
+            *(lambda durable=durable: _pull(js, durable) for durable in INGEST_CONSUMERS.values()),
         ):
             with pytest.raises((nats.errors.TimeoutError, nats.errors.Error, TimeoutError)):
                 await attack()
         assert await watch.saw('permissions violation for publish to "$js.api.')
+        for durable in INGEST_CONSUMERS.values():
+            assert await watch.saw(f'"$js.api.consumer.msg.next.{INBOUND_STREAM.lower()}.{durable}"')
         # a plain subscription to the inbound subjects, or to everyone's reply inboxes, is refused too
         await nc.subscribe(f"{p}.submit.>")
         await nc.subscribe("_INBOX.>")
@@ -156,7 +167,7 @@ async def test_a_team_cannot_read_the_inbound_stream_or_touch_the_jetstream_api(
     # message once ingest acked it, so its last sequence is the proof), and the events stream
     control = plane.control.jetstream()
     assert (await control.stream_info(INBOUND_STREAM)).state.last_seq >= ack.seq
-    assert (await control.consumer_info(INBOUND_STREAM, "ingest")).delivered.stream_seq >= ack.seq
+    assert (await control.consumer_info(INBOUND_STREAM, SUBMIT_CONSUMER)).delivered.stream_seq >= ack.seq
     assert (await plane.control.jetstream().stream_info(EVENTS_STREAM)).config.name == EVENTS_STREAM
 
 

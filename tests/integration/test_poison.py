@@ -23,7 +23,14 @@ from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 
 from adapters.nats.inbound import JetStreamInbound
 from adapters.nats.server import NatsServerProcess
-from adapters.nats.topology import DLQ_STREAM, INBOUND_STREAM, INGEST_CONSUMER, ensure_topology
+from adapters.nats.topology import (
+    DLQ_STREAM,
+    INBOUND_STREAM,
+    RETIRED_INGEST_CONSUMER,
+    SUBMIT_CONSUMER,
+    ensure_topology,
+    retire_ingest_consumer,
+)
 from adapters.sql.tables import InboxRow, WorkloadRow
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.service import ingest
@@ -74,7 +81,7 @@ async def _run_until(
     stop = asyncio.Event()
     started = time.monotonic()
     task = asyncio.create_task(
-        ingest_loop(JetStreamInbound(js, prefix), uow_factory or wiring.uow, prefix, utc_now, stop)
+        ingest_loop(JetStreamInbound(js, prefix, SUBMIT_CONSUMER), uow_factory or wiring.uow, prefix, utc_now, stop)
     )
     try:
         while not done() and time.monotonic() - started < limit:
@@ -123,7 +130,7 @@ async def test_a_poison_burst_is_dead_lettered_and_submits_keep_flowing(
     assert sum("UTF-8" in r for r in reasons) == poison // 6
     assert sum("digits" in r for r in reasons) == poison // 6
     assert sum("appears twice" in r for r in reasons) == poison // 6
-    info = await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
+    info = await js.consumer_info(INBOUND_STREAM, SUBMIT_CONSUMER)
     assert (info.num_pending, info.num_ack_pending, info.num_redelivered) == (0, 0, 0)
     # Interest retention: acknowledged messages do not stay in the inbound stream.
     assert (await js.stream_info(INBOUND_STREAM)).state.messages == 0
@@ -195,7 +202,7 @@ async def test_a_message_that_keeps_failing_is_dead_lettered_after_bounded_deliv
     reason = dead[0].headers["Gpufleet-Dlq-Reason"]
     assert f"failed on {ingest.MAX_DELIVERIES} deliveries" in reason
     assert "KeyError" in reason
-    info = await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
+    info = await js.consumer_info(INBOUND_STREAM, SUBMIT_CONSUMER)
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
     assert info.config.max_deliver == ingest.MAX_DELIVERIES + 5
     assert _count(wiring, InboxRow) == 1
@@ -220,7 +227,7 @@ async def test_a_database_outage_holds_messages_without_spending_deliveries(
     await js.publish(f"{prefix}.submit.{tenant.team}.{tenant.queue}", body, headers={"Gpufleet-Msg-Id": "o-1"})
     await _run_until(wiring, js, lambda: _count(wiring, WorkloadRow) == 1, limit=30, uow_factory=Outage())
     assert _count(wiring, WorkloadRow) == 1
-    info = await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
+    info = await js.consumer_info(INBOUND_STREAM, SUBMIT_CONSUMER)
     assert info.num_redelivered == 0  # held, retried in place: no delivery was spent
 
 
@@ -236,11 +243,22 @@ async def test_an_installation_with_the_old_limits_stream_moves_to_interest_in_p
     subjects = [f"{prefix}.submit.>", f"{prefix}.cancel", f"{prefix}.cluster.>"]
     old = StreamConfig(name=INBOUND_STREAM, subjects=subjects, retention=RetentionPolicy.LIMITS)
     await js.add_stream(old)
-    await js.add_consumer(INBOUND_STREAM, ConsumerConfig(durable_name=INGEST_CONSUMER, max_deliver=-1))
+    await js.add_consumer(INBOUND_STREAM, ConsumerConfig(durable_name=RETIRED_INGEST_CONSUMER, max_deliver=-1))
     await js.publish(f"{prefix}.cancel", b"{}")  # not yet consumed: must survive the change
     await ensure_topology(js, prefix)
     info = await js.stream_info(INBOUND_STREAM)
-    consumer = await js.consumer_info(INBOUND_STREAM, INGEST_CONSUMER)
-    await nc.close()
+    consumer = await js.consumer_info(INBOUND_STREAM, SUBMIT_CONSUMER)
     assert (info.config.retention, info.state.messages) == (RetentionPolicy.INTEREST, 1)
     assert consumer.config.max_deliver == ingest.MAX_DELIVERIES + 5
+    # The old unfiltered consumer still holds that message (on a senders' subject of before the
+    # gateway, which no filtered consumer matches): it is kept for ingest to drain, then deleted.
+    assert await retire_ingest_consumer(js) is True
+    old_consumer = await js.pull_subscribe_bind(durable=RETIRED_INGEST_CONSUMER, stream=INBOUND_STREAM)
+    [held] = await old_consumer.fetch(1, timeout=5)
+    assert held.subject == f"{prefix}.cancel"
+    await held.ack_sync()
+    assert await retire_ingest_consumer(js) is False
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await js.consumer_info(INBOUND_STREAM, RETIRED_INGEST_CONSUMER)
+    assert (await js.stream_info(INBOUND_STREAM)).state.messages == 0
+    await nc.close()
