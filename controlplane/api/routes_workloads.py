@@ -17,6 +17,7 @@ from controlplane.service import workloads as svc
 from controlplane.service.commands import SubmitWorkload
 from controlplane.service.constraints import Strict
 from controlplane.service.ports import WorkloadFilter
+from controlplane.service.submit_batch import SubmitItem
 from controlplane.service.views import WorkloadPage, WorkloadSummary, WorkloadView
 
 router = APIRouter(prefix="/v1", route_class=DecodedBodyRoute, tags=["workloads"], responses=AUTHENTICATED)
@@ -35,18 +36,19 @@ class CancelRequest(Strict):
         **declare(400, 404, 409, 413, 415, 422),
     },
 )
-def submit(
+async def submit(
     request: SubmitWorkload,
     who: Submitter,
     ctx: Ctx,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=100)] = None,
 ) -> WorkloadView:
+    # On the event loop: the database work is the batch's, in its worker thread (group_commit.py).
     if idempotency_key:
         request = request.model_copy(update={"idempotency_key": idempotency_key})
-    view, created = svc.submit(
-        ctx.uow_factory(), who, request, ctx.subject_prefix, ctx.clock(), ctx.fleet_fit, recheck_token=True
-    )
+    # The principal may come from the memo of recent authentications: its token is checked again in
+    # the transaction that writes.
+    view, created = await ctx.submits.submit(SubmitItem(who, request, recheck_token=True))
     if not created:
         response.status_code = 200
     return view
