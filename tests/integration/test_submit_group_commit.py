@@ -109,7 +109,7 @@ def test_a_batch_of_good_and_bad_submits_answers_each_and_writes_the_good_ones(
         assert r.json()["pod_sets"][0]["replicas"] == view.pod_sets[0]["replicas"]
     # Their arrival order is their queue order.
     with wiring.uow() as uow:
-        seqs = dict(uow.session.execute(select(WorkloadRow.name, WorkloadRow.created_seq)))
+        seqs = dict(uow.session.execute(select(WorkloadRow.name, WorkloadRow.created_seq)).all())
     assert seqs["first"] < seqs["second"] < seqs["third"]
 
 
