@@ -179,6 +179,20 @@ async def _rest_load(
         return latencies, statuses, time.perf_counter() - started
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds a process has used (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _servers_cpu(processes: Sequence[subprocess.Popen[bytes]]) -> float | None:
+    seconds = [_cpu_seconds(p.pid) for p in processes]
+    return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
+
+
 def _wait_ready(base: str, processes: Sequence[subprocess.Popen[bytes]], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -207,9 +221,17 @@ def _bench_rest(
         asyncio.run(
             _rest_load(base, token, warm, clients, "warm-")
         )  # connections, caches, the fleet check's first read
+        # CPU per submit, of the servers and of this client: on 2 cores what one costs bounds the rate.
+        servers_before, client_before = _servers_cpu(servers), time.process_time()
         latencies, statuses, elapsed = asyncio.run(_rest_load(base, token, count, clients, "k"))
+        servers_after, client_after = _servers_cpu(servers), time.process_time()
     finally:
         _stop(servers)
+    server_cpu = (
+        round((servers_after - servers_before) / count * 1000, 2)
+        if servers_before is not None and servers_after is not None
+        else None
+    )
     return {
         "submits": count,
         "clients": clients,
@@ -219,6 +241,8 @@ def _bench_rest(
         "p50_ms": _percentile(latencies, 50),
         "p95_ms": _percentile(latencies, 95),
         "p99_ms": _percentile(latencies, 99),
+        "server_cpu_ms_per_submit": server_cpu,
+        "client_cpu_ms_per_submit": round((client_after - client_before) / count * 1000, 2),
         "outcomes": dict(sorted(statuses.items())),
     }
 
