@@ -37,7 +37,6 @@ class SubmitBatcher:
         self.max_writers = max_writers
         # Per event loop (a test client may run several one after another): futures belong to one.
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = weakref.WeakKeyDictionary()
-        self._limiter = anyio.CapacityLimiter(max_writers)
         self._draining: set[asyncio.Task[None]] = set()  # held, so a running drain is not collected
 
     async def submit(self, item: SubmitItem) -> tuple[WorkloadView, bool]:
@@ -63,9 +62,8 @@ class SubmitBatcher:
                 batch = waiting.items[: self.max_items]
                 del waiting.items[: self.max_items]
                 try:
-                    answers = await anyio.to_thread.run_sync(
-                        self._write, [item for item, _ in batch], limiter=self._limiter
-                    )
+                    # `max_writers` per loop bounds the threads (a limiter would belong to one loop).
+                    answers = await anyio.to_thread.run_sync(self._write, [item for item, _ in batch])
                 except Exception as exc:  # `submit_many` answers each submit; this is a bug's safety net
                     answers = [exc for _ in batch]
                 for (_, future), result in zip(batch, answers, strict=True):
