@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import click
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select, text
 
 from adapters.nats.connection import connect
 from adapters.nats.gateway import InboundGateway
@@ -193,6 +193,31 @@ def _servers_cpu(processes: Sequence[subprocess.Popen[bytes]]) -> float | None:
     return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
 
 
+def _database_backends(engine: Engine) -> list[int]:
+    """The PostgreSQL backends serving the bench's database (its servers' pooled connections, after
+    the warm-up), to count the database's CPU per submit too; none on SQLite (it runs in the servers)."""
+    if engine.dialect.name != "postgresql":
+        return []
+    with engine.connect() as conn:
+        return list(
+            conn.scalars(
+                text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            )
+        )
+
+
+def _backends_cpu(pids: Sequence[int]) -> dict[int, float]:
+    """Their CPU seconds, for those this machine shows (a database elsewhere shows none)."""
+    return {pid: seconds for pid in pids if (seconds := _cpu_seconds(pid)) is not None}
+
+
+def _database_cpu(before: dict[int, float], after: dict[int, float], count: int) -> float | None:
+    """PostgreSQL's CPU per submit, over the backends of the servers' connections open after the
+    warm-up and still open at the end (one the pool opened meanwhile is missed); None on SQLite."""
+    kept = before.keys() & after.keys()
+    return round(sum(after[pid] - before[pid] for pid in kept) / count * 1000, 2) if kept else None
+
+
 def _wait_ready(base: str, processes: Sequence[subprocess.Popen[bytes]], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -208,7 +233,14 @@ def _wait_ready(base: str, processes: Sequence[subprocess.Popen[bytes]], timeout
 
 
 def _bench_rest(
-    url: str, nats: NatsServerProcess, workdir: Path, token: str, count: int, clients: int, processes: int
+    url: str,
+    nats: NatsServerProcess,
+    workdir: Path,
+    engine: Engine,
+    token: str,
+    count: int,
+    clients: int,
+    processes: int,
 ) -> dict[str, Any]:
     port = free_port()
     env = _env(url, nats.url, workdir, port)
@@ -222,9 +254,12 @@ def _bench_rest(
             _rest_load(base, token, warm, clients, "warm-")
         )  # connections, caches, the fleet check's first read
         # CPU per submit, of the servers and of this client: on 2 cores what one costs bounds the rate.
+        backends = _database_backends(engine)
         servers_before, client_before = _servers_cpu(servers), time.process_time()
+        database_before = _backends_cpu(backends)
         latencies, statuses, elapsed = asyncio.run(_rest_load(base, token, count, clients, "k"))
         servers_after, client_after = _servers_cpu(servers), time.process_time()
+        database_after = _backends_cpu(backends)
     finally:
         _stop(servers)
     server_cpu = (
@@ -243,6 +278,7 @@ def _bench_rest(
         "p99_ms": _percentile(latencies, 99),
         "server_cpu_ms_per_submit": server_cpu,
         "client_cpu_ms_per_submit": round((client_after - client_before) / count * 1000, 2),
+        "database_cpu_ms_per_submit": _database_cpu(database_before, database_after, count),
         "outcomes": dict(sorted(statuses.items())),
     }
 
@@ -335,7 +371,7 @@ def bench_submit(
         url, nats, workdir, wiring = env.url, env.nats, env.workdir, env.wiring
         token = _register(wiring, clusters, nodes)
         if via == "rest":
-            figures = _bench_rest(url, nats, workdir, token, count, clients, api_processes)
+            figures = _bench_rest(url, nats, workdir, wiring.engine, token, count, clients, api_processes)
         else:
             figures = _bench_nats(url, nats, workdir, wiring, count, timeout)
     result = {
