@@ -16,6 +16,7 @@ from controlplane.api.decoded import DECODED_BODY
 from controlplane.api.edge import Edge
 from controlplane.api.request_ids import RequestIds
 from controlplane.api.security import scraper
+from controlplane.api.submit_route import LeanSubmit
 from controlplane.api.text import refuse_nul
 from controlplane.domain.limits import MAX_MESSAGE_BYTES
 from controlplane.service.auth_limits import TooManyFailures
@@ -165,7 +166,9 @@ def _where(loc: tuple[object, ...]) -> str:
     return ".".join(parts) or "request"
 
 
-def create_app(ctx: ApiContext) -> FastAPI:
+def create_app(ctx: ApiContext, lean_submit: bool = True) -> FastAPI:
+    """The API. `lean_submit`: submits are answered by `submit_route.LeanSubmit` (False: by the
+    FastAPI route alone; the tests compare the two)."""
     app = FastAPI(
         title="gpufleet",
         version="1",
@@ -174,6 +177,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         dependencies=[Depends(refuse_nul)],
     )
     app.state.ctx = ctx
+    if lean_submit:  # innermost: after the request id, the headers, the edge and the body guard
+        app.add_middleware(LeanSubmit, api=app, ctx=ctx)
     app.add_middleware(BodyGuard)
     # Host names and trusted proxies (edge.py), before a body is read or a route sees the request.
     app.add_middleware(Edge, trusted_hosts=ctx.trusted_hosts, trusted_proxies=ctx.trusted_proxies)

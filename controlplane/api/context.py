@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from controlplane.api.group_commit import SubmitBatcher
 from controlplane.core.audit import AuditThresholds
 from controlplane.core.idle import IdleRules
 from controlplane.service.auth import PrincipalCache
@@ -13,6 +14,7 @@ from controlplane.service.auth_limits import FailedAuthLimiter
 from controlplane.service.fleet_fit import FleetFit
 from controlplane.service.metrics import NO_METRICS, FleetGaugeReader, Metrics
 from controlplane.service.ports import UnitOfWorkFactory
+from controlplane.service.submit_batch import Answer, SubmitItem, submit_many
 
 
 def utc_now() -> datetime:
@@ -50,3 +52,14 @@ class ApiContext:
     # The fleet gauges (bounded aggregate reads) the dashboard's fleet and queue pages show; None:
     # those two pages fail (only tests that do not open them leave it out).
     gauges: FleetGaugeReader | None = None
+    # Group commit of REST submits (group_commit.py): at most this many submits per transaction, and
+    # this many transactions (database connections) writing submits at a time.
+    submit_batch_items: int = 64
+    submit_batch_writers: int = 2
+    submits: SubmitBatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.submits = SubmitBatcher(self._write_submits, self.submit_batch_items, self.submit_batch_writers)
+
+    def _write_submits(self, items: Sequence[SubmitItem]) -> list[Answer]:
+        return submit_many(self.uow_factory, items, self.subject_prefix, self.clock(), self.fleet_fit)

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field, TypeAdapter
 
+from controlplane.api.context import ApiContext
 from controlplane.api.decoded import DecodedBodyRoute
 from controlplane.api.paging import CURSOR_PATTERN, encode_page, parse_cursor
 from controlplane.api.responses import AUTHENTICATED, declare
@@ -19,7 +20,8 @@ from controlplane.service.constraints import Strict
 from controlplane.service.metrics import Writer
 from controlplane.service.ports import WorkloadFilter
 from controlplane.service.retries import retrying
-from controlplane.service.views import WorkloadPage, WorkloadSummary, WorkloadView
+from controlplane.service.submit_batch import SubmitItem
+from controlplane.service.views import Principal, WorkloadPage, WorkloadSummary, WorkloadView
 
 router = APIRouter(prefix="/v1", route_class=DecodedBodyRoute, tags=["workloads"], responses=AUTHENTICATED)
 
@@ -37,21 +39,31 @@ class CancelRequest(Strict):
         **declare(400, 404, 409, 413, 415, 422),
     },
 )
-def submit(
+async def submit(
     request: SubmitWorkload,
     who: Submitter,
     ctx: Ctx,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=100)] = None,
 ) -> WorkloadView:
-    if idempotency_key:
-        request = request.model_copy(update={"idempotency_key": idempotency_key})
-    view, created = svc.submit(
-        ctx.uow_factory(), who, request, ctx.subject_prefix, ctx.clock(), ctx.fleet_fit, recheck_token=True
-    )
+    # The API's submits are answered by `submit_route.LeanSubmit` with these same rules; this route
+    # declares the operation in the OpenAPI and answers whatever that step does not take.
+    view, created = await submit_workload(ctx, who, request, idempotency_key)
     if not created:
         response.status_code = 200
     return view
+
+
+async def submit_workload(
+    ctx: ApiContext, who: Principal, request: SubmitWorkload, idempotency_key: str | None
+) -> tuple[WorkloadView, bool]:
+    """A REST submit: the workload, and whether it was created (False: an idempotent retry).
+    On the event loop: the database work is the batch's, in its worker thread (group_commit.py)."""
+    if idempotency_key:
+        request = request.model_copy(update={"idempotency_key": idempotency_key})
+    # The principal may come from the memo of recent authentications: its token is checked again in
+    # the transaction that writes.
+    return await ctx.submits.submit(SubmitItem(who, request, recheck_token=True))
 
 
 _SUMMARY = TypeAdapter(WorkloadSummary)

@@ -54,13 +54,26 @@ async def submitter(
     ctx: Annotated[ApiContext, Depends(context)],
 ) -> Principal:
     """`principal` from the memo of recent authentications: only for a route that checks the token
-    again in its own transaction (the submit route: `workloads.submit(recheck_token=True)`). On the
-    event loop when the token is remembered; its lookup otherwise goes to a worker thread."""
-    if not credentials:
-        raise _unauthenticated(missing_token_reason(request.headers.get("authorization")))
-    source = client_address(request)
+    again in its own transaction (the submit route: `SubmitItem(recheck_token=True)`)."""
+    raw = credentials.credentials if credentials else None
+    return await remembered_principal(ctx, client_address(request), raw, request.headers.get("authorization"))
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, as `bearer` (HTTPBearer without
+    auto_error) reads it: None for no header, another scheme or no token."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+async def remembered_principal(ctx: ApiContext, source: str, raw: str | None, authorization: str | None) -> Principal:
+    """The caller of a submit (`submitter`, and the lean submit route): on the event loop when the
+    token is remembered; its lookup otherwise goes to a worker thread. 401 (HTTPException) or 429
+    (TooManyFailures) as `principal`."""
+    if not raw:
+        raise _unauthenticated(missing_token_reason(authorization))
     ctx.auth_failures.check(source)
-    raw = credentials.credentials
     found = ctx.principals.remembered(raw)
     if found is None:
         found = await run_in_threadpool(ctx.principals.authenticate, ctx.uow_factory, raw)

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import click
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select, text
 
 from adapters.nats.connection import INBOUND_ID_HEADER, connect
 from adapters.nats.server import NatsServerProcess, free_port
@@ -180,6 +180,45 @@ async def _rest_load(
         return latencies, statuses, time.perf_counter() - started
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds a process has used (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _servers_cpu(processes: Sequence[subprocess.Popen[bytes]]) -> float | None:
+    seconds = [_cpu_seconds(p.pid) for p in processes]
+    return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
+
+
+def _database_backends(engine: Engine) -> list[int]:
+    """The PostgreSQL backends serving the bench's database (its servers' pooled connections, after
+    the warm-up), to count the database's CPU per submit too; none on SQLite (it runs in the servers)."""
+    if engine.dialect.name != "postgresql":
+        return []
+    with engine.connect() as conn:
+        return list(
+            conn.scalars(
+                text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            )
+        )
+
+
+def _backends_cpu(pids: Sequence[int]) -> dict[int, float]:
+    """Their CPU seconds, for those this machine shows (a database elsewhere shows none)."""
+    return {pid: seconds for pid in pids if (seconds := _cpu_seconds(pid)) is not None}
+
+
+def _database_cpu(before: dict[int, float], after: dict[int, float], count: int) -> float | None:
+    """PostgreSQL's CPU per submit, over the backends of the servers' connections open after the
+    warm-up and still open at the end (one the pool opened meanwhile is missed); None on SQLite."""
+    kept = before.keys() & after.keys()
+    return round(sum(after[pid] - before[pid] for pid in kept) / count * 1000, 2) if kept else None
+
+
 def _wait_ready(base: str, processes: Sequence[subprocess.Popen[bytes]], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -195,7 +234,14 @@ def _wait_ready(base: str, processes: Sequence[subprocess.Popen[bytes]], timeout
 
 
 def _bench_rest(
-    url: str, nats: NatsServerProcess, workdir: Path, token: str, count: int, clients: int, processes: int
+    url: str,
+    nats: NatsServerProcess,
+    workdir: Path,
+    engine: Engine,
+    token: str,
+    count: int,
+    clients: int,
+    processes: int,
 ) -> dict[str, Any]:
     port = free_port()
     env = _env(url, nats.url, workdir, port)
@@ -208,9 +254,20 @@ def _bench_rest(
         asyncio.run(
             _rest_load(base, token, warm, clients, "warm-")
         )  # connections, caches, the fleet check's first read
+        # CPU per submit, of the servers and of this client: on 2 cores what one costs bounds the rate.
+        backends = _database_backends(engine)
+        servers_before, client_before = _servers_cpu(servers), time.process_time()
+        database_before = _backends_cpu(backends)
         latencies, statuses, elapsed = asyncio.run(_rest_load(base, token, count, clients, "k"))
+        servers_after, client_after = _servers_cpu(servers), time.process_time()
+        database_after = _backends_cpu(backends)
     finally:
         _stop(servers)
+    server_cpu = (
+        round((servers_after - servers_before) / count * 1000, 2)
+        if servers_before is not None and servers_after is not None
+        else None
+    )
     return {
         "submits": count,
         "clients": clients,
@@ -220,6 +277,9 @@ def _bench_rest(
         "p50_ms": _percentile(latencies, 50),
         "p95_ms": _percentile(latencies, 95),
         "p99_ms": _percentile(latencies, 99),
+        "server_cpu_ms_per_submit": server_cpu,
+        "client_cpu_ms_per_submit": round((client_after - client_before) / count * 1000, 2),
+        "database_cpu_ms_per_submit": _database_cpu(database_before, database_after, count),
         "outcomes": dict(sorted(statuses.items())),
     }
 
@@ -257,15 +317,6 @@ def _wait_landed(wiring: Wiring, want: int, ingest: subprocess.Popen[bytes], tim
         if landed >= want or ingest.poll() is not None or now - started >= timeout:
             return landed, now
         time.sleep(0.02)
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """CPU seconds (user and system) a process has used so far, or None where /proc does not say."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _bench_nats(
@@ -336,7 +387,7 @@ def bench_submit(
         url, nats, workdir, wiring = env.url, env.nats, env.workdir, env.wiring
         token = _register(wiring, clusters, nodes)
         if via == "rest":
-            figures = _bench_rest(url, nats, workdir, token, count, clients, api_processes)
+            figures = _bench_rest(url, nats, workdir, wiring.engine, token, count, clients, api_processes)
         else:
             figures = _bench_nats(url, nats, workdir, wiring, count, timeout)
     result = {

@@ -20,6 +20,9 @@ def test_bench_submit_by_rest_reports_every_submit() -> None:
     assert figures["submits_per_second"] > 0
     assert figures["p50_ms"] <= figures["p99_ms"]
     assert (figures["database"], figures["nodes"], figures["api_processes"]) == ("sqlite", 8, 2)
+    assert figures["server_cpu_ms_per_submit"] > 0  # the servers' CPU, read from /proc
+    assert figures["client_cpu_ms_per_submit"] > 0
+    assert figures["database_cpu_ms_per_submit"] is None  # SQLite runs inside the servers
 
 
 def test_bench_submit_by_nats_counts_what_reached_sql() -> None:
