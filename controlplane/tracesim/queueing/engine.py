@@ -34,7 +34,7 @@ from controlplane.domain.model import GPU, PodSet, Workload
 from controlplane.tracesim.queueing.core_scheduler import EPOCH, CoreLimits
 from controlplane.tracesim.queueing.inputs import Fleet, Job
 from controlplane.tracesim.queueing.policies import POLICY_NAMES, make_scheduler
-from controlplane.tracesim.queueing.scheduler import CycleView, EndedRun, PendingGang, RunningGang
+from controlplane.tracesim.queueing.scheduler import CycleView, EndedRun, PendingGang, RunningGang, SimScheduler
 
 ProgressHook = Callable[[int, int, float], None]  # (jobs done, jobs in all, virtual seconds)
 
@@ -98,6 +98,7 @@ class QueueingSimulation:
         seed: int = 0,
         config: SimConfig | None = None,
         progress: ProgressHook | None = None,
+        scheduler: SimScheduler | None = None,
     ) -> None:
         if policy_name not in POLICY_NAMES:
             raise ValueError(f"unknown policy {policy_name!r}; choose from {', '.join(POLICY_NAMES)}")
@@ -106,7 +107,8 @@ class QueueingSimulation:
         self.seed = seed
         self.config = config or SimConfig()
         limits = CoreLimits(self.config.heads_per_queue, self.config.max_pending, self.config.check_invariants)
-        self.scheduler = make_scheduler(policy_name, fleet, limits)
+        # `scheduler` replaces the named policy's default set-up (tests pin a peer's settings).
+        self.scheduler = scheduler or make_scheduler(policy_name, fleet, limits)
         self.progress = progress
         unknown = sorted({j.queue for j in jobs} - set(fleet.queue_ids))
         if unknown:
@@ -354,5 +356,6 @@ def simulate(
     seed: int = 0,
     config: SimConfig | None = None,
     progress: ProgressHook | None = None,
+    scheduler: SimScheduler | None = None,
 ) -> SimResult:
-    return QueueingSimulation(fleet, jobs, policy, seed, config, progress).run()
+    return QueueingSimulation(fleet, jobs, policy, seed, config, progress, scheduler).run()

@@ -66,7 +66,7 @@ class SlurmScheduler:
         total = sum(raw.values()) or 1.0
         self.shares = {name: value / total for name, value in raw.items()}
         self.usage = dict.fromkeys(quotas, 0.0)  # decayed GPU-seconds as of `self.at`
-        self.at: float | None = None
+        self.at = 0.0  # virtual time starts at 0: nothing was used before
         self.capacity = float(fleet.capacity_gpus)
 
     @property
@@ -82,7 +82,7 @@ class SlurmScheduler:
     def account(self, view: CycleView) -> None:
         """Bring the decayed usage up to `view.now`."""
         now = view.now
-        since = now if self.at is None else self.at
+        since = self.at
         half_life = self.config.decay_half_life_seconds
         decay = 2.0 ** (-(now - since) / half_life)
         for name in self.usage:
@@ -93,9 +93,9 @@ class SlurmScheduler:
             low, high = max(start, since), end
             if high <= low:
                 return 0.0
-            return float(half_life / math.log(2)) * float(
-                2.0 ** (-(now - high) / half_life) - 2.0 ** (-(now - low) / half_life)
-            )
+            # = h/ln2 * 2^(-(now - high)/h) * (1 - 2^(-(high - low)/h)), with expm1 for precision.
+            rate = math.log(2) / half_life
+            return math.exp(-(now - high) * rate) * -math.expm1(-(high - low) * rate) / rate
 
         for ended in view.ended:
             self.usage[ended.queue] += ended.gpus * charged(ended.start, ended.end)
