@@ -6,16 +6,21 @@ a 10 s cycle: a change at t is decided at t or, within 10 s of the previous cycl
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
+import click
 import pytest
+from click.testing import CliRunner
 
+from controlplane.cli.sim_run_commands import add_commands
 from controlplane.domain.model import GPU_EQ, PodSet, Quota, Workload, WorkloadKind
 from controlplane.service.cluster_specs import ClusterSpec, PoolSpec
 from controlplane.tracesim.queueing.engine import SimConfig, SimResult, simulate
 from controlplane.tracesim.queueing.inputs import Fleet, FleetDoc, Job, QueueDoc, TeamDoc, build_fleet
 from controlplane.tracesim.queueing.peers.armada import ArmadaConfig, ArmadaScheduler
+from controlplane.tracesim.queueing.peers.kueue import KueueConfig, KueueScheduler
 from controlplane.tracesim.queueing.peers.slurm import SlurmConfig, SlurmScheduler
 from controlplane.tracesim.queueing.policies import POLICY_NAMES, parse_policies
 from controlplane.tracesim.queueing.scheduler import CycleView, EndedRun, PendingGang
@@ -25,7 +30,12 @@ CHECKED = SimConfig(cycle_seconds=10, check_invariants=True)
 
 def fleet(nominal: dict[str, float], nodes: int = 1, gpus_per_node: int = 4) -> Fleet:
     pool = PoolSpec(
-        name="gpu", gpu_model="A100", gpus_per_node=gpus_per_node, cpu_millis=64_000, memory_mib=512_000, node_count=nodes
+        name="gpu",
+        gpu_model="A100",
+        gpus_per_node=gpus_per_node,
+        cpu_millis=64_000,
+        memory_mib=512_000,
+        node_count=nodes,
     )
     return build_fleet(
         FleetDoc(
@@ -80,41 +90,49 @@ def test_policy_names_and_all() -> None:
 
 def test_kueue_admits_one_head_per_queue_per_cycle_and_never_backfills() -> None:
     f = fleet({"a": 2, "b": 2})
+    one_cycle = KueueScheduler(f, KueueConfig(cycles_per_decision=1))
     jobs = [job("a1", 0, "a", 100), job("a2", 0, "a", 100), job("b1", 0, "b", 100)]
-    # One head per ClusterQueue per cycle: a's second job waits for the next cycle although it fits.
-    kueue = simulate(f, jobs, "kueue", config=CHECKED)
-    assert times(kueue, "a") == [0, 10] and times(kueue, "b") == [0]
-    assert times(simulate(f, jobs, "fifo", config=CHECKED), "a") == [0, 0]
+    # One head per ClusterQueue per Kueue cycle: a's second job waits for the next cycle.
+    per_cycle = simulate(f, jobs, "kueue", config=CHECKED, scheduler=one_cycle)
+    assert times(per_cycle, "a") == [0, 10]
+    assert times(per_cycle, "b") == [0]
+    # Kueue runs its cycles back to back: by default they all run at the same instant.
+    assert times(simulate(f, jobs, "kueue", config=CHECKED), "a") == [0, 0]
     # b holds 2 of 4 GPUs; a's head asks for 3 (over the cohort's 4), so it is set aside
-    # (BestEffortFIFO) and the small job behind it becomes the head one cycle later, not at once.
+    # (BestEffortFIFO) and the small job behind it passes it; no room is held for the big one,
+    # which waits until b's job ends.
     blocked = [job("b1", 0, "b", 1000, gpus=2), job("big", 5, "a", 100, gpus=3), job("small", 6, "a", 100)]
-    assert admitted(simulate(f, blocked, "kueue", config=CHECKED)) == {"b1": 0, "big": 1000, "small": 20}
+    result = simulate(
+        f, blocked, "kueue", config=CHECKED, scheduler=KueueScheduler(f, KueueConfig(cycles_per_decision=1))
+    )
+    assert admitted(result) == {"b1": 0, "big": 1000, "small": 20}
+    assert admitted(simulate(f, blocked, "kueue", config=CHECKED)) == {"b1": 0, "big": 1000, "small": 10}
 
 
 def test_kueue_borrows_up_to_its_borrowing_limit() -> None:
     f = fleet({"a": 1, "b": 3})
     jobs = [job("a1", 0, "a", 100), job("a2", 0, "a", 200), job("a3", 0, "a", 50)]
-    # Unbounded borrowing: a takes b's idle quota, one head per cycle.
-    assert times(simulate(f, jobs, "kueue", config=CHECKED), "a") == [0, 10, 20]
+    # Unbounded borrowing: a takes b's idle quota.
+    assert times(simulate(f, jobs, "kueue", config=CHECKED), "a") == [0, 0, 0]
     # borrowingLimit 1: a may hold nominal 1 + 1; its third job waits for the first to end.
     tree = dict(f.tree)
     tree["queue/a"] = replace(tree["queue/a"], borrowing_limit=Quota({GPU_EQ: 1}))
     limited = simulate(replace(f, tree=tree), jobs, "kueue", config=CHECKED)
     first = min(limited.finish)  # type: ignore[type-var]
-    assert times(limited, "a") == [0, 10, first]
-    assert first is not None and first >= 50
+    assert times(limited, "a") == [0, 0, first]
+    assert first in (50, 100, 200)
 
 
 def test_kueue_reclaim_within_cohort_evicts_the_newest_borrower() -> None:
     f = fleet({"a": 1, "b": 1}, gpus_per_node=2)
-    jobs = [job("b1", 0, "b", 1000), job("b2", 0, "b", 1000), job("a1", 50, "a", 100)]
+    jobs = [job("b1", 0, "b", 1000), job("b2", 5, "b", 1000), job("a1", 50, "a", 100)]
     result = simulate(f, jobs, "kueue", config=CHECKED)
-    # b borrowed a's idle GPU (its second job at 10); a1 fits in a's nominal quota, so b's newest
-    # job is evicted at 50 and a1 is admitted in the next cycle.
-    newest = max(("b1", "b2"), key=lambda name: admitted(result)[name] or 0)
-    assert evicted(result) == {"b1": 0, "b2": 0, "a1": 0} | {newest: 1}
+    # b borrowed a's idle GPU (b2, started at 10); a1 fits in a's nominal quota, so the most
+    # recently started borrower is evicted at 50 and a1 starts on its room.
+    assert admitted(result)["b2"] == 10
+    assert evicted(result) == {"b1": 0, "b2": 1, "a1": 0}
     assert eviction_times(result) == [50]
-    assert admitted(result)["a1"] == 60
+    assert admitted(result)["a1"] == 50
 
 
 # -- Volcano ---------------------------------------------------------------------------------------
@@ -152,8 +170,10 @@ def test_armada_orders_queues_by_dominant_share_over_weight() -> None:
     jobs = [job(f"a{i}", 0, "a", 100) for i in range(4)] + [job(f"b{i}", 0, "b", 100) for i in range(4)]
     result = simulate(f, jobs, "armada", config=CHECKED)
     # Costs (share after the job / weight): a 1/12, 2/12, 3/12 (tie with b's 1/4, a by name), then b.
-    assert times(result, "a")[:3] == [0, 0, 0] and times(result, "a")[3] != 0
-    assert times(result, "b")[:1] == [0] and times(result, "b")[1] != 0
+    assert times(result, "a")[:3] == [0, 0, 0]
+    assert times(result, "a")[3] != 0
+    assert times(result, "b")[:1] == [0]
+    assert times(result, "b")[1] != 0
 
 
 def test_armada_fair_share_preemption_is_bounded_by_the_scheduling_rate() -> None:
@@ -225,3 +245,28 @@ def test_slurm_fair_share_decay_changes_the_order() -> None:
     assert decayed.usage["a"] == pytest.approx(usage_a, rel=1e-6)
     assert decayed.usage["b"] == pytest.approx(usage_b, rel=1e-6)
     assert decayed.priority(ga, 1000, 100) > decayed.priority(gb, 1000, 100)
+
+
+# -- selection by name -----------------------------------------------------------------------------
+
+
+def _cli() -> click.Group:
+    @click.group()
+    def sim() -> None:
+        pass
+
+    add_commands(sim)
+    return sim
+
+
+def test_study_selects_policies_by_name_and_refuses_unknown_ones() -> None:
+    runner = CliRunner()
+    base = ["study", "--jobs", "60", "--gpus", "32", "--load", "1.1", "--check-invariants", "--json"]
+    out = runner.invoke(_cli(), [*base, "--policies", "slurm,kueue"])
+    assert out.exit_code == 0, out.output
+    runs = json.loads(out.stdout)["runs"]
+    assert [r["policy"] for r in runs] == ["slurm", "kueue"]
+    assert all(r["jobs"]["completed"] == 60 for r in runs)
+    out = runner.invoke(_cli(), [*base, "--policies", "kueue,yarn"])
+    assert out.exit_code == 2
+    assert "unknown policy 'yarn'" in out.output

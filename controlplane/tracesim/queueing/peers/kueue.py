@@ -4,10 +4,12 @@
   nominalQuota = the queue's guarantee; borrowingLimit = the tree's borrowing limit (capped by its
   limit); lendingLimit = the tree's lending limit; unset means unbounded / lend everything.
 - BestEffortFIFO: every cycle each ClusterQueue offers one head, its first workload (priority,
-  then creation) not marked inadmissible. A head that cannot be admitted and cannot preempt is
+  then creation) not marked inadmissible. A head that can neither be admitted nor preempt is
   marked inadmissible and the next one becomes the head in a later cycle; inadmissible workloads
   are requeued when a workload in the cohort finishes or is evicted. No backfill: never more than
-  one admission per queue per cycle.
+  one admission per queue per Kueue cycle, and no room held for a blocked head. Kueue runs its
+  cycles back to back, so one simulator cycle runs Kueue cycles until one makes no progress
+  (`cycles_per_decision` bounds them).
 - Heads are tried in Kueue's order: those that fit without borrowing first, then higher priority,
   then older. A head is admitted when its queue stays within nominal + borrowingLimit, the cohort's
   lendable quota covers what everyone borrows, and the gang fits on the nodes (the simulator's
@@ -16,14 +18,15 @@
   workloads of its own queue) and reclaimWithinCohort: Any (workloads of queues that borrow), the
   latter only when the head fits inside its own nominal quota. Candidates: other queues' first,
   then lower priority, then the most recently started; taken until the head fits, then those not
-  needed are given back (last-added kept). The preemptor is admitted in a later cycle, once its
-  victims are gone; resources of runs evicted in this cycle are not handed to anyone else in it.
+  needed are given back (last-added kept). Kueue admits the preemptor once its victims are gone;
+  the simulator ends evicted runs at once, so the preemptor starts on their room in the same cycle
+  (admitting it a cycle later let other heads take that room and the preemptor evict again).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.core.decision import EvictionKind
 from controlplane.core.snapshot import Admission, Decision, Eviction
@@ -43,6 +46,21 @@ from controlplane.tracesim.queueing.scheduler import CycleResult, CycleView, Pen
 class KueueConfig:
     reclaim_within_cohort: bool = True  # reclaimWithinCohort: Any
     within_cluster_queue: bool = True  # withinClusterQueue: LowerPriority
+    # Kueue runs its cycles back to back; the simulator's cycle cadence is not Kueue's. 1 = one
+    # Kueue cycle per simulator cycle (the tests use it to pin one head per queue per cycle).
+    cycles_per_decision: int = 10_000
+
+
+@dataclass
+class _Tick:
+    """What the cycles run at one instant share."""
+
+    usage: dict[str, float]
+    free: FreeGpus
+    candidates: list[RunningGang]  # runs not yet chosen as victims
+    admissions: list[Admission] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+    decided: set[str] = field(default_factory=set)  # admitted at this instant
 
 
 class KueueScheduler:
@@ -60,40 +78,58 @@ class KueueScheduler:
         return False
 
     def decide(self, view: CycleView) -> CycleResult:
+        """Kueue's cycles at this instant: back to back (Kueue does not wait between them) until one
+        makes no progress, or `cycles_per_decision` of them."""
         if view.ended:  # capacity came back to the cohort: requeue the inadmissible workloads
             self.inadmissible.clear()
-        usage = usage_by_queue(self.quotas, view.running)
-        free = FreeGpus.of(view.fleet, view.running)
-        heads = [head for gangs in view.pending.values() if (head := self._head(gangs)) is not None]
+        tick = _Tick(
+            usage_by_queue(self.quotas, view.running), FreeGpus.of(view.fleet, view.running), list(view.running)
+        )
+        for _ in range(self.config.cycles_per_decision):
+            heads = [head for gangs in view.pending.values() if (head := self._head(gangs, tick)) is not None]
+            if not heads or not self._cycle(heads, tick):
+                break
+        decision = Decision(admissions=tuple(tick.admissions), evictions=tuple(tick.evictions))
+        return CycleResult(decision, more=any(self._head(gangs, tick) for gangs in view.pending.values()))
+
+    def _cycle(self, heads: list[PendingGang], tick: _Tick) -> bool:
+        """One Kueue cycle over the queues' heads; True when it admitted or set aside a workload."""
+        usage = tick.usage
         heads.sort(key=lambda g: (usage[g.queue] + g.gpus > self.quotas[g.queue].nominal, g.order))
-        candidates = list(view.running)
-        admissions: list[Admission] = []
-        evictions: list[Eviction] = []
-        parked = 0
+        progress = False
         for head in heads:
-            admission = free.place(head) if self._quota_fits(head, usage) else None
+            admission = tick.free.place(head) if self._quota_fits(head, usage) else None
             if admission is not None:
-                free.take(admission.cluster_id, admission.assignments)
+                tick.free.take(admission.cluster_id, admission.assignments)
                 usage[head.queue] += head.gpus
-                admissions.append(admission)
+                tick.admissions.append(admission)
+                tick.decided.add(head.id)
+                progress = True
                 continue
-            victims = [] if self._quota_fits(head, usage) else self._victims(head, usage, free, candidates)
+            victims = [] if self._quota_fits(head, usage) else self._victims(head, usage, tick.free, tick.candidates)
             if victims:
-                evictions.extend(eviction(v, _kind(v, head), head) for v in victims)
+                # Kueue admits the preemptor once its victims are gone; here they end at once, so it
+                # starts on their room in this cycle (else another head could take that room first).
+                tick.evictions.extend(eviction(v, _kind(v, head), head) for v in victims)
+                for victim in victims:
+                    tick.free.give(victim.run.cluster_id, victim.run.assignments)
+                    usage[victim.queue] -= victim.gpus
                 taken = {v.run_id for v in victims}
-                candidates = [c for c in candidates if c.run_id not in taken]
+                tick.candidates = [c for c in tick.candidates if c.run_id not in taken]
+                admission = tick.free.place(head)
+                assert admission is not None, "victims were chosen until the head fits"
+                tick.free.take(admission.cluster_id, admission.assignments)
+                usage[head.queue] += head.gpus
+                tick.admissions.append(admission)
+                tick.decided.add(head.id)
+                progress = True
             else:
                 self.inadmissible.add(head.id)
-                parked += 1
-        admitted = {a.workload_id for a in admissions}
-        waiting = any(
-            g.id not in self.inadmissible and g.id not in admitted for gangs in view.pending.values() for g in gangs
-        )
-        changed = bool(admissions or evictions or parked)
-        return CycleResult(Decision(admissions=tuple(admissions), evictions=tuple(evictions)), changed and waiting)
+                progress = True
+        return progress
 
-    def _head(self, gangs: Sequence[PendingGang]) -> PendingGang | None:
-        return next((gang for gang in gangs if gang.id not in self.inadmissible), None)
+    def _head(self, gangs: Sequence[PendingGang], tick: _Tick) -> PendingGang | None:
+        return next((g for g in gangs if g.id not in self.inadmissible and g.id not in tick.decided), None)
 
     def _ceiling(self, quota: QueueQuota) -> float:
         ceiling = float("inf") if quota.borrowing_limit is None else quota.nominal + quota.borrowing_limit
