@@ -15,15 +15,17 @@ import pytest
 from click.testing import CliRunner
 
 from controlplane.cli.sim_run_commands import add_commands
-from controlplane.domain.model import GPU_EQ, PodSet, Quota, Workload, WorkloadKind
+from controlplane.core.snapshot import Admission, Decision
+from controlplane.domain.model import GPU, GPU_EQ, PodAssignment, PodSet, Quota, Workload, WorkloadKind
 from controlplane.service.cluster_specs import ClusterSpec, PoolSpec
 from controlplane.tracesim.queueing.engine import SimConfig, SimResult, simulate
+from controlplane.tracesim.queueing.generate import GeneratorConfig, generate
 from controlplane.tracesim.queueing.inputs import Fleet, FleetDoc, Job, QueueDoc, TeamDoc, build_fleet
 from controlplane.tracesim.queueing.peers.armada import ArmadaConfig, ArmadaScheduler
 from controlplane.tracesim.queueing.peers.kueue import KueueConfig, KueueScheduler
 from controlplane.tracesim.queueing.peers.slurm import SlurmConfig, SlurmScheduler
 from controlplane.tracesim.queueing.policies import POLICY_NAMES, parse_policies
-from controlplane.tracesim.queueing.scheduler import CycleView, EndedRun, PendingGang
+from controlplane.tracesim.queueing.scheduler import CycleResult, CycleView, EndedRun, PendingGang
 
 CHECKED = SimConfig(cycle_seconds=10, check_invariants=True)
 
@@ -270,3 +272,36 @@ def test_study_selects_policies_by_name_and_refuses_unknown_ones() -> None:
     out = runner.invoke(_cli(), [*base, "--policies", "kueue,yarn"])
     assert out.exit_code == 2
     assert "unknown policy 'yarn'" in out.output
+
+
+@pytest.mark.parametrize("policy", ["kueue", "volcano", "armada", "slurm"])
+def test_peer_on_a_contended_generated_workload_finishes_everything_within_capacity_and_repeats(policy: str) -> None:
+    generated = generate(GeneratorConfig(jobs=300, gpus=64, seed=3, load=1.3))
+    f = build_fleet(generated.fleet)
+    first = simulate(f, generated.jobs, policy, seed=3, config=CHECKED)  # capacity checked every cycle
+    assert first.finish.count(None) == len(first.rejected)
+    again = simulate(f, generated.jobs, policy, seed=3, config=CHECKED)
+    assert (again.first_admit, again.finish, again.evictions) == (first.first_admit, first.finish, first.evictions)
+
+
+class _Overbooker:
+    """Admits every pending gang onto the first node, full or not."""
+
+    name = "overbooker"
+    one_priority = False
+
+    def decide(self, view: CycleView) -> CycleResult:
+        node = view.fleet.nodes[0]
+        admissions = tuple(
+            Admission(g.id, node.cluster_id, (PodAssignment("main", 0, node.id, {GPU: g.gpus}),))
+            for gangs in view.pending.values()
+            for g in gangs
+        )
+        return CycleResult(Decision(admissions=admissions))
+
+
+def test_the_capacity_check_catches_a_policy_that_overbooks_a_node() -> None:
+    f = fleet({"a": 4})
+    jobs = [job("j1", 0, "a", 100, gpus=3), job("j2", 0, "a", 100, gpus=3)]
+    with pytest.raises(AssertionError, match="nodes over capacity: c1/gpu/0"):
+        simulate(f, jobs, "fifo", config=CHECKED, scheduler=_Overbooker())

@@ -104,7 +104,9 @@ class ArmadaScheduler:
         evicted: dict[str, list[RunningGang]] = {name: [] for name in self.quotas}
         if self.config.preemption:
             over = {
-                q for q in self.quotas if allocated[q] > self.config.protected_fraction_of_fair_share * fair.get(q, 0.0) + 1e-9
+                q
+                for q in self.quotas
+                if allocated[q] > self.config.protected_fraction_of_fair_share * fair.get(q, 0.0) + 1e-9
             }
             for gang in sorted(view.running, key=lambda g: (g.start, g.run_id)):
                 if gang.queue in over:
@@ -118,7 +120,6 @@ class ArmadaScheduler:
         admissions: list[Admission] = []
         preempted: list[RunningGang] = []
         first_new: PendingGang | None = None
-        rate_limited = False
 
         def next_of(name: str) -> RunningGang | PendingGang | None:
             if evicted[name]:
