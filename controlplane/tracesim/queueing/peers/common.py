@@ -27,6 +27,11 @@ class FreeGpus:
 
     def __init__(self, by_cluster: dict[str, dict[str, int]]) -> None:
         self.by_cluster = by_cluster
+        # Gang shapes (GPUs per pod, pods) that found no room since GPUs were last given back.
+        # Whether identical pods fit is monotone in the free GPUs of each node (they fit iff the
+        # nodes hold enough pod-sized slots), so a miss stays a miss until something is given
+        # back; a long backlog then costs one failed placement per shape, not one per job.
+        self.misses: set[tuple[int, int]] = set()
 
     @classmethod
     def of(cls, fleet: Fleet, running: Iterable[RunningGang]) -> FreeGpus:
@@ -41,7 +46,9 @@ class FreeGpus:
         return free
 
     def copy(self) -> FreeGpus:
-        return FreeGpus({cluster: dict(nodes) for cluster, nodes in self.by_cluster.items()})
+        twin = FreeGpus({cluster: dict(nodes) for cluster, nodes in self.by_cluster.items()})
+        twin.misses = set(self.misses)
+        return twin
 
     def total(self) -> int:
         return sum(sum(nodes.values()) for nodes in self.by_cluster.values())
@@ -52,6 +59,7 @@ class FreeGpus:
             nodes[a.node_id] -= a.demand.get(GPU, 0)
 
     def give(self, cluster: str, assignments: Iterable[PodAssignment]) -> None:
+        self.misses.clear()
         nodes = self.by_cluster[cluster]
         for a in assignments:
             nodes[a.node_id] += a.demand.get(GPU, 0)
@@ -66,6 +74,9 @@ class FreeGpus:
 
     def place(self, gang: PendingGang) -> Admission | None:
         """Best-fit placement of the whole gang in one cluster, or None (all or nothing)."""
+        shape = (gang.gpus_per_pod, gang.pods)
+        if shape in self.misses:
+            return None
         candidates = sorted((sum(nodes.values()), cluster) for cluster, nodes in self.by_cluster.items())
         for free_total, cluster in candidates:
             if free_total < gang.gpus:
@@ -73,6 +84,7 @@ class FreeGpus:
             assignments = best_fit(self.by_cluster[cluster], gang.gpus_per_pod, gang.pods)
             if assignments is not None:
                 return Admission(gang.id, cluster, assignments)
+        self.misses.add(shape)
         return None
 
     def place_and_take(self, gang: PendingGang) -> Admission | None:

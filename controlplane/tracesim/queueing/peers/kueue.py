@@ -61,6 +61,7 @@ class _Tick:
     admissions: list[Admission] = field(default_factory=list)
     evictions: list[Eviction] = field(default_factory=list)
     decided: set[str] = field(default_factory=set)  # admitted at this instant
+    cursor: dict[str, int] = field(default_factory=dict)  # queue -> where its head search stopped
 
 
 class KueueScheduler:
@@ -129,7 +130,16 @@ class KueueScheduler:
         return progress
 
     def _head(self, gangs: Sequence[PendingGang], tick: _Tick) -> PendingGang | None:
-        return next((g for g in gangs if g.id not in self.inadmissible and g.id not in tick.decided), None)
+        """The queue's first workload neither admitted at this instant nor set aside. Both sets only
+        grow within an instant, so the search resumes where it stopped (one pass per instant)."""
+        if not gangs:
+            return None
+        queue = gangs[0].queue
+        at = tick.cursor.get(queue, 0)
+        while at < len(gangs) and (gangs[at].id in self.inadmissible or gangs[at].id in tick.decided):
+            at += 1
+        tick.cursor[queue] = at
+        return gangs[at] if at < len(gangs) else None
 
     def _ceiling(self, quota: QueueQuota) -> float:
         ceiling = float("inf") if quota.borrowing_limit is None else quota.nominal + quota.borrowing_limit
