@@ -125,15 +125,19 @@ class VolcanoScheduler:
         free: FreeGpus,
     ) -> list[Eviction]:
         evictions: list[Eviction] = []
+        failed: set[tuple[str, int, int, int]] = set()  # (queue, GPUs per pod, pods, priority) with no victims
         for name in sorted(starving):
             for gang in starving[name]:
-                pool = sorted(
-                    (c for c in candidates if c.queue == name and c.priority < gang.priority),
-                    key=lambda c: (c.priority, -c.start, c.run_id),
-                )
+                key = (name, gang.gpus_per_pod, gang.pods, gang.priority)
+                if key in failed:
+                    continue  # nothing changed since the same ask found no victims
+                pool = [c for c in _victim_order(candidates) if c.queue == name and c.priority < gang.priority]
                 victims = victims_until_fits(gang, pool, free, allocated, lambda _c, _u: True, lambda _u: True)
                 if victims:
                     evictions += self._pipeline(gang, victims, EvictionKind.PREEMPT, candidates, allocated, free)
+                    failed.clear()
+                else:
+                    failed.add(key)
         return evictions
 
     def _reclaim(
@@ -145,22 +149,28 @@ class VolcanoScheduler:
         free: FreeGpus,
     ) -> list[Eviction]:
         evictions: list[Eviction] = []
+
+        def above_deserved(candidate: RunningGang, left: Mapping[str, float]) -> bool:
+            return left[candidate.queue] > deserved[candidate.queue] + 1e-9
+
+        failed: set[tuple[str, int, int]] = set()  # (queue, GPUs per pod, pods) with no victims
         order = sorted(starving, key=lambda q: (allocated[q] / deserved[q] if deserved[q] > 0 else float("inf"), q))
         for name in order:
             for gang in starving[name]:
+                if not any(above_deserved(c, allocated) for c in candidates):
+                    return evictions  # no queue holds more than it deserves: nothing to reclaim
                 if allocated[name] + gang.gpus > deserved[name] + 1e-9:
                     break  # this queue would go over its deserved share: it reclaims no more
-                pool = sorted(
-                    (c for c in candidates if c.queue != name),
-                    key=lambda c: (c.priority, -c.start, c.run_id),
-                )
-
-                def above_deserved(candidate: RunningGang, left: Mapping[str, float]) -> bool:
-                    return left[candidate.queue] > deserved[candidate.queue] + 1e-9
-
+                key = (name, gang.gpus_per_pod, gang.pods)
+                if key in failed:
+                    continue
+                pool = [c for c in _victim_order(candidates) if c.queue != name]
                 victims = victims_until_fits(gang, pool, free, allocated, above_deserved, lambda _u: True)
                 if victims:
                     evictions += self._pipeline(gang, victims, EvictionKind.RECLAIM, candidates, allocated, free)
+                    failed.clear()
+                else:
+                    failed.add(key)
         return evictions
 
     def _pipeline(
@@ -183,3 +193,8 @@ class VolcanoScheduler:
         taken = {v.run_id for v in victims}
         candidates[:] = [c for c in candidates if c.run_id not in taken]
         return [eviction(v, kind, gang) for v in victims]
+
+
+def _victim_order(candidates: list[RunningGang]) -> list[RunningGang]:
+    """Volcano's victim order: lowest priority first, then the most recently started."""
+    return sorted(candidates, key=lambda c: (c.priority, -c.start, c.run_id))
