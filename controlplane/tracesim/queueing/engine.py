@@ -1,8 +1,9 @@
-"""A discrete-event queueing simulator that drives the real scheduling core on a virtual clock.
+"""A discrete-event queueing simulator that drives a scheduling policy — the real scheduling core
+or a peer's model — on a virtual clock.
 
-Events are job arrivals and run completions. A scheduling cycle (`schedule(snapshot, policy,
-now)`) runs only when something changed since the last one (an arrival, a completion, an
-eviction, or heads left unseen by the per-cycle cap below), and at most once every
+Events are job arrivals and run completions. A scheduling cycle (the policy's `decide(view)`)
+runs only when something changed since the last one (an arrival, a completion, an eviction, or
+the policy asking for another cycle, e.g. when the core's per-cycle cap hid gangs), and at most once every
 `cycle_seconds` of virtual time: a change at `t` is seen by a cycle at `max(t, last + cycle)`.
 Idle stretches are skipped by jumping the clock to the next event. The decision is applied as the
 scheduler shell (and the scenario runner) applies it: evicted runs end and their job goes back to
