@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controlplane.tracesim.queueing.engine import POLICIES, ProgressHook, SimConfig
+from controlplane.tracesim.queueing.engine import ProgressHook, SimConfig
 from controlplane.tracesim.queueing.generate import Generated, GeneratorConfig, generate, load_tables
 from controlplane.tracesim.queueing.inputs import (
     InputError,
@@ -25,6 +25,7 @@ from controlplane.tracesim.queueing.inputs import (
     load_workload,
     write_workload,
 )
+from controlplane.tracesim.queueing.policies import POLICY_NAMES, parse_policies
 from controlplane.tracesim.queueing.report import render
 from controlplane.tracesim.queueing.study import Replay, replay, study
 
@@ -161,7 +162,7 @@ def _write_report(path: Path, title: str, runs: list[Replay]) -> None:
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="Workload CSV or YAML.",
 )
-@click.option("--policy", type=click.Choice(list(POLICIES)), default="gpufleet", show_default=True)
+@click.option("--policy", type=click.Choice(list(POLICY_NAMES)), default="gpufleet", show_default=True)
 @_sim_options
 def run_command(
     fleet_path: Path,
@@ -293,6 +294,13 @@ def generate_command(
     default=None,
     help="Also keep the generated workload and fleet here.",
 )
+@click.option(
+    "--policies",
+    "policies_text",
+    default="fifo,priority,gpufleet",
+    show_default=True,
+    help=f"Comma-separated policies, or `all` ({', '.join(POLICY_NAMES)}).",
+)
 def study_command(
     n_jobs: int,
     gpus: int,
@@ -309,8 +317,13 @@ def study_command(
     report_path: Path | None,
     workers: int,
     out_dir: Path | None,
+    policies_text: str,
 ) -> None:
-    """Generate a workload and replay it under fifo, priority and gpufleet; compare."""
+    """Generate a workload and replay it under each chosen policy; compare."""
+    try:
+        policies = parse_policies(policies_text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--policies") from exc
     generated = _generate(n_jobs, gpus, seed, load, gpu_mix, max_gang, max_duration)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -319,7 +332,7 @@ def study_command(
     fleet = build_fleet(generated.fleet)
     config = _config(cycle_seconds, heads_per_queue, max_pending, check_invariants)
     with _progress(as_json) as progress:
-        tasks = {name: progress.add_task(name, total=n_jobs, clock="") for name in POLICIES}
+        tasks = {name: progress.add_task(name, total=n_jobs, clock="") for name in policies}
 
         def hook(name: str) -> ProgressHook:
             return _hook(progress, tasks[name])
@@ -327,7 +340,7 @@ def study_command(
         def finished(name: str) -> None:
             progress.update(tasks[name], completed=n_jobs, clock="done")
 
-        runs = study(fleet, generated.jobs, seed, config, workers, hook, finished)
+        runs = study(fleet, generated.jobs, seed, config, workers, hook, finished, policies)
     summaries = [summary for summary, _ in runs]
     if report_path is not None:
         _write_report(

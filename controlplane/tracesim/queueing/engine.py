@@ -1,8 +1,9 @@
-"""A discrete-event queueing simulator that drives the real scheduling core on a virtual clock.
+"""A discrete-event queueing simulator that drives a scheduling policy — the real scheduling core
+or a peer's model — on a virtual clock.
 
-Events are job arrivals and run completions. A scheduling cycle (`schedule(snapshot, policy,
-now)`) runs only when something changed since the last one (an arrival, a completion, an
-eviction, or heads left unseen by the per-cycle cap below), and at most once every
+Events are job arrivals and run completions. A scheduling cycle (the policy's `decide(view)`)
+runs only when something changed since the last one (an arrival, a completion, an eviction, or
+the policy asking for another cycle, e.g. when the core's per-cycle cap hid gangs), and at most once every
 `cycle_seconds` of virtual time: a change at `t` is seen by a cycle at `max(t, last + cycle)`.
 Idle stretches are skipped by jumping the clock to the next event. The decision is applied as the
 scheduler shell (and the scenario runner) applies it: evicted runs end and their job goes back to
@@ -12,12 +13,9 @@ at once and end `duration` seconds later.
 No wall clock drives the simulation and nothing is random but the seeded tie-break among jobs
 submitted at the same instant: the same inputs and seed always give the same result.
 
-Bounded pending set. The core examines every pending gang it is shown, so a backlog of thousands
-would make each cycle cost seconds. Like Kueue, which looks at the heads of its queues each
-cycle, the simulator shows the core at most `heads_per_queue` gangs of each queue (in the
-queue's own order: priority, then arrival) and at most `max_pending` in all. Without fair share
-the order is one global priority/arrival order and the cap takes its first `max_pending`.
-When the cap hid gangs and the cycle admitted something, another cycle follows (new heads).
+The policy is a `SimScheduler` (scheduler.py): the real core (`fifo`, `priority`, `gpufleet`,
+core_scheduler.py) or a peer's model (peers/). Each cycle it is shown every pending gang, every
+live run and the runs ended since its last cycle, and it answers with the core's decision types.
 """
 
 from __future__ import annotations
@@ -29,28 +27,15 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from controlplane.core.capacity import why_never_fits
-from controlplane.core.invariants import check_decision
-from controlplane.core.schedule import schedule
-from controlplane.core.snapshot import Decision, LiveRun, Policy, Snapshot
-from controlplane.domain.model import PodAssignment, PodSet, Workload
+from controlplane.core.snapshot import Decision, LiveRun
+from controlplane.domain.model import GPU, PodSet, Workload
+from controlplane.tracesim.queueing.core_scheduler import EPOCH, CoreLimits
 from controlplane.tracesim.queueing.inputs import Fleet, Job
-
-# Virtual time zero; the core only compares instants.
-EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
-
-POLICIES: dict[str, Policy] = {
-    # One priority for everyone (the simulator flattens it), global arrival order, no fair share,
-    # no preemption or reclaim, no reservations: the gangs shown are tried oldest first and any
-    # that fits starts.
-    "fifo": Policy(name="fifo", fair_share=False, preemption=False, reclaim=False, max_reservations=0),
-    # Strict priority, then arrival, over all queues; the rest of the default policy stays on.
-    "priority": Policy(name="priority", fair_share=False),
-    # The default policy: fair share above guarantees, reclaim, preemption, reservations/backfill.
-    "gpufleet": Policy(),
-}
+from controlplane.tracesim.queueing.policies import POLICY_NAMES, make_scheduler
+from controlplane.tracesim.queueing.scheduler import CycleView, EndedRun, PendingGang, RunningGang, SimScheduler
 
 ProgressHook = Callable[[int, int, float], None]  # (jobs done, jobs in all, virtual seconds)
 
@@ -94,10 +79,9 @@ class SimResult:
 
 @dataclass
 class _Live:
-    run: LiveRun
+    gang: RunningGang
     job: int
     span: RunSpan
-    gpus: int
 
 
 @dataclass
@@ -115,14 +99,17 @@ class QueueingSimulation:
         seed: int = 0,
         config: SimConfig | None = None,
         progress: ProgressHook | None = None,
+        scheduler: SimScheduler | None = None,
     ) -> None:
-        if policy_name not in POLICIES:
-            raise ValueError(f"unknown policy {policy_name!r}; choose from {', '.join(POLICIES)}")
+        if policy_name not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {policy_name!r}; choose from {', '.join(POLICY_NAMES)}")
         self.fleet = fleet
-        self.policy = POLICIES[policy_name]
         self.policy_name = policy_name
         self.seed = seed
         self.config = config or SimConfig()
+        limits = CoreLimits(self.config.heads_per_queue, self.config.max_pending, self.config.check_invariants)
+        # `scheduler` replaces the named policy's default set-up (tests pin a peer's settings).
+        self.scheduler = scheduler or make_scheduler(policy_name, fleet, limits)
         self.progress = progress
         unknown = sorted({j.queue for j in jobs} - set(fleet.queue_ids))
         if unknown:
@@ -134,6 +121,8 @@ class QueueingSimulation:
         self.jobs: list[Job] = [jobs[i] for i in order]
         n = len(self.jobs)
         self.workloads: list[Workload | None] = [None] * n
+        self.gangs: list[PendingGang | None] = [None] * n  # while pending
+        self.ended: list[EndedRun] = []  # since the last cycle
         self.first_admit: list[float | None] = [None] * n
         self.finish: list[float | None] = [None] * n
         self.evictions = [0] * n
@@ -154,8 +143,8 @@ class QueueingSimulation:
 
     def _workload(self, index: int) -> Workload:
         job = self.jobs[index]
-        # FIFO means one priority for all: arrival order alone decides.
-        priority = 0 if self.policy_name == "fifo" else job.priority
+        # A policy that ignores priorities (FIFO) queues by arrival alone.
+        priority = 0 if self.scheduler.one_priority else job.priority
         return Workload(
             id=str(index),
             team_id=self.fleet.team_of[job.queue],
@@ -189,7 +178,11 @@ class QueueingSimulation:
     def _enqueue(self, index: int) -> None:
         workload = self.workloads[index]
         assert workload is not None
-        bisect.insort(self.state.pending[self.jobs[index].queue], (-workload.priority, index))
+        job = self.jobs[index]
+        self.gangs[index] = PendingGang(
+            workload, job.queue, job.gpus_per_pod, job.pods, job.submit_time, job.max_runtime
+        )
+        bisect.insort(self.state.pending[job.queue], (-workload.priority, index))
 
     def _set_held(self, t: float, delta: int) -> None:
         self.held_gpus += delta
@@ -205,7 +198,9 @@ class QueueingSimulation:
         live.span.end = end
         self.finish[live.job] = end
         self.workloads[live.job] = None  # done: let it go
-        self._set_held(end, -live.gpus)
+        self.gangs[live.job] = None
+        self._set_held(end, -live.gang.gpus)
+        self.ended.append(EndedRun(live.gang.queue, live.gang.gpus, live.span.start, end))
         self.done += 1
         return True
 
@@ -277,81 +272,38 @@ class QueueingSimulation:
             seed=self.seed,
         )
 
-    def _shown(self) -> tuple[list[int], bool]:
-        """The pending gangs this cycle shows the core, and whether the cap hid any."""
-        cap = self.config.max_pending
-        queues = self.state.pending
-        total = sum(len(q) for q in queues.values())
-        if not self.policy.fair_share:
-            merged = heapq.merge(*queues.values())
-            chosen = [index for _, index in itertools.islice(merged, cap)]
-            return chosen, total > len(chosen)
-        heads = self.config.heads_per_queue
-        chosen = []
-        # Round-robin by rank (every queue's first, then every queue's second, ...) so the overall
-        # cap never starves a queue of its head.
-        names = sorted(name for name, items in queues.items() if items)
-        for rank in range(heads):
-            for name in names:
-                items = queues[name]
-                if rank < len(items) and len(chosen) < cap:
-                    chosen.append(items[rank][1])
-        return chosen, total > len(chosen)
-
     def _cycle(self, t: float) -> bool:
         """One scheduling cycle at virtual time t; True when another cycle should follow."""
-        shown, hidden = self._shown()
-        if not shown:
+        pending = {
+            name: [gang for _, index in items if (gang := self.gangs[index]) is not None]
+            for name, items in self.state.pending.items()
+        }
+        total = sum(len(gangs) for gangs in pending.values())
+        if not total:
             return False
-        now = EPOCH + timedelta(seconds=t)
-        pending = tuple(w for w in (self.workloads[i] for i in shown) if w is not None)
-        snapshot = Snapshot(
-            clusters=self.fleet.clusters,
-            nodes=self.fleet.nodes,
-            queue_tree=self.fleet.tree,
-            pending=pending,
-            live_runs=self._live_runs(),
-        )
-        self.pending_shown_max = max(self.pending_shown_max, len(pending))
-        began = time.perf_counter()  # measures the core's cost only; never drives the simulation
-        decision = schedule(snapshot, self.policy, now)
+        view = CycleView(t, self.fleet, pending, [live.gang for live in self.state.live.values()], self.ended)
+        self.ended = []
+        began = time.perf_counter()  # measures the policy's cost only; never drives the simulation
+        result = self.scheduler.decide(view)
         self.schedule_seconds += time.perf_counter() - began
         self.cycles += 1
+        self.pending_shown_max = max(self.pending_shown_max, total if result.examined is None else result.examined)
+        self._apply(result.decision, t)
         if self.config.check_invariants:
-            check_decision(snapshot, decision)
-        self._apply(decision, t)
-        return bool(decision.evictions) or (hidden and bool(decision.admissions))
+            self._check_capacity()
+        return bool(result.decision.evictions) or result.more
 
-    def _live_runs(self) -> tuple[LiveRun, ...]:
-        """The live runs as the core sees them. A policy that never evicts and plans no reservations
-        uses live runs only for the capacity and quota they hold, so their sum per queue and
-        cluster (one assignment per node) decides exactly the same, and the core's per-run setup
-        cost (most of a cycle with a thousand runs) drops to a few dozen runs."""
-        runs = [live.run for live in self.state.live.values()]
-        policy = self.policy
-        if policy.preemption or policy.reclaim or policy.rebalance or policy.max_reservations:
-            return tuple(runs)
-        merged: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
-        for run in runs:
-            per_node = merged.setdefault((run.queue_id, run.cluster_id), {})
-            for a in run.assignments:
-                held = per_node.setdefault(a.node_id, {})
-                for key, amount in a.demand.items():
-                    held[key] = held.get(key, 0) + amount
-        return tuple(
-            LiveRun(
-                workload_id=f"merged:{queue_id}:{cluster_id}",
-                queue_id=queue_id,
-                cluster_id=cluster_id,
-                priority=0,
-                assignments=tuple(
-                    PodAssignment("merged", i, node_id, demand)
-                    for i, (node_id, demand) in enumerate(sorted(nodes.items()))
-                ),
-                run_id=f"merged:{queue_id}:{cluster_id}",
-            )
-            for (queue_id, cluster_id), nodes in sorted(merged.items())
-        )
+    def _check_capacity(self) -> None:
+        """Whatever the policy, no node holds more GPUs than it has."""
+        per_pool = {pool.id: pool.gpus_per_node for cluster in self.fleet.clusters for pool in cluster.pools}
+        capacity = {node.id: per_pool[node.pool_id] for node in self.fleet.nodes}
+        held: dict[str, int] = {}
+        for live in self.state.live.values():
+            for a in live.gang.run.assignments:
+                held[a.node_id] = held.get(a.node_id, 0) + a.demand.get(GPU, 0)
+        over = sorted(node for node, gpus in held.items() if gpus > capacity.get(node, 0))
+        if over:
+            raise AssertionError(f"{self.policy_name}: nodes over capacity: {', '.join(over[:5])}")
 
     def _apply(self, decision: Decision, t: float) -> None:
         for eviction in decision.evictions:
@@ -359,7 +311,8 @@ class QueueingSimulation:
             live.span.end = t
             live.span.evicted = True
             self.evictions[live.job] += 1
-            self._set_held(t, -live.gpus)
+            self._set_held(t, -live.gang.gpus)
+            self.ended.append(EndedRun(live.gang.queue, live.gang.gpus, live.span.start, t))
             workload = self.workloads[live.job]
             assert workload is not None
             if eviction.kind == "idle":  # as the scheduler shell does; the simulator marks nothing idle
@@ -389,9 +342,9 @@ class QueueingSimulation:
             )
             span = RunSpan(index, t)
             self.spans.append(span)
-            gpus = job.gpus
-            self.state.live[run_id] = _Live(run, index, span, gpus)
-            self._set_held(t, gpus)
+            self.gangs[index] = None
+            self.state.live[run_id] = _Live(RunningGang(run, job.queue, job.gpus, t, job.max_runtime), index, span)
+            self._set_held(t, job.gpus)
             if self.first_admit[index] is None:
                 self.first_admit[index] = t
             heapq.heappush(self.completions, (t + job.duration, index, run_id))
@@ -404,5 +357,6 @@ def simulate(
     seed: int = 0,
     config: SimConfig | None = None,
     progress: ProgressHook | None = None,
+    scheduler: SimScheduler | None = None,
 ) -> SimResult:
-    return QueueingSimulation(fleet, jobs, policy, seed, config, progress).run()
+    return QueueingSimulation(fleet, jobs, policy, seed, config, progress, scheduler).run()

@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from controlplane.tracesim.queueing.engine import POLICIES, ProgressHook, SimConfig, simulate
+from controlplane.tracesim.queueing.engine import ProgressHook, SimConfig, simulate
 from controlplane.tracesim.queueing.inputs import Fleet, Job
 from controlplane.tracesim.queueing.metrics import series, summarize
+from controlplane.tracesim.queueing.policies import POLICY_NAMES
 
 Replay = tuple[dict[str, Any], dict[str, Any]]  # (summary, series)
 
@@ -48,10 +49,11 @@ def study(
     workers: int = 1,
     progress: Callable[[str], ProgressHook | None] | None = None,
     finished: Callable[[str], None] | None = None,
+    policies: Sequence[str] = POLICY_NAMES,
 ) -> list[Replay]:
-    """Every policy on the same workload, in POLICIES order. With workers > 1 the replays run in
-    separate processes (each replay stays deterministic: it shares nothing)."""
-    names = list(POLICIES)
+    """The given policies (default: all) on the same workload, in the order given. With workers > 1
+    the replays run in separate processes (each replay stays deterministic: it shares nothing)."""
+    names = list(policies)
     if workers <= 1:
         out = []
         for name in names:
