@@ -1,6 +1,13 @@
 """The dispatcher loop: applies and tears down runs on the clusters while it holds the dispatcher
 lease, and now and then collects orphaned cluster objects and requeues runs whose objects
-vanished."""
+vanished.
+
+When the next pass starts: at once after a pass that found a full batch (more is waiting), else
+after `DISPATCH_POLL` seconds: a look for admitted runs is one index range read (live runs), so the
+loop can look as often as the scheduler looks at its change log, and a run admitted by a cycle waits
+for that look, not for a fixed sleep. Teardowns (ended runs, whose objects only need removing) are
+looked for every `interval` seconds, or at once while their batches are full.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from controlplane.workers.lease_term import LeaseTerm, holder_id
 from controlplane.workers.loops import Clock, sleep_or_stop
 
 log = logging.getLogger(__name__)
+DISPATCH_POLL = 0.05  # seconds between looks for admitted runs while there is nothing to dispatch
 
 
 DISPATCHER_LEASE = "dispatcher"
@@ -43,21 +51,34 @@ async def dispatcher_loop(
     term = LeaseTerm(uow_factory, DISPATCHER_LEASE, holder_id("dispatcher"), clock, lease_ttl, metrics)
     loop = asyncio.get_running_loop()
     next_gc = loop.time() + min(orphan_interval, 5.0)
+    next_teardown = loop.time()
     leading = False
     while not stop.is_set():
+        more = False
+        pause = DISPATCH_POLL
         try:
             now_leading = await term.ensure() is not None
             if now_leading != leading and on_lead is not None:
                 on_lead(now_leading)
             leading = now_leading
             if leading:
-                stats = await dispatch_once(uow_factory, drivers(), prefix, clock, metrics=metrics)
+                teardown = loop.time() >= next_teardown
+                if teardown:
+                    next_teardown = loop.time() + interval
+                stats = await dispatch_once(uow_factory, drivers(), prefix, clock, metrics=metrics, teardown=teardown)
+                more = stats.full
                 if stats.applied or stats.torn_down:
                     log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
                 if loop.time() >= next_gc:
                     await reconcile_cluster_objects(uow_factory, drivers(), prefix, clock, vanished_grace, metrics)
                     next_gc = loop.time() + orphan_interval
+            else:
+                pause = interval  # standing by: only the lease is to be watched
         except Exception:
             log.exception("dispatcher pass failed; retrying")
-        await sleep_or_stop(stop, interval)
+            pause = interval
+        if more:
+            await asyncio.sleep(0)  # let the event loop's other tasks run between full batches
+        else:
+            await sleep_or_stop(stop, pause)
     await term.release()
