@@ -123,14 +123,15 @@ class SimCluster:
 
     def __post_init__(self) -> None:
         self._rng = random.Random(f"{self.seed}:{self.name}")
-        with self._shared_state():
+        with self._shared_state(write=False):
             pass  # load what the file holds now
 
     @contextlib.contextmanager
-    def _shared_state(self) -> Iterator[None]:
+    def _shared_state(self, write: bool = True) -> Iterator[None]:
         """Hold the cluster's lock, with `runs` and `created` as the file has them; what the block
-        changes is written back (atomically) before the lock is let go. The critical sections are a
-        JSON read and write, so the (blocking) lock is held for milliseconds."""
+        changes is written back (atomically) before the lock is let go (a block that only reads says
+        `write=False`). The critical sections are a JSON read and write, so the (blocking) lock is
+        held for milliseconds."""
         if self.state_file is None:
             yield
             return
@@ -142,7 +143,7 @@ class SimCluster:
             if self._file_generation() != self._generation or self._generation < 0:
                 self._load()
             yield
-            after = self._dump(self._generation + 1)
+            after = self._dump(self._generation + 1) if write else self._text
             if after.split(",", 1)[1] != self._text.split(",", 1)[1]:  # beside the generation
                 tmp = self.state_file.with_suffix(".tmp")
                 tmp.write_text(after)
@@ -236,13 +237,13 @@ class SimCluster:
         return deleted
 
     async def list_owned(self) -> set[str]:
-        with self._shared_state():
+        with self._shared_state(write=False):
             return set(self.runs)
 
     async def tick(self) -> int:
         """Report every run whose phase changed (or is due for a resync). Returns reports sent."""
         now = self.clock()
-        with self._shared_state():
+        with self._shared_state(write=False):
             due = [
                 (run.run_id, run.epoch, run.pods, run.phase(now), run.reports)
                 for run in self.runs.values()
@@ -308,7 +309,7 @@ class SimCluster:
 
     def serving(self, now: float) -> list[ServingReading]:
         """The serving reading of each running run that has a simulated traffic signal."""
-        with self._shared_state():
+        with self._shared_state(write=False):
             runs = list(self.runs.values())
         at = datetime.fromtimestamp(now, UTC)
         return [
@@ -319,7 +320,7 @@ class SimCluster:
 
     def samples(self, now: float) -> list[GpuSample]:
         """One DCGM reading per device that a running pod holds, attributed to its run."""
-        with self._shared_state():
+        with self._shared_state(write=False):
             runs = list(self.runs.values())
         out: list[GpuSample] = []
         for run in runs:

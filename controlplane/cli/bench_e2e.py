@@ -250,17 +250,18 @@ async def _submit_nats(nats_url: str, gangs: Sequence[Gang], t0: float, submits:
         await nc.close()
 
 
-def _cpu_seconds(processes: Sequence[subprocess.Popen[bytes]]) -> float:
-    """User and system CPU time the processes have used so far (Linux /proc)."""
+def _cpu_seconds(processes: Sequence[subprocess.Popen[bytes]]) -> list[float]:
+    """User and system CPU time each process has used so far (Linux /proc; 0 once it has gone)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
+    used = []
     for process in processes:
         try:
             fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
+            used.append(0.0)
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / ticks
+        used.append((int(fields[11]) + int(fields[12])) / ticks)  # utime, stime (fields 14 and 15 of stat)
+    return used
 
 
 def _wait_for_leases(wiring: Wiring, processes: Sequence[subprocess.Popen[bytes]], timeout: float = 120) -> None:
@@ -343,7 +344,8 @@ def run_e2e(
                     await _submit_nats(env.nats.url, gangs, t0, submits)
 
             seen = asyncio.run(_burst(env.wiring, submit, submits, env.nats.url, timeout))
-            cpu = _cpu_seconds(processes) - cpu_before
+            cpu_by_process = [after - before for after, before in zip(_cpu_seconds(processes), cpu_before, strict=True)]
+            cpu = sum(cpu_by_process)
             time.sleep(1.5)  # PostgreSQL publishes a backend's statistics within a second of its transaction
             deadlock_count = deadlocks(env.wiring.engine) - deadlocks_before
             figures = burst_figures(env.wiring.engine, seen["started"], seen["running_seen"])
@@ -371,7 +373,7 @@ def run_e2e(
         "cpu_seconds": round(cpu, 1),
         "cpu_seconds_per_workload": round(cpu / shape.gangs, 4),
         "gpu_seconds_of_work": round(work, 1),
-        "processes": components,
+        "cpu_seconds_by_process": {c: round(t, 1) for c, t in zip(components, cpu_by_process, strict=True)},
     }
 
 

@@ -127,7 +127,13 @@ def burst_figures(
         if (seconds := _seconds(first_started, created_at)) is not None:
             to_running.setdefault(cls, []).append(seconds)
     evicted = [r for r in runs if r.end_cause in EVICTION_CAUSES]
+    # Work lost: the GPU time evicted runs had run. Capacity lost: the GPU time they held from
+    # their admission on (dispatch and teardown included), for nothing.
     thrown_away = sum((_seconds(r.finished_at, r.started_at) or 0.0) * r.gpus for r in evicted)
+    held = sum((_seconds(r.finished_at, r.created_at) or 0.0) * r.gpus for r in evicted)
+    causes: dict[str, int] = {}
+    for r in evicted:
+        causes[r.end_cause] = causes.get(r.end_cause, 0) + 1
     # From the moment the bench saw the cluster report the pods running to the run's `started_at`.
     running_to_recorded = _present(
         _seconds(runs_by_id[run_id].started_at, seen) for run_id, seen in running_seen.items() if run_id in runs_by_id
@@ -145,5 +151,7 @@ def burst_figures(
         "workloads_run_more_than_once": sum(
             1 for own in by_workload.values() if sum(1 for r in own if r.started_at is not None) > 1
         ),
+        "evictions_by_cause": dict(sorted(causes.items())),
         "gpu_seconds_thrown_away": round(thrown_away, 1),
+        "gpu_seconds_held_by_evicted_runs": round(held, 1),
     }

@@ -1,12 +1,12 @@
 """The dispatcher: load -> call the clusters -> apply. Never holds a transaction across a call.
 
-A pass takes up to `batch` runs to dispatch, marks them all dispatching in one transaction, then
-calls the clusters in parallel (each cluster's runs in order, a few calls in flight per cluster) and
-records each cluster's applied runs in one transaction as soon as that cluster has answered. So a
-burst of admissions costs a handful of transactions instead of three per run, and a slow cluster
-delays no other cluster's runs. Teardowns go the same way. The database work runs in a worker
-thread: the event loop stays free for the calls (and, in the dispatcher process, for the simulated
-clusters' reports).
+A pass (`dispatch_pending`) takes up to `batch` runs to dispatch, marks them all dispatching in one
+transaction, then calls the clusters in parallel (each cluster's runs in order, a few calls in
+flight per cluster) and records each cluster's applied runs in one transaction as soon as that
+cluster has answered. So a burst of admissions costs a handful of transactions instead of three per
+run, and a slow cluster delays no other cluster's runs. Teardowns go the same way, in passes of
+their own (`tear_down_ended`). The database work runs in a worker thread: the event loop stays free
+for the calls (and, in the dispatcher process, for the simulated clusters' reports).
 """
 
 from __future__ import annotations
@@ -42,16 +42,17 @@ class DispatchStats:
     full: bool = False  # a batch was full: more is waiting, the next pass should follow at once
 
 
-def _load(
-    uow_factory: UnitOfWorkFactory, batch: int, clusters: Collection[str], teardown: bool
-) -> tuple[list[RunOrder], list[Teardown]]:
+def _load_orders(uow_factory: UnitOfWorkFactory, batch: int, clusters: Collection[str]) -> list[RunOrder]:
     # Only runs of clusters that have a driver: runs waiting for an unreachable or driverless
     # cluster must not fill every batch and hold up dispatch to the others (the dispatch
     # timeout requeues them).
     with uow_factory() as uow:
-        orders = uow.runs.to_dispatch(batch, clusters)
-        teardowns = uow.runs.to_teardown(batch, clusters) if teardown else []
-    return orders, teardowns
+        return uow.runs.to_dispatch(batch, clusters)
+
+
+def _load_teardowns(uow_factory: UnitOfWorkFactory, batch: int, clusters: Collection[str]) -> list[Teardown]:
+    with uow_factory() as uow:
+        return uow.runs.to_teardown(batch, clusters)
 
 
 def _mark_dispatching(
@@ -100,12 +101,27 @@ async def dispatch_once(
     clock: Callable[[], datetime],
     batch: int = DEFAULT_BATCH,
     metrics: Metrics = NO_METRICS,
-    teardown: bool = True,
 ) -> DispatchStats:
-    """One pass: dispatch what is pending, then (with `teardown`) remove what has ended."""
+    """One pass: dispatch what is pending, then remove what has ended."""
+    stats = await dispatch_pending(uow_factory, drivers, prefix, clock, batch, metrics)
+    torn = await tear_down_ended(uow_factory, drivers, clock, batch, metrics)
+    stats.torn_down, stats.full = torn.torn_down, stats.full or torn.full
+    stats.errors.extend(torn.errors)
+    return stats
+
+
+async def dispatch_pending(
+    uow_factory: UnitOfWorkFactory,
+    drivers: Mapping[str, ClusterDriver],
+    prefix: str,
+    clock: Callable[[], datetime],
+    batch: int = DEFAULT_BATCH,
+    metrics: Metrics = NO_METRICS,
+) -> DispatchStats:
+    """Apply up to `batch` admitted runs on their clusters."""
     stats = DispatchStats()
-    orders, teardowns = await asyncio.to_thread(_load, uow_factory, batch, drivers.keys(), teardown)
-    stats.full = len(orders) >= batch or len(teardowns) >= batch
+    orders = await asyncio.to_thread(_load_orders, uow_factory, batch, drivers.keys())
+    stats.full = len(orders) >= batch
     if orders:
         await asyncio.to_thread(_mark_dispatching, uow_factory, orders, prefix, clock)
         await asyncio.gather(
@@ -114,13 +130,28 @@ async def dispatch_once(
                 for cluster, group in _by_cluster(orders, lambda o: o.cluster).items()
             )
         )
-    if teardowns:
-        await asyncio.gather(
-            *(
-                _tear_down_on(cluster, drivers.get(cluster), group, uow_factory, clock, metrics, stats)
-                for cluster, group in _by_cluster(teardowns, lambda t: t.cluster).items()
-            )
+    return stats
+
+
+async def tear_down_ended(
+    uow_factory: UnitOfWorkFactory,
+    drivers: Mapping[str, ClusterDriver],
+    clock: Callable[[], datetime],
+    batch: int = DEFAULT_BATCH,
+    metrics: Metrics = NO_METRICS,
+) -> DispatchStats:
+    """Remove the objects of up to `batch` ended runs from their clusters. Apart from dispatch, so
+    that recording a teardown (which may wait for the row of a run ingest has just ended, until
+    ingest's batch commits) never delays a new run's dispatch."""
+    stats = DispatchStats()
+    teardowns = await asyncio.to_thread(_load_teardowns, uow_factory, batch, drivers.keys())
+    stats.full = len(teardowns) >= batch
+    await asyncio.gather(
+        *(
+            _tear_down_on(cluster, drivers.get(cluster), group, uow_factory, clock, metrics, stats)
+            for cluster, group in _by_cluster(teardowns, lambda t: t.cluster).items()
         )
+    )
     return stats
 
 

@@ -6,7 +6,8 @@ When the next pass starts: at once after a pass that found a full batch (more is
 after `DISPATCH_POLL` seconds: a look for admitted runs is one index range read (live runs), so the
 loop can look as often as the scheduler looks at its change log, and a run admitted by a cycle waits
 for that look, not for a fixed sleep. Teardowns (ended runs, whose objects only need removing) are
-looked for every `interval` seconds, or at once while their batches are full.
+looked for every `interval` seconds (at once again while their batches are full) by a task of their
+own, so that a teardown waiting for a row lock never holds up a dispatch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from controlplane.service.cluster_objects import reconcile_cluster_objects
-from controlplane.service.dispatch import dispatch_once
+from controlplane.service.dispatch import dispatch_pending, tear_down_ended
 from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE
 from controlplane.service.metrics import NO_METRICS, Metrics
 from controlplane.service.ports import ClusterDriver, UnitOfWorkFactory
@@ -51,28 +52,26 @@ async def dispatcher_loop(
     term = LeaseTerm(uow_factory, DISPATCHER_LEASE, holder_id("dispatcher"), clock, lease_ttl, metrics)
     loop = asyncio.get_running_loop()
     next_gc = loop.time() + min(orphan_interval, 5.0)
-    next_teardown = loop.time()
-    leading = False
+    leading = asyncio.Event()  # set while this process holds the lease
+    teardowns = asyncio.create_task(_teardown_loop(uow_factory, drivers, clock, stop, leading, interval, metrics))
     while not stop.is_set():
         more = False
         pause = DISPATCH_POLL
         try:
             now_leading = await term.ensure() is not None
-            if now_leading != leading and on_lead is not None:
+            if now_leading != leading.is_set() and on_lead is not None:
                 on_lead(now_leading)
-            leading = now_leading
-            if leading:
-                teardown = loop.time() >= next_teardown
-                if teardown:
-                    next_teardown = loop.time() + interval
-                stats = await dispatch_once(uow_factory, drivers(), prefix, clock, metrics=metrics, teardown=teardown)
+            if now_leading:
+                leading.set()
+                stats = await dispatch_pending(uow_factory, drivers(), prefix, clock, metrics=metrics)
                 more = stats.full
-                if stats.applied or stats.torn_down:
-                    log.info("dispatch: %d applied, %d torn down", stats.applied, stats.torn_down)
+                if stats.applied:
+                    log.info("dispatch: %d applied", stats.applied)
                 if loop.time() >= next_gc:
                     await reconcile_cluster_objects(uow_factory, drivers(), prefix, clock, vanished_grace, metrics)
                     next_gc = loop.time() + orphan_interval
             else:
+                leading.clear()
                 pause = interval  # standing by: only the lease is to be watched
         except Exception:
             log.exception("dispatcher pass failed; retrying")
@@ -81,4 +80,32 @@ async def dispatcher_loop(
             await asyncio.sleep(0)  # let the event loop's other tasks run between full batches
         else:
             await sleep_or_stop(stop, pause)
+    await teardowns
     await term.release()
+
+
+async def _teardown_loop(
+    uow_factory: UnitOfWorkFactory,
+    drivers: Callable[[], Mapping[str, ClusterDriver]],
+    clock: Clock,
+    stop: asyncio.Event,
+    leading: asyncio.Event,
+    interval: float,
+    metrics: Metrics,
+) -> None:
+    """Remove ended runs' objects every `interval` seconds (at once again after a full batch) while
+    this process leads: beside dispatch, never in its way."""
+    while not stop.is_set():
+        more = False
+        if leading.is_set():
+            try:
+                stats = await tear_down_ended(uow_factory, drivers(), clock, metrics=metrics)
+                more = stats.full
+                if stats.torn_down:
+                    log.info("dispatch: %d torn down", stats.torn_down)
+            except Exception:
+                log.exception("teardown pass failed; retrying")
+        if more:
+            await asyncio.sleep(0)
+        else:
+            await sleep_or_stop(stop, interval)
