@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     snapshot_rebuild_interval: float = Field(default=600.0, gt=0)
     # Leader lease (scheduler, dispatcher), seconds: a dead holder's work stops for at most this long.
     lease_ttl: float = Field(default=15.0, gt=0)
-    # Seconds between dispatch passes.
+    # Seconds between looks for ended runs to tear down (admitted runs are looked for every 50 ms).
     dispatcher_interval: float = Field(default=0.3, gt=0)
     # Seconds between collections of cluster objects no run owns (orphans).
     orphan_gc_interval: float = Field(default=30.0, gt=0)

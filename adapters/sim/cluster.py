@@ -5,7 +5,15 @@ in-cluster agent. State is kept in a JSON file so a cluster outlives a control-p
 The file *is* the cluster, as an API server is for a real one: every operation reads it, and
 changes it, under an exclusive lock. Two dispatcher processes that both drive the cluster for a
 moment (a deposed leader that has not yet noticed, beside its successor) therefore see one truth
-and never write back a stale copy that forgets a run the other created.
+and never write back a stale copy that forgets a run the other created. Every write raises the
+file's `generation` (its first field): an operation that finds the generation it last read or wrote
+skips parsing the file again, so a burst of applies costs one write each, not a read and a write of
+every run the cluster holds.
+
+The cluster reacts to events, not to a fixed tick: `next_due` says when it next has something to
+report (pods starting or ending, a resync, a telemetry batch, an inventory), and `on_change` is
+called when a run is created or deleted, so its driver (`SimFleet`) sleeps until then and a pod
+report goes out when the pods change phase, not up to a tick later.
 
 Every `telemetry_interval` seconds a cluster also publishes one DCGM sample batch for the GPUs
 (MIG instances, shared GPUs) its running pods hold, shaped by each workload's utilization
@@ -15,12 +23,15 @@ profile (see `adapters.sim.telemetry`), as `gpufleet agent` would. While the fil
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,6 +47,8 @@ from controlplane.service.telemetry_wire import GpuSample, encode_batch, telemet
 
 log = logging.getLogger(__name__)
 Publish = Callable[[str, bytes, str], Awaitable[None]]
+RETRY_SECONDS = 0.2  # a report that could not be sent is tried again this long after
+_GENERATION = re.compile(rb'^\{"generation": (\d+),')
 
 
 @dataclass
@@ -62,6 +75,14 @@ class SimRun:
         if self.end_at is None or now < self.end_at:
             return "Running"
         return "Failed" if self.fail else "Succeeded"
+
+    def next_change(self, now: float) -> float:
+        """When its phase next changes (inf: never)."""
+        if now < self.start_at:
+            return self.start_at
+        if self.end_at is not None and now < self.end_at:
+            return self.end_at
+        return math.inf
 
 
 def serving_value(sim: dict[str, Any], key: str) -> float | None:
@@ -92,20 +113,25 @@ class SimCluster:
     batches: int = 0  # telemetry batches published, for tests and stats
     known_nodes: set[str] = field(default_factory=set)  # nodes runs were placed on, for the inventory
     inventories: int = 0  # inventory reports published, for tests and stats
+    on_change: Callable[[], None] | None = None  # told when a run is created or deleted
     _next_telemetry: float = field(default=0.0, init=False, repr=False)
     _next_inventory: float = field(default=0.0, init=False, repr=False)
     _rng: random.Random = field(default_factory=random.Random, init=False, repr=False)
+    _generation: int = field(default=-1, init=False, repr=False)  # of the state `runs` holds; -1: none read
+    _text: str = field(default="", init=False, repr=False)  # that state as the file holds it
+    _retry_at: float = field(default=0.0, init=False, repr=False)  # after a report failed (NATS down)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(f"{self.seed}:{self.name}")
-        with self._shared_state():
+        with self._shared_state(write=False):
             pass  # load what the file holds now
 
     @contextlib.contextmanager
-    def _shared_state(self) -> Iterator[None]:
+    def _shared_state(self, write: bool = True) -> Iterator[None]:
         """Hold the cluster's lock, with `runs` and `created` as the file has them; what the block
-        changes is written back (atomically) before the lock is let go. The critical sections are a
-        JSON read and write, so the (blocking) lock is held for milliseconds."""
+        changes is written back (atomically) before the lock is let go (a block that only reads says
+        `write=False`). The critical sections are a JSON read and write, so the (blocking) lock is
+        held for milliseconds."""
         if self.state_file is None:
             yield
             return
@@ -114,23 +140,39 @@ class SimCluster:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            self._load()
-            before = self._dump()
+            if self._file_generation() != self._generation or self._generation < 0:
+                self._load()
             yield
-            after = self._dump()
-            if after != before:
+            after = self._dump(self._generation + 1) if write else self._text
+            if after.split(",", 1)[1] != self._text.split(",", 1)[1]:  # beside the generation
                 tmp = self.state_file.with_suffix(".tmp")
                 tmp.write_text(after)
                 os.replace(tmp, self.state_file)  # atomic: a crash leaves the old or the new state
+                self._generation, self._text = self._generation + 1, after
+        except BaseException:
+            self._generation = -1  # what `runs` holds may be half changed: read the file next time
+            raise
         finally:
             os.close(fd)  # closing the descriptor releases the lock
+
+    def _file_generation(self) -> int | None:
+        assert self.state_file is not None
+        try:
+            with self.state_file.open("rb") as f:
+                found = _GENERATION.match(f.read(40))
+        except FileNotFoundError:
+            return 0
+        return int(found.group(1)) if found else None
 
     def _load(self) -> None:
         assert self.state_file is not None
         self.runs = {}
+        self._generation, self._text = 0, self._dump(0)
         if not self.state_file.exists():
             return
-        data = json.loads(self.state_file.read_text())
+        self._text = self.state_file.read_text()
+        data = json.loads(self._text)
+        self._generation = int(data.get("generation", 0))
         self.created = data.get("created", 0)
         for raw in data["runs"]:
             raw["pods"] = [tuple(p) for p in raw["pods"]]
@@ -138,8 +180,25 @@ class SimCluster:
             self.runs[raw["run_id"]] = SimRun(**raw)
         self.known_nodes.update(node for run in self.runs.values() for _, _, node in run.pods)
 
-    def _dump(self) -> str:
-        return json.dumps({"created": self.created, "runs": [asdict(r) for r in self.runs.values()]})
+    def _dump(self, generation: int) -> str:
+        runs = [asdict(r) for r in self.runs.values()]
+        return json.dumps({"generation": generation, "created": self.created, "runs": runs})
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def next_due(self) -> float:
+        """When (on `clock`) this cluster next has something to report, as of the state last read."""
+        now = self.clock()
+        due = [self._next_inventory if self.known_nodes else math.inf]
+        if self.telemetry_interval:
+            due.append(self._next_telemetry)
+        for run in self.runs.values():
+            if run.phase(now) != run.reported:
+                return max(now, self._retry_at)  # a report is owed (one that could not be sent, say)
+            due.append(min(run.next_change(now), run.last_report_at + self.resync_seconds))
+        return min(due)
 
     async def apply(self, order: RunOrder) -> bool:
         with self._shared_state():
@@ -167,39 +226,54 @@ class SimCluster:
             )
             self.known_nodes.update(p.node for p in order.pods)
             self.created += 1
-            return True
+        self._changed()
+        return True
 
     async def delete(self, run_id: str) -> bool:
         with self._shared_state():
-            return self.runs.pop(run_id, None) is not None
+            deleted = self.runs.pop(run_id, None) is not None
+        if deleted:
+            self._changed()
+        return deleted
 
     async def list_owned(self) -> set[str]:
-        with self._shared_state():
+        with self._shared_state(write=False):
             return set(self.runs)
 
     async def tick(self) -> int:
         """Report every run whose phase changed (or is due for a resync). Returns reports sent."""
         now = self.clock()
-        with self._shared_state():
+        with self._shared_state(write=False):
             due = [
                 (run.run_id, run.epoch, run.pods, run.phase(now), run.reports)
                 for run in self.runs.values()
                 if run.phase(now) != run.reported or now - run.last_report_at >= self.resync_seconds
             ]
-        sent: list[tuple[str, str, int]] = []
-        for run_id, epoch, run_pods, phase, reports in due:
+        subject = f"{self.prefix}.cluster.{self.name}.pods"
+
+        async def report(
+            run_id: str, epoch: int, run_pods: list[tuple[str, int, str]], phase: str, reports: int
+        ) -> None:
             pods = [
                 {"pod_set": s, "index": i, "phase": phase, "message": "simulated failure" if phase == "Failed" else ""}
                 for s, i, _ in run_pods
             ]
             body = json.dumps({"run_id": run_id, "epoch": epoch, "pods": pods}).encode()
-            msg_id = f"{self.name}:{run_id}:{phase}:{reports}"
-            try:
-                await self.publish(f"{self.prefix}.cluster.{self.name}.pods", body, msg_id)
-            except Exception as exc:  # NATS down: report again on the next tick
-                log.warning("sim %s: report for %s failed: %s", self.name, run_id, exc)
-                break
-            sent.append((run_id, phase, reports))
+            await self.publish(subject, body, f"{self.name}:{run_id}:{phase}:{reports}")
+
+        # The reports are published together (each waits for its acknowledgement), as the agents of
+        # a real cluster's nodes would send theirs; one that fails is sent again on the next tick.
+        outcomes = await asyncio.gather(
+            *(report(*run) for run in due),
+            return_exceptions=True,
+        )
+        sent: list[tuple[str, str, int]] = []
+        for (run_id, _, _, phase, reports), outcome in zip(due, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("sim %s: report for %s failed: %s", self.name, run_id, outcome)
+                self._retry_at = now + RETRY_SECONDS
+            else:
+                sent.append((run_id, phase, reports))
         if sent:
             with self._shared_state():
                 for run_id, phase, reports in sent:
@@ -235,7 +309,7 @@ class SimCluster:
 
     def serving(self, now: float) -> list[ServingReading]:
         """The serving reading of each running run that has a simulated traffic signal."""
-        with self._shared_state():
+        with self._shared_state(write=False):
             runs = list(self.runs.values())
         at = datetime.fromtimestamp(now, UTC)
         return [
@@ -246,7 +320,7 @@ class SimCluster:
 
     def samples(self, now: float) -> list[GpuSample]:
         """One DCGM reading per device that a running pod holds, attributed to its run."""
-        with self._shared_state():
+        with self._shared_state(write=False):
             runs = list(self.runs.values())
         out: list[GpuSample] = []
         for run in runs:

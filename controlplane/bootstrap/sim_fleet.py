@@ -4,6 +4,7 @@ simulated cluster agent publishes with (`ClusterConnection`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -18,10 +19,18 @@ from controlplane.workers import loops
 log = logging.getLogger(__name__)
 
 
+# Seconds between looks at which `sim` clusters are registered (and the longest the loop sleeps).
+REFRESH_SECONDS = 1.0
+
+
 class SimFleet:
     """Simulated clusters for every registered `sim` cluster, created as clusters appear. Each
     publishes DCGM telemetry every `telemetry_interval` seconds (None: none), except while the file
-    `<state dir>/sim/<cluster>.telemetry-off` exists (its agent is "down")."""
+    `<state dir>/sim/<cluster>.telemetry-off` exists (its agent is "down").
+
+    The loop reacts to events: it sleeps until the first cluster has something due (`next_due`) or
+    the dispatcher creates or deletes a run (`on_change`), not on a fixed tick; so a pod report
+    leaves when the pods change phase."""
 
     def __init__(
         self,
@@ -41,6 +50,7 @@ class SimFleet:
         # One connection per simulated cluster for the process's life, reused across lease terms.
         self.own_connections: dict[str, ClusterConnection] = {}
         self._retired: list[ClusterConnection] = []  # replaced by a new credential, closed at the end
+        self._woken = asyncio.Event()
 
     def set_active(self, active: bool) -> None:
         """Only the dispatcher holding the lease drives the simulated clusters (their state files are
@@ -87,31 +97,54 @@ class SimFleet:
                     start_delay=self.start_delay,
                     telemetry_interval=self.telemetry_interval,
                     telemetry_switch=self.wiring.settings.state_dir / "sim" / f"{name}.telemetry-off",
+                    on_change=self._woken.set,
                 )
 
     def drivers(self) -> Mapping[str, ClusterDriver]:
         return self.clusters
 
+    async def _step(self, cluster: SimCluster) -> float:
+        """Send what `cluster` has due; returns the seconds until it next has something due. One
+        cluster whose reports fail (its credential revoked, say) stops no other."""
+        try:
+            await cluster.tick()
+            await cluster.emit_telemetry()
+            await cluster.emit_inventory()
+            return cluster.next_due() - cluster.clock()
+        except Exception:
+            log.exception("simulated cluster %s tick failed", cluster.name)
+            return REFRESH_SECONDS
+
+    async def _wait(self, stop: asyncio.Event) -> None:
+        woken, stopped = asyncio.ensure_future(self._woken.wait()), asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((woken, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            stopped.cancel()
+
     async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        next_refresh = loop.time()
         while not stop.is_set():
             try:
                 if not self.active:
                     await loops.sleep_or_stop(stop, 0.2)
                     continue
-                names = await asyncio.to_thread(self._sim_cluster_names)
-                if self.active:  # the lease may have moved while the database was read
-                    self._adopt(names)
+                if loop.time() >= next_refresh:
+                    next_refresh = loop.time() + REFRESH_SECONDS
+                    names = await asyncio.to_thread(self._sim_cluster_names)
+                    if self.active:  # the lease may have moved while the database was read
+                        self._adopt(names)
             except Exception:
                 log.exception("simulated fleet refresh failed")
-            for cluster in list(self.clusters.values()):
-                # One cluster whose reports fail (its credential revoked, say) stops no other.
-                try:
-                    await cluster.tick()
-                    await cluster.emit_telemetry()
-                    await cluster.emit_inventory()
-                except Exception:
-                    log.exception("simulated cluster %s tick failed", cluster.name)
-            await loops.sleep_or_stop(stop, 0.2)
+            self._woken.clear()
+            due = [await self._step(cluster) for cluster in list(self.clusters.values())]
+            # Until the first cluster has something due, a run is created or deleted, or the refresh.
+            pause = min([next_refresh - loop.time(), *due])
+            if pause > 0 and not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wait(stop), timeout=pause)
         for connection in [*self.own_connections.values(), *self._retired]:
             await connection.close()
 

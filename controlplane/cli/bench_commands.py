@@ -22,7 +22,15 @@ from rich.console import Console
 from rich.table import Table
 
 from controlplane.bench.synthetic import BenchSize, SyntheticFleet
-from controlplane.cli import bench_dashboard, bench_ingest, bench_live, bench_metrics, bench_reads, bench_submit
+from controlplane.cli import (
+    bench_dashboard,
+    bench_e2e,
+    bench_ingest,
+    bench_live,
+    bench_metrics,
+    bench_reads,
+    bench_submit,
+)
 from controlplane.core.incremental import IncrementalScheduler, same_decision
 from controlplane.core.schedule import schedule
 from controlplane.core.snapshot import Decision, Policy, Snapshot
@@ -239,6 +247,7 @@ bench.add_command(bench_metrics.bench_metrics)
 bench.add_command(bench_live.bench_live)
 bench.add_command(bench_reads.bench_reads)
 bench.add_command(bench_dashboard.bench_dashboard)
+bench.add_command(bench_e2e.bench_e2e)
 
 
 def register(group: click.Group) -> None:
