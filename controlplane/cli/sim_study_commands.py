@@ -15,7 +15,8 @@ from rich.table import Table
 
 from controlplane.cli import sim_run_commands
 from controlplane.cli.sim_run_commands import _config, _notes, _progress, _sim_options
-from controlplane.tracesim.queueing.generate import GeneratorConfig, load_tables
+from controlplane.tracesim.queueing.generate import Generated, GeneratorConfig, load_tables
+from controlplane.tracesim.queueing.inputs import dump_fleet, write_workload
 from controlplane.tracesim.queueing.policies import POLICY_NAMES, parse_policies
 from controlplane.tracesim.queueing.report import STUDY_COLUMNS, ci_cell, render_study
 from controlplane.tracesim.queueing.study import LoadSpec, Replay, StudyCell, parse_loads, records, study_grid
@@ -103,6 +104,12 @@ def _table(rows: list[dict[str, Any]], seeds: int) -> Table:
     "--workers", default=1, show_default=True, type=click.IntRange(1, 3), help="Replays run in parallel processes."
 )
 @click.option(
+    "--out-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Also keep each generated workload and fleet here (jobs-<load>-seed<seed>.csv, fleet-....yaml).",
+)
+@click.option(
     "--policies",
     "policies_text",
     default="fifo,priority,gpufleet",
@@ -128,6 +135,7 @@ def study_command(
     as_json: bool,
     report_path: Path | None,
     workers: int,
+    out_dir: Path | None,
     policies_text: str,
 ) -> None:
     """Generate workloads per load and seed, replay each under every chosen policy, and compare
@@ -154,6 +162,13 @@ def study_command(
     )
     seeds = list(range(seed, seed + n_seeds))
     config = _config(cycle_seconds, heads_per_queue, max_pending, check_invariants)
+
+    def keep(spec: LoadSpec, at_seed: int, generated: Generated) -> None:
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_workload(generated.jobs, out_dir / f"jobs-{spec.label}-seed{at_seed}.csv")
+            dump_fleet(generated.fleet, out_dir / f"fleet-{spec.label}-seed{at_seed}.yaml")
+
     with _progress(as_json) as progress:
         task = progress.add_task("replays", total=len(loads) * len(seeds) * len(policies), clock="")
 
@@ -161,7 +176,7 @@ def study_command(
             progress.update(task, advance=1, clock=f"load {spec.label} seed {at_seed} {name}")
 
         try:
-            cells = study_grid(base, loads, seeds, config, policies, workers, finished)
+            cells = study_grid(base, loads, seeds, config, policies, workers, finished, keep)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
     rows = records(cells, policies)

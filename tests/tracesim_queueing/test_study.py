@@ -16,7 +16,7 @@ from controlplane.cli.sim_study_commands import add_commands
 from controlplane.tracesim.queueing.aggregate import aggregate, mean_ci95, t975
 from controlplane.tracesim.queueing.engine import simulate
 from controlplane.tracesim.queueing.generate import DAY, GeneratorConfig, generate
-from controlplane.tracesim.queueing.inputs import build_fleet, load_workload, write_workload
+from controlplane.tracesim.queueing.inputs import build_fleet, load_fleet, load_workload, write_workload
 from controlplane.tracesim.queueing.metrics import summarize
 from controlplane.tracesim.queueing.study import BURST_BASE_LOAD, BURST_FACTOR, LoadSpec, parse_loads
 from tests.tracesim_queueing.test_queueing import CHECKED, job, small_fleet
@@ -185,3 +185,15 @@ def test_burst_doubles_the_arrival_rate_for_one_day() -> None:
 
     assert 1.7 < per_day(burst, 1) / per_day(steady, 1) < 2.3
     assert 0.8 < per_day(burst, 0) / per_day(steady, 0) < 1.2
+
+
+def test_out_dir_keeps_each_workload_and_a_replay_of_it_gives_the_studys_summary(tmp_path: Any) -> None:
+    args = ["study", "--jobs", "50", "--gpus", "16", "--load", "1.3", "--seeds", "2", "--policies", "gpufleet"]
+    out = CliRunner().invoke(_cli(), [*args, "--json", "--out-dir", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    run = next(r for r in json.loads(out.stdout)["runs"] if r["seed"] == 1)
+    fleet = load_fleet(tmp_path / "fleet-1.3-seed1.yaml")
+    jobs = load_workload(tmp_path / "jobs-1.3-seed1.csv")
+    again = summarize(simulate(fleet, jobs, "gpufleet", seed=1), fleet)
+    assert again["avg_jct_seconds"] == run["avg_jct_seconds"]
+    assert again["queueing_delay_seconds"] == run["queueing_delay_seconds"]

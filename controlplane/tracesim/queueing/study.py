@@ -11,7 +11,7 @@ from typing import Any
 
 from controlplane.tracesim.queueing.aggregate import aggregate
 from controlplane.tracesim.queueing.engine import ProgressHook, SimConfig, simulate
-from controlplane.tracesim.queueing.generate import GeneratorConfig, generate
+from controlplane.tracesim.queueing.generate import Generated, GeneratorConfig, generate
 from controlplane.tracesim.queueing.inputs import Fleet, Job, build_fleet
 from controlplane.tracesim.queueing.metrics import series, summarize
 from controlplane.tracesim.queueing.policies import POLICY_NAMES
@@ -129,13 +129,16 @@ def study_grid(
     policies: Sequence[str] = POLICY_NAMES,
     workers: int = 1,
     finished: Callable[[LoadSpec, int, str], None] | None = None,
+    keep: Callable[[LoadSpec, int, Generated], None] | None = None,
 ) -> list[StudyCell]:
     """Every load and seed: a workload generated from `base` with that load and seed (the seed
-    also breaks arrival ties), replayed under every policy."""
+    also breaks arrival ties), replayed under every policy. `keep` sees each workload first."""
     cells = []
     for spec in loads:
         for seed in seeds:
             generated = generate(replace(base, seed=seed, load=spec.load, burst_factor=spec.burst_factor))
+            if keep:
+                keep(spec, seed, generated)
             fleet = build_fleet(generated.fleet)
 
             def done(name: str, spec: LoadSpec = spec, seed: int = seed) -> None:
