@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controlplane.cli import sim_run_commands
+from controlplane.cli import sim_study_commands
 from controlplane.tracesim.placement.experiment import SeedResult, run_experiment
 from controlplane.tracesim.placement.policies import POLICIES
 from controlplane.tracesim.placement.trace import NODE_FILE, VARIANTS, pod_file
@@ -180,7 +180,7 @@ def placement(
 
 
 # `sim run`, `sim generate` and `sim study` (the queueing simulator) live in their own module.
-sim_run_commands.add_commands(sim)
+sim_study_commands.add_commands(sim)
 
 
 def register(main: click.Group) -> None:

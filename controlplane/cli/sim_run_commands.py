@@ -1,4 +1,5 @@
-"""`gpufleet dev sim run|generate|study`: the discrete-event queueing simulator of the real core.
+"""`gpufleet dev sim run|generate`: the discrete-event queueing simulator of the real core
+(`sim study` over loads and seeds: sim_study_commands.py).
 
 Progress goes to stderr so `--json` stdout stays machine-readable. Figures are measured, never
 asserted.
@@ -19,15 +20,14 @@ from controlplane.tracesim.queueing.engine import ProgressHook, SimConfig
 from controlplane.tracesim.queueing.generate import Generated, GeneratorConfig, generate, load_tables
 from controlplane.tracesim.queueing.inputs import (
     InputError,
-    build_fleet,
     dump_fleet,
     load_fleet,
     load_workload,
     write_workload,
 )
-from controlplane.tracesim.queueing.policies import POLICY_NAMES, parse_policies
+from controlplane.tracesim.queueing.policies import POLICY_NAMES
 from controlplane.tracesim.queueing.report import render
-from controlplane.tracesim.queueing.study import Replay, replay, study
+from controlplane.tracesim.queueing.study import Replay, replay
 
 _COLUMNS = (
     TextColumn("{task.description}"),
@@ -282,85 +282,7 @@ def generate_command(
     )
 
 
-@click.command("study")
-@_generator_options
-@_sim_options
-@click.option(
-    "--workers", default=1, show_default=True, type=click.IntRange(1, 3), help="Replays run in parallel processes."
-)
-@click.option(
-    "--out-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=None,
-    help="Also keep the generated workload and fleet here.",
-)
-@click.option(
-    "--policies",
-    "policies_text",
-    default="fifo,priority,gpufleet",
-    show_default=True,
-    help=f"Comma-separated policies, or `all` ({', '.join(POLICY_NAMES)}).",
-)
-def study_command(
-    n_jobs: int,
-    gpus: int,
-    load: float,
-    gpu_mix: str,
-    max_gang: int,
-    max_duration: float,
-    cycle_seconds: float,
-    heads_per_queue: int,
-    max_pending: int,
-    check_invariants: bool,
-    seed: int,
-    as_json: bool,
-    report_path: Path | None,
-    workers: int,
-    out_dir: Path | None,
-    policies_text: str,
-) -> None:
-    """Generate a workload and replay it under each chosen policy; compare."""
-    try:
-        policies = parse_policies(policies_text)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--policies") from exc
-    generated = _generate(n_jobs, gpus, seed, load, gpu_mix, max_gang, max_duration)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_workload(generated.jobs, out_dir / "jobs.csv")
-        dump_fleet(generated.fleet, out_dir / "fleet.yaml")
-    fleet = build_fleet(generated.fleet)
-    config = _config(cycle_seconds, heads_per_queue, max_pending, check_invariants)
-    with _progress(as_json) as progress:
-        tasks = {name: progress.add_task(name, total=n_jobs, clock="") for name in policies}
-
-        def hook(name: str) -> ProgressHook:
-            return _hook(progress, tasks[name])
-
-        def finished(name: str) -> None:
-            progress.update(tasks[name], completed=n_jobs, clock="done")
-
-        runs = study(fleet, generated.jobs, seed, config, workers, hook, finished, policies)
-    summaries = [summary for summary, _ in runs]
-    if report_path is not None:
-        _write_report(
-            report_path, f"gpufleet dev sim study: {n_jobs:,} jobs on {fleet.capacity_gpus:,} GPUs (seed {seed})", runs
-        )
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "workload": {"jobs": n_jobs, "gpus": fleet.capacity_gpus, "seed": seed, **generated.facts},
-                    "runs": summaries,
-                }
-            )
-        )
-    else:
-        Console().print(_table(summaries))
-
-
 def add_commands(sim_group: click.Group) -> None:
-    """Attach `run`, `generate` and `study` to the `sim` group."""
+    """Attach `run` and `generate` to the `sim` group (`study`: sim_study_commands.add_commands)."""
     sim_group.add_command(run_command)
     sim_group.add_command(generate_command)
-    sim_group.add_command(study_command)

@@ -14,7 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from controlplane.cli.sim_run_commands import add_commands
+from controlplane.cli.sim_study_commands import add_commands
 from controlplane.core.snapshot import Admission, Decision
 from controlplane.domain.model import GPU, GPU_EQ, PodAssignment, PodSet, Quota, Workload, WorkloadKind
 from controlplane.service.cluster_specs import ClusterSpec, PoolSpec
@@ -263,7 +263,7 @@ def _cli() -> click.Group:
 
 def test_study_selects_policies_by_name_and_refuses_unknown_ones() -> None:
     runner = CliRunner()
-    base = ["study", "--jobs", "60", "--gpus", "32", "--load", "1.1", "--check-invariants", "--json"]
+    base = ["study", "--jobs", "60", "--gpus", "32", "--load", "1.1", "--seeds", "1", "--check-invariants", "--json"]
     out = runner.invoke(_cli(), [*base, "--policies", "slurm,kueue"])
     assert out.exit_code == 0, out.output
     runs = json.loads(out.stdout)["runs"]

@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from controlplane.cli.sim_run_commands import add_commands
+from controlplane.cli.sim_study_commands import add_commands
 from controlplane.domain.model import WorkloadKind
 from controlplane.service.cluster_specs import ClusterSpec, PoolSpec
 from controlplane.tracesim.queueing.engine import SimConfig, simulate
@@ -61,7 +61,14 @@ def test_metrics_by_hand_on_two_gpus_and_three_jobs() -> None:
     jobs = [job("j1", 0, "a", 100), job("j2", 0, "a", 50), job("j3", 0, "b", 100)]
     result = simulate(fleet, jobs, "fifo", config=CHECKED)
     summary = summarize(result, fleet)
-    assert summary["jobs"] == {"total": 3, "completed": 3, "rejected": 0, "unfinished": 0, "evictions": 0}
+    assert summary["jobs"] == {
+        "total": 3,
+        "completed": 3,
+        "rejected": 0,
+        "unfinished": 0,
+        "evictions": 0,
+        "idle_reclaims": 0,
+    }
     assert summary["avg_jct_seconds"] == pytest.approx((100 + 50 + 150) / 3, abs=0.1)
     delays = summary["queueing_delay_seconds"]
     # Sorted delays 0, 0, 50; position p/100 * 2, linear between ranks.
@@ -141,11 +148,15 @@ def test_cycles_only_on_change_and_at_most_every_cycle_seconds() -> None:
 
 def test_same_seed_same_json_and_different_seed_differs(tmp_path: Path) -> None:
     def study(seed: int) -> dict[str, Any]:
-        out = CliRunner().invoke(cli(), ["study", "--jobs", "150", "--gpus", "64", "--seed", str(seed), "--json"])
+        out = CliRunner().invoke(
+            cli(), ["study", "--jobs", "150", "--gpus", "64", "--seed", str(seed), "--seeds", "1", "--json"]
+        )
         assert out.exit_code == 0, out.output
         data: dict[str, Any] = json.loads(out.stdout)
         for run in data["runs"]:
             run.pop("runtime")  # wall and CPU seconds: the only measured, non-simulated part
+        for record in data["records"]:
+            record.pop("cpu_seconds"), record.pop("cpu_seconds_ci95")
         return data
 
     first = study(3)

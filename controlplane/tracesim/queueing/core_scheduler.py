@@ -37,6 +37,10 @@ CORE_POLICIES: dict[str, Policy] = {
     "gpufleet": Policy(),
 }
 
+# The policies with anti-hoarding on: the engine gives them the idle marks the idle-GPU detection
+# would set on live runs (the baselines run without it, as a plain queue would).
+IDLE_RECLAIM_POLICIES = frozenset({"gpufleet"})
+
 
 @dataclass(frozen=True)
 class CoreLimits:

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from controlplane.core.capacity import why_never_fits
+from controlplane.core.idle import IdlePolicy
 from controlplane.core.snapshot import Decision, LiveRun
 from controlplane.domain.model import GPU, PodSet, Workload
-from controlplane.tracesim.queueing.core_scheduler import EPOCH, CoreLimits
+from controlplane.tracesim.queueing.core_scheduler import EPOCH, IDLE_RECLAIM_POLICIES, CoreLimits
 from controlplane.tracesim.queueing.inputs import Fleet, Job
 from controlplane.tracesim.queueing.policies import POLICY_NAMES, make_scheduler
 from controlplane.tracesim.queueing.scheduler import CycleView, EndedRun, PendingGang, RunningGang, SimScheduler
@@ -56,6 +57,8 @@ class RunSpan:
     start: float
     end: float | None = None
     evicted: bool = False
+    # Ended by idle reclaim in the job's idle tail: its work was done, the rest of the hold returned.
+    reclaimed_idle: bool = False
 
 
 @dataclass
@@ -132,6 +135,10 @@ class QueueingSimulation:
         self.held_gpus = 0
         self.state = _State(pending={name: [] for name in fleet.queue_ids})
         self.completions: list[tuple[float, int, str]] = []  # (end, seq, run id); stale entries skipped
+        # (when, run id, reclaimable): the idle policy's verdict on a hoarding run's idle tail.
+        self.idle_marks: list[tuple[float, str, bool]] = []
+        self.marks_idle = policy_name in IDLE_RECLAIM_POLICIES
+        self.idle_policy = IdlePolicy()
         self.run_counter = itertools.count(1)
         self.never_fits: dict[tuple[int, int], str | None] = {}
         self.cycles = 0
@@ -204,6 +211,44 @@ class QueueingSimulation:
         self.done += 1
         return True
 
+    def _mark_idle(self, run_id: str, reclaimable: bool) -> bool:
+        """Set the idle flags the real idle detection would set on a live run (core/idle.py)."""
+        live = self.state.live.get(run_id)
+        if live is None:
+            return False  # ended or evicted before its idle tail was judged
+        run = replace(live.gang.run, idle=True, idle_reclaimable=reclaimable)
+        live.gang = replace(live.gang, run=run)
+        return reclaimable
+
+    def _schedule_idle_marks(self, index: int, run_id: str, start: float) -> None:
+        """A hoarding job idles from `idle_after` into its run. The idle policy counts consecutive
+        idle windows once the grace period is over: `notify_after` windows mark the run idle (it
+        is then evicted before busy runs), `reclaim_after` windows make it reclaimable."""
+        job = self.jobs[index]
+        if not self.marks_idle or job.idle_after is None:
+            return
+        rules = self.idle_policy
+        counted_from = start + max(job.idle_after, rules.grace_seconds)
+        end = start + job.duration
+        for windows, reclaimable in ((rules.notify_after, False), (rules.reclaim_after, True)):
+            at = counted_from + windows * rules.window_seconds
+            if at < end:
+                heapq.heappush(self.idle_marks, (at, run_id, reclaimable))
+
+    def _reclaim_idle(self, live: _Live, t: float) -> bool:
+        """Idle reclaim of a run in its idle tail: the job's work is done, so it completes now and
+        the rest of its hold goes back to the fleet. False when the run was not idle yet."""
+        job = self.jobs[live.job]
+        if job.idle_after is None or t < live.span.start + job.idle_after:
+            return False
+        live.span.end = t
+        live.span.reclaimed_idle = True
+        self.finish[live.job] = t
+        self.workloads[live.job] = None
+        self.gangs[live.job] = None
+        self.done += 1
+        return True
+
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
@@ -214,11 +259,20 @@ class QueueingSimulation:
         t = 0.0
 
         def next_event() -> float | None:
+            # The completion or idle mark of a run that already ended (evicted, idle-reclaimed) is
+            # no event: dropped here so it does not move the clock (nor the end of the run).
+            live = self.state.live
+            while self.completions and self.completions[0][2] not in live:
+                heapq.heappop(self.completions)
+            while self.idle_marks and self.idle_marks[0][1] not in live:
+                heapq.heappop(self.idle_marks)
             candidates = []
             if arrivals < n:
                 candidates.append(self.jobs[arrivals].submit_time)
             if self.completions:
                 candidates.append(self.completions[0][0])
+            if self.idle_marks:
+                candidates.append(self.idle_marks[0][0])
             return min(candidates) if candidates else None
 
         def process_until(limit: float) -> bool:
@@ -233,6 +287,10 @@ class QueueingSimulation:
                     self._arrive(arrivals)
                     arrivals += 1
                     changed = True
+                elif self.idle_marks and self.idle_marks[0][0] <= limit:
+                    _, run_id, reclaimable = heapq.heappop(self.idle_marks)
+                    # Only a reclaimable mark can let a waiting gang in: that one asks for a cycle.
+                    changed = self._mark_idle(run_id, reclaimable) or changed
                 else:
                     return changed
 
@@ -308,6 +366,10 @@ class QueueingSimulation:
     def _apply(self, decision: Decision, t: float) -> None:
         for eviction in decision.evictions:
             live = self.state.live.pop(eviction.run_id)
+            if eviction.kind == "idle" and self._reclaim_idle(live, t):
+                self._set_held(t, -live.gang.gpus)
+                self.ended.append(EndedRun(live.gang.queue, live.gang.gpus, live.span.start, t))
+                continue
             live.span.end = t
             live.span.evicted = True
             self.evictions[live.job] += 1
@@ -315,7 +377,7 @@ class QueueingSimulation:
             self.ended.append(EndedRun(live.gang.queue, live.gang.gpus, live.span.start, t))
             workload = self.workloads[live.job]
             assert workload is not None
-            if eviction.kind == "idle":  # as the scheduler shell does; the simulator marks nothing idle
+            if eviction.kind == "idle":  # as the scheduler shell does (a run idle before its tail)
                 self.workloads[live.job] = replace(workload, may_evict=False)
             self._enqueue(live.job)
         now = EPOCH + timedelta(seconds=t)
@@ -348,6 +410,7 @@ class QueueingSimulation:
             if self.first_admit[index] is None:
                 self.first_admit[index] = t
             heapq.heappush(self.completions, (t + job.duration, index, run_id))
+            self._schedule_idle_marks(index, run_id, t)
 
 
 def simulate(

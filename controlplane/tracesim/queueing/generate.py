@@ -18,7 +18,12 @@ Distributions (vendored in `data/queueing/`, derived by `data/queueing/derive.py
 - gangs: jobs above one node's GPUs become gangs of whole-node pods (multi-node);
 - priorities: a share `high_priority_share` of jobs at priority 200, the rest at 100;
 - declared bound (`max_runtime`): the run time times a uniform factor in [1, 3] (people
-  over-declare), which lets reservations and backfill plan.
+  over-declare), which lets reservations and backfill plan;
+- burst (optional): within `[burst_start, burst_start + 1 day)` the arrival rate is multiplied
+  by `burst_factor` (a day at 2x load: `burst_factor=2`);
+- hoarding mix (optional): a share `hoarding_share` of jobs hold their GPUs idle for the last
+  `hoarding_idle_fraction` of their run (`idle_after`); drawn from a stream of their own so the
+  rest of the workload is the same with and without hoarding.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ class GeneratorConfig:
     demand_skew: float = 0.75  # sigma of the log-normal team demand skew
     gpus_per_node: int = 8
     max_nodes_per_cluster: int = 256
+    burst_factor: float = 1.0  # arrival rate multiplier during the burst day
+    burst_start: float = DAY
+    hoarding_share: float = 0.0  # share of jobs that hold GPUs idle at the end of their run
+    hoarding_idle_fraction: float = 0.5  # the idle part of a hoarding job's run
 
 
 @dataclass(frozen=True)
@@ -171,7 +180,14 @@ def generate(config: GeneratorConfig, tables: Tables | None = None) -> Generated
     mean_gpus = sum(s * p for s, p in mix)
     mean_run = mean_duration(tables.runtime_quantiles, config.max_duration)
     rate = config.load * config.gpus / (mean_gpus * mean_run)
-    peak = rate * (1 + config.daily_amplitude)
+    burst = max(1.0, config.burst_factor)
+    peak = rate * (1 + config.daily_amplitude) * burst
+    hoarding = random.Random(f"hoarding/{config.seed}")
+
+    def intensity(at: float) -> float:
+        daily = rate * (1 - config.daily_amplitude * math.cos(2 * math.pi * at / DAY))
+        return daily * burst if config.burst_start <= at < config.burst_start + DAY else daily
+
     skews = [rng.lognormvariate(0.0, config.demand_skew) for _ in quotas]
     demand = [q * s for (_, q), s in zip(quotas, skews, strict=True)]
     names = [name for name, _ in quotas]
@@ -180,7 +196,7 @@ def generate(config: GeneratorConfig, tables: Tables | None = None) -> Generated
     width = len(str(config.jobs))
     while len(jobs) < config.jobs:
         t += rng.expovariate(peak)
-        if rng.random() * peak > rate * (1 - config.daily_amplitude * math.cos(2 * math.pi * t / DAY)):
+        if rng.random() * peak > intensity(t):
             continue  # thinning: keep the candidate with probability λ(t) / λmax
         gpus = rng.choices(sizes, probabilities)[0]
         duration = min(max(quantile_at(tables.runtime_quantiles, rng.random()), 1.0), config.max_duration)
@@ -199,6 +215,9 @@ def generate(config: GeneratorConfig, tables: Tables | None = None) -> Generated
                 priority=priority,
                 kind=kind,
                 max_runtime=round(duration * rng.uniform(1.0, 3.0), 3),
+                idle_after=round(duration * (1 - config.hoarding_idle_fraction), 3)
+                if config.hoarding_share > 0 and hoarding.random() < config.hoarding_share
+                else None,
             )
         )
     facts: dict[str, object] = {
@@ -211,5 +230,11 @@ def generate(config: GeneratorConfig, tables: Tables | None = None) -> Generated
         "multi_node_share": round(sum(p for s, p in mix if s > config.gpus_per_node), 6),
         "teams": len(quotas),
         "clusters": len(fleet.clusters),
+        "burst_factor": config.burst_factor,
+        "burst_window_seconds": [config.burst_start, config.burst_start + DAY] if burst > 1 else None,
+        "arrival_window_seconds": round(t, 1),
+        "hoarding_share": config.hoarding_share,
+        "hoarding_jobs": sum(1 for job in jobs if job.idle_after is not None),
+        "hoarding_idle_fraction": config.hoarding_idle_fraction if config.hoarding_share > 0 else None,
     }
     return Generated(jobs, fleet, facts)

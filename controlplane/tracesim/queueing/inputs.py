@@ -5,7 +5,7 @@ The fleet document is the scenario format's `fleet` (clusters of node pools, the
 `queues` gets one queue per team, named like the team and holding the team's guarantee, so a
 generated fleet stays short.
 
-The workload is one row per job; `utilization` and `max_runtime` are optional columns.
+The workload is one row per job; `utilization`, `max_runtime` and `idle_after` are optional columns.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from controlplane.service.cluster_specs import ClusterSpec
 from controlplane.service.commands import Name, QuotaMap
 
 WORKLOAD_COLUMNS = ("id", "submit_time", "queue", "gpus_per_pod", "pods", "duration", "priority", "kind")
-OPTIONAL_COLUMNS = ("utilization", "max_runtime")
+OPTIONAL_COLUMNS = ("utilization", "max_runtime", "idle_after")
 
 
 class InputError(ValueError):
@@ -155,6 +155,9 @@ class Job:
     kind: WorkloadKind
     utilization: float | None = None  # mean GPU utilization while running, 0..1, when known
     max_runtime: float | None = None  # declared bound (lets reservations and backfill plan)
+    # Hoarding: from this many seconds into a run the job's work is done but it holds its GPUs
+    # idle until `duration` (None: busy throughout).
+    idle_after: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -177,6 +180,7 @@ def _job(row: dict[str, Any], where: str) -> Job:
             kind=WorkloadKind(str(row["kind"])),
             utilization=None if row.get("utilization") in (None, "") else float(row["utilization"]),
             max_runtime=None if row.get("max_runtime") in (None, "") else float(row["max_runtime"]),
+            idle_after=None if row.get("idle_after") in (None, "") else float(row["idle_after"]),
         )
     except ValueError as exc:
         raise InputError(f"{where}: {exc}") from exc
@@ -184,6 +188,8 @@ def _job(row: dict[str, Any], where: str) -> Job:
         raise InputError(f"{where}: needs submit_time >= 0, duration > 0, gpus_per_pod >= 1 and pods >= 1")
     if job.utilization is not None and not 0 <= job.utilization <= 1:
         raise InputError(f"{where}: utilization must be within 0..1")
+    if job.idle_after is not None and not 0 <= job.idle_after <= job.duration:
+        raise InputError(f"{where}: idle_after must be within 0..duration")
     return job
 
 
