@@ -8,6 +8,7 @@ from typing import Any
 
 from controlplane.tracesim.queueing.engine import SimResult
 from controlplane.tracesim.queueing.inputs import Fleet
+from controlplane.tracesim.queueing.water_filling import shares_by_weight
 
 LARGE_GANG_GPUS = 8
 
@@ -34,21 +35,7 @@ def max_min_fair(entitlement: dict[str, float], demand: dict[str, float]) -> dic
     """Weighted max-min fair split of a whole (1.0) by water-filling: each queue gets
     min(demand, level * entitlement), `level` raised until the whole is handed out (or every
     demand is met). Queues that ask for less than their part leave it to the others."""
-    active = {q for q, e in entitlement.items() if e > 0}
-    fair = dict.fromkeys(entitlement, 0.0)
-    left = 1.0
-    while active and left > 1e-12:
-        total = sum(entitlement[q] for q in active)
-        capped = {q for q in active if demand[q] - fair[q] <= left * entitlement[q] / total}
-        if not capped:
-            for q in active:
-                fair[q] += left * entitlement[q] / total
-            break
-        for q in capped:
-            left -= demand[q] - fair[q]
-            fair[q] = demand[q]
-        active -= capped
-    return fair
+    return shares_by_weight(entitlement, demand, 1.0)
 
 
 def _overlap(start: float, end: float, low: float, high: float) -> float:

@@ -34,11 +34,11 @@ from controlplane.tracesim.queueing.peers.common import (
     FreeGpus,
     eviction,
     queue_quotas,
-    shares_by_weight,
     usage_by_queue,
     victims_until_fits,
 )
 from controlplane.tracesim.queueing.scheduler import CycleResult, CycleView, PendingGang, RunningGang
+from controlplane.tracesim.queueing.water_filling import shares_by_weight
 
 
 @dataclass(frozen=True)
