@@ -42,6 +42,19 @@ class DispatchStats:
     full: bool = False  # a batch was full: more is waiting, the next pass should follow at once
 
 
+@dataclass
+class InFlight:
+    """The runs a dispatch pass has loaded and not finished applying, shared with the teardowns
+    that run beside it in the same process. A run that ended between a pass's load and its apply
+    (an earlier apply whose record failed, say, its pods already done) must not be torn down in
+    between: the apply would then create its objects a second time. So teardowns leave the runs in
+    flight for their next pass, and the two loads take turns (`loading`), so that a run a pass loaded
+    as live is in `runs` before any teardown load that can see it ended."""
+
+    runs: set[str] = field(default_factory=set)
+    loading: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 def _load_orders(uow_factory: UnitOfWorkFactory, batch: int, clusters: Collection[str]) -> list[RunOrder]:
     # Only runs of clusters that have a driver: runs waiting for an unreachable or driverless
     # cluster must not fill every batch and hold up dispatch to the others (the dispatch
@@ -121,19 +134,27 @@ async def dispatch_pending(
     clock: Callable[[], datetime],
     batch: int = DEFAULT_BATCH,
     metrics: Metrics = NO_METRICS,
+    in_flight: InFlight | None = None,
 ) -> DispatchStats:
     """Apply up to `batch` admitted runs on their clusters."""
     stats = DispatchStats()
-    orders = await asyncio.to_thread(_load_orders, uow_factory, batch, drivers.keys())
-    stats.full = len(orders) >= batch
-    if orders:
-        await asyncio.to_thread(_mark_dispatching, uow_factory, orders, prefix, clock)
-        await asyncio.gather(
-            *(
-                _apply_on(cluster, drivers.get(cluster), group, uow_factory, prefix, clock, metrics, stats)
-                for cluster, group in _by_cluster(orders, lambda o: o.cluster).items()
+    in_flight = in_flight or InFlight()
+    async with in_flight.loading:
+        orders = await asyncio.to_thread(_load_orders, uow_factory, batch, drivers.keys())
+        ids = {order.run_id for order in orders}
+        in_flight.runs.update(ids)
+    try:
+        stats.full = len(orders) >= batch
+        if orders:
+            await asyncio.to_thread(_mark_dispatching, uow_factory, orders, prefix, clock)
+            await asyncio.gather(
+                *(
+                    _apply_on(cluster, drivers.get(cluster), group, uow_factory, prefix, clock, metrics, stats)
+                    for cluster, group in _by_cluster(orders, lambda o: o.cluster).items()
+                )
             )
-        )
+    finally:
+        in_flight.runs.difference_update(ids)
     return stats
 
 
@@ -143,12 +164,16 @@ async def tear_down_ended(
     clock: Callable[[], datetime],
     batch: int = DEFAULT_BATCH,
     metrics: Metrics = NO_METRICS,
+    in_flight: InFlight | None = None,
 ) -> DispatchStats:
     """Remove the objects of up to `batch` ended runs from their clusters. Apart from dispatch, so
     that recording a teardown (which may wait for the row of a run ingest has just ended, until
     ingest's batch commits) never delays a new run's dispatch."""
     stats = DispatchStats()
-    teardowns = await asyncio.to_thread(_load_teardowns, uow_factory, batch, drivers.keys())
+    in_flight = in_flight or InFlight()
+    async with in_flight.loading:
+        loaded = await asyncio.to_thread(_load_teardowns, uow_factory, batch, drivers.keys())
+        teardowns = [t for t in loaded if t.run_id not in in_flight.runs]  # the rest: next pass
     stats.full = len(teardowns) >= batch
     await asyncio.gather(
         *(

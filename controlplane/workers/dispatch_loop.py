@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from controlplane.service.cluster_objects import reconcile_cluster_objects
-from controlplane.service.dispatch import dispatch_pending, tear_down_ended
+from controlplane.service.dispatch import InFlight, dispatch_pending, tear_down_ended
 from controlplane.service.gang_timeout import DEFAULT_VANISHED_GRACE
 from controlplane.service.metrics import NO_METRICS, Metrics, Writer
 from controlplane.service.ports import ClusterDriver, UnitOfWorkFactory
@@ -54,7 +54,10 @@ async def dispatcher_loop(
     loop = asyncio.get_running_loop()
     next_gc = loop.time() + min(orphan_interval, 5.0)
     leading = asyncio.Event()  # set while this process holds the lease
-    teardowns = asyncio.create_task(_teardown_loop(uow_factory, drivers, clock, stop, leading, interval, metrics))
+    in_flight = InFlight()  # what dispatch is applying: teardowns beside it leave those alone
+    teardowns = asyncio.create_task(
+        _teardown_loop(uow_factory, drivers, clock, stop, leading, interval, metrics, in_flight)
+    )
     while not stop.is_set():
         more = False
         pause = DISPATCH_POLL
@@ -64,7 +67,9 @@ async def dispatcher_loop(
                 on_lead(now_leading)
             if now_leading:
                 leading.set()
-                stats = await dispatch_pending(uow_factory, drivers(), prefix, clock, metrics=metrics)
+                stats = await dispatch_pending(
+                    uow_factory, drivers(), prefix, clock, metrics=metrics, in_flight=in_flight
+                )
                 more = stats.full
                 if stats.applied:
                     log.info("dispatch: %d applied", stats.applied)
@@ -94,6 +99,7 @@ async def _teardown_loop(
     leading: asyncio.Event,
     interval: float,
     metrics: Metrics,
+    in_flight: InFlight,
 ) -> None:
     """Remove ended runs' objects every `interval` seconds (at once again after a full batch) while
     this process leads: beside dispatch, never in its way."""
@@ -101,7 +107,7 @@ async def _teardown_loop(
         more = False
         if leading.is_set():
             try:
-                stats = await tear_down_ended(uow_factory, drivers(), clock, metrics=metrics)
+                stats = await tear_down_ended(uow_factory, drivers(), clock, metrics=metrics, in_flight=in_flight)
                 more = stats.full
                 if stats.torn_down:
                     log.info("dispatch: %d torn down", stats.torn_down)

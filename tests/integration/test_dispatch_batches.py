@@ -15,8 +15,9 @@ from adapters.sim.cluster import SimCluster
 from controlplane.bootstrap import Wiring, utc_now
 from controlplane.bootstrap import sim_fleet as sim_fleet_module
 from controlplane.bootstrap.sim_fleet import SimFleet
+from controlplane.core.decision import EndCause
 from controlplane.core.snapshot import Policy
-from controlplane.service.dispatch import dispatch_once
+from controlplane.service.dispatch import InFlight, dispatch_once, dispatch_pending, tear_down_ended
 from controlplane.service.ports import PodOrder, RunOrder
 from controlplane.service.scheduling import acquire_leadership, run_cycle
 from tests.integration.fleet import add_tenant, gang, h100_cluster, setup_fleet
@@ -197,3 +198,66 @@ async def test_the_simulated_fleet_wakes_when_a_run_is_created_not_on_a_tick(
     finally:
         stop.set()
         await loop
+
+
+class Held:
+    """A cluster whose apply waits until released; deletes are recorded."""
+
+    def __init__(self) -> None:
+        self.applying = asyncio.Event()
+        self.release = asyncio.Event()
+        self.objects: set[str] = set()
+        self.created = 0
+        self.deleted: list[str] = []
+
+    async def apply(self, order: RunOrder) -> bool:
+        self.applying.set()
+        await self.release.wait()
+        if order.run_id in self.objects:
+            return False
+        self.objects.add(order.run_id)
+        self.created += 1
+        return True
+
+    async def delete(self, run_id: str) -> bool:
+        self.deleted.append(run_id)
+        found = run_id in self.objects
+        self.objects.discard(run_id)
+        return found
+
+    async def list_owned(self) -> set[str]:
+        return set(self.objects)
+
+
+async def test_a_run_that_ends_while_a_pass_applies_it_is_not_torn_down_before_the_apply(
+    wiring: Wiring, client: TestClient, two_clusters: dict[str, str]
+) -> None:
+    """The race the separate teardown task opened: a pass loads a run as live (its earlier apply's
+    record was lost, its pods already done), the run ends, a teardown deletes its objects, then the
+    pass's apply creates them a second time. Teardowns leave the runs a pass has in flight alone."""
+    client.post("/v1/workloads", json=gang("g0", "vision-train", replicas=1), headers=two_clusters)
+    _admit(wiring)
+    with wiring.uow() as uow:
+        (order,) = uow.runs.to_dispatch(10)
+    cluster = Held()
+    cluster.objects.add(order.run_id)  # applied before, its record lost
+    cluster.created = 1
+    drivers = {order.cluster: cluster}
+    prefix = wiring.settings.subject_prefix
+    in_flight = InFlight()
+    dispatching = asyncio.create_task(dispatch_pending(wiring.uow, drivers, prefix, utc_now, in_flight=in_flight))
+    await asyncio.wait_for(cluster.applying.wait(), 10)
+    with wiring.uow() as uow:  # the run ends while the pass is applying it
+        uow.runs.end_all(
+            [(order.run_id, "all pods succeeded", EndCause.SUCCEEDED)],
+            ("admitted", "dispatching", "running"),
+            "succeeded",
+            utc_now(),
+        )
+        uow.commit()
+    await tear_down_ended(wiring.uow, drivers, utc_now, in_flight=in_flight)
+    assert cluster.deleted == []  # in flight: left for the next teardown pass
+    cluster.release.set()
+    await asyncio.wait_for(dispatching, 10)
+    await tear_down_ended(wiring.uow, drivers, utc_now, in_flight=in_flight)
+    assert (cluster.created, cluster.deleted, cluster.objects) == (1, [order.run_id], set())
