@@ -136,7 +136,13 @@ async def test_a_team_cannot_read_the_inbound_stream_or_touch_the_jetstream_api(
     nc = await _as(plane.settings, plane.llm.token, "_INBOX.team-llm", watch)
     try:
         js = nc.jetstream(timeout=1.0)
-        ack = await js.publish(f"{p}.submit.llm.llm-train", json.dumps(gang("mine", "llm-train")).encode())
+        body = json.dumps(gang("mine", "llm-train")).encode()
+        for _ in range(50):  # the plane's streams exist before its inbound gateway has subscribed
+            try:
+                ack = await js.publish(f"{p}.submit.llm.llm-train", body)
+                break
+            except nats.js.errors.NoStreamResponseError:  # no responder yet: nothing was stored
+                await asyncio.sleep(0.1)
         assert ack.stream == INBOUND_STREAM
         for attack in (
             lambda: js.stream_info(INBOUND_STREAM),
